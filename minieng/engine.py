@@ -1,0 +1,272 @@
+"""LLMEngine: requests in, tokens out, one step at a time.
+
+A step is: the scheduler picks sequences and token counts, the model runner runs them through
+the model and samples, and the engine appends tokens, checks stop conditions, streams text and
+records when everything happened. The engine knows nothing of metrics: it leaves timestamps
+(``Sequence.times``) and step records (``StepRecord``) for ``metrics`` to turn into figures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence as Seq
+from dataclasses import dataclass, replace
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineConfig, SamplingParams
+from .detokenizer import IncrementalDetokenizer
+from .hardware import select_device, select_dtype, synchronize
+from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from .loader import LoadedModel, load_model
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import RequestTimes, Sequence, SequenceStatus
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    """A request's state after a step: ``new_token_ids``/``delta`` are what this step added."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str
+    delta: str
+    finished: bool
+    finish_reason: str | None
+    times: RequestTimes
+
+
+@dataclass
+class StepRecord:
+    """The composition and duration of one step (synchronized on CUDA)."""
+
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_preempted: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+
+
+class _Request:
+    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None):
+        self.seq = seq
+        self.detokenizer = detokenizer
+        self.new_token_ids: list[int] = []
+        self.delta = ""
+
+
+class LLMEngine:
+    """The engine. ``LLMEngine()`` loads the embedded default model on the best device.
+
+    Args:
+        config: an ``EngineConfig``; keyword arguments override its fields
+            (``LLMEngine(max_num_seqs=8)``).
+        loaded: an already loaded model (tests, or sharing weights between engines).
+    Raises:
+        ValueError: for a model that cannot be loaded, or a KV budget too small for one sequence
+            of ``max_model_len`` tokens.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, **overrides):
+        config = replace(config or EngineConfig(), **overrides)
+        self.config = config
+        if loaded is None:
+            self.device = select_device(config.device)
+            self.dtype = select_dtype(config.dtype, self.device)
+            loaded = load_model(config, self.device, self.dtype, config.max_model_len)
+        else:
+            param = next(loaded.model.parameters())
+            self.device, self.dtype = param.device, param.dtype
+        self.loaded = loaded
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        model_config = loaded.model.config
+        self.model_config = model_config
+        self.max_model_len = self._check_max_model_len(config.max_model_len, loaded.model.rope.cos.shape[0])
+        num_blocks = config.num_kv_blocks or num_blocks_for_budget(
+            model_config, self.dtype, config.block_size, config.kv_cache_memory_gib)
+        self._check_kv_pool(num_blocks)
+        self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device)
+        self.requests: dict[str, _Request] = {}
+        self.step_records: list[StepRecord] = []
+        self._ids = itertools.count()
+
+    def _check_max_model_len(self, asked: int | None, model_max: int) -> int:
+        if asked is None:
+            return model_max
+        if asked > model_max:
+            raise ValueError(f"max_model_len={asked} exceeds the model's context of {model_max} tokens; "
+                             "lower it or leave it None")
+        return asked
+
+    def _check_kv_pool(self, num_blocks: int) -> None:
+        tokens = num_blocks * self.config.block_size
+        if tokens < self.max_model_len:
+            per_token = kv_bytes_per_token(self.model_config, self.dtype)
+            need_gib = self.max_model_len * per_token / 1024**3
+            raise ValueError(
+                f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {self.config.block_size}), "
+                f"fewer than one sequence of max_model_len={self.max_model_len}: raise "
+                f"kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks), or lower max_model_len")
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_s: float | None = None) -> str:
+        """Queue a request; it joins the running batch at a later step. Returns its id.
+
+        Args:
+            prompt: text (tokenized without a chat template) or token ids.
+            arrival_s: ``time.perf_counter()`` time it arrived (default: now); TTFT counts from it.
+        Raises:
+            ValueError: empty prompt, prompt too long for ``max_model_len``, an id outside the
+                vocabulary, or a request id already in use.
+        """
+        params = params or SamplingParams()
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty (0 tokens): give at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
+                             "room for at least one output token: shorten the prompt")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {min(ids)}..{max(ids)}")
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        generator = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else hash((self.config.seed, request_id)) % 2**63
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, generator)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        self.requests[request_id] = _Request(seq, detok)
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests[request_id]
+        if not req.seq.is_finished:
+            self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
+            req.seq.times.finished_s = time.perf_counter()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for every request that emitted tokens or finished."""
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        for seq, _ in plan.scheduled:
+            if seq.times.first_scheduled_s is None:
+                seq.times.first_scheduled_s = start
+        sampled = self.runner.execute(plan.scheduled)
+        synchronize(self.device)
+        end = time.perf_counter()
+        for seq, n in plan.scheduled:
+            seq.num_computed_tokens += n
+        outputs = [self._append(self.requests[rid], [tok], end) for rid, tok in sampled.items()]
+        self.step_records.append(StepRecord(
+            start, end - start, plan.num_prefill_tokens,
+            len(plan.scheduled) - plan.num_decode_seqs, plan.num_decode_seqs, len(plan.preempted),
+            len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks))
+        return outputs
+
+    def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
+        """Add emitted tokens to a request, stream their text, and finish it if it should stop."""
+        seq, params = req.seq, req.seq.params
+        accepted = []
+        status = None
+        for tok in token_ids:
+            seq.output_token_ids.append(tok)
+            accepted.append(tok)
+            if tok in params.stop_token_ids or (not params.ignore_eos and tok in self.loaded.eos_token_ids):
+                status = SequenceStatus.FINISHED_STOPPED
+            elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                status = SequenceStatus.FINISHED_LENGTH
+            if status:
+                break
+        seq.times.emissions.append((now, len(accepted)))
+        delta = ""
+        if req.detokenizer is not None:
+            delta = req.detokenizer.add(accepted)
+            if req.detokenizer.stopped:
+                status = SequenceStatus.FINISHED_STOPPED
+            if status:
+                delta += req.detokenizer.finish()
+        if status:
+            self.scheduler.finish(seq, status)
+            seq.times.finished_s = now
+        return self.output(seq.request_id, accepted, delta)
+
+    def output(self, request_id: str, new_token_ids: list[int] | None = None, delta: str = "") -> RequestOutput:
+        """The current state of a request."""
+        seq = self.requests[request_id].seq
+        detok = self.requests[request_id].detokenizer
+        return RequestOutput(
+            request_id, seq.prompt_token_ids, list(seq.output_token_ids), list(new_token_ids or []),
+            detok.output_text if detok else "", delta, seq.is_finished,
+            seq.status.value if seq.is_finished else None, seq.times)
+
+    # -- conveniences ---------------------------------------------------------------------------
+
+    def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion together (continuous batching); outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        pending = set(ids)
+        progress = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            progress = tqdm(total=len(ids), desc="generate", unit="req")
+        while pending:
+            for out in self.step():
+                if out.finished and out.request_id in pending:
+                    pending.discard(out.request_id)
+                    if progress:
+                        progress.update(1)
+        if progress:
+            progress.close()
+        return [self.output(i) for i in ids]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text deltas of one request as they become safe to show.
+
+        Their concatenation equals the final text; other queued requests advance meanwhile.
+        """
+        request_id = self.add_request(prompt, params)
+        while not self.requests[request_id].seq.is_finished:
+            for out in self.step():
+                if out.request_id == request_id and out.delta:
+                    yield out.delta

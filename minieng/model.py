@@ -1,0 +1,214 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over the paged KV cache.
+
+Read bottom-up: RMSNorm, rotary embeddings, attention, MLP, the decoder layer, the model.
+The forward takes the whole step flattened to ``num_tokens`` rows (prefill chunks and decodes
+together), so every linear layer runs as one matrix product over the batch; only attention
+looks at which row belongs to which sequence (``attention.py``).
+
+Weights keep Hugging Face's names, except that q/k/v and gate/up are stacked into
+``qkv_proj`` and ``gate_up_proj`` (as vLLM does): one matrix product instead of three or two.
+``load_weights`` maps checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata, paged_attention
+from .config import ModelConfig
+from .kv_cache import KVCache, write_kv
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich 2019)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021), rotate-half layout as in transformers' Llama.
+
+    The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
+    "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
+    cos/sin tables: [max_position, head_dim].
+    """
+
+    def __init__(self, config: ModelConfig, max_position: int):
+        super().__init__()
+        inv_freq, scaling = _rope_inv_freq(config)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, heads, head_dim]; positions: [num_tokens]."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [num_tokens, 1, head_dim]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    hf = config.hf_config
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, device="cpu")
+        return inv_freq.float(), float(scaling)
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    dim = config.head_dim
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rope(q.view(n, self.num_heads, self.head_dim), positions)
+        k = rope(k.view(n, self.num_kv_heads, self.head_dim), positions)
+        write_kv(k_cache, v_cache, k, v.view(n, self.num_kv_heads, self.head_dim), meta.slot_mapping)
+        return self.o_proj(paged_attention(q, k_cache, v_cache, meta))
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, bias: bool):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, qkv_bias, o_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config, mlp_bias)
+
+    def forward(self, x, positions, rope, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack and the LM head. ``forward`` returns logits only where asked."""
+
+    def __init__(self, config: ModelConfig, max_position: int | None = None):
+        super().__init__()
+        self.config = config
+        hf = config.hf_config
+        # Qwen2 has q/k/v biases; Llama's optional attention_bias covers q/k/v and o.
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
+        o_bias = config.model_type != "qwen2" and bool(getattr(hf, "attention_bias", False))
+        mlp_bias = bool(getattr(hf, "mlp_bias", False))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, o_bias, mlp_bias)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(config, max_position or config.max_position_embeddings)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """One step.
+
+        Args:
+            input_ids, positions: [num_tokens] int64, decodes first, then prefill chunks.
+            kv_cache: the paged cache; this step's K/V are written into it.
+            meta: the batch layout (``attention.build_metadata``).
+            logits_indices: [num_logits] rows whose next-token logits are needed (each decode,
+                and the last row of a prefill chunk that completes its prompt).
+        Returns:
+            [num_logits, vocab_size] logits in float32.
+        """
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, self.rope, kv_cache.k[i], kv_cache.v[i], meta)
+        x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
+        return self.lm_head(x).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up.
+
+        Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
+        """
+        params = dict(self.named_parameters())
+        attn = self.layers[0].self_attn if len(self.layers) else None
+        stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along dim 0)
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", attn.q_size if attn else 0),
+            "v_proj": ("qkv_proj", (attn.q_size + attn.kv_size) if attn else 0),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", self.config.intermediate_size),
+        }
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if "rotary_emb" in name:
+                continue
+            module, _, leaf = name.rpartition(".")
+            parent, _, proj = module.rpartition(".")
+            if proj in stacked:
+                ours, offset = stacked[proj]
+                target = f"{parent}.{ours}.{leaf}"
+                if target not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+                params[target].data[offset:offset + tensor.shape[0]].copy_(tensor)
+                loaded.add((target, offset))
+            else:
+                if name not in params:
+                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+                if params[name].shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
+                                     f"shape {tuple(params[name].shape)}; wrong config?")
+                params[name].data.copy_(tensor)
+                loaded.add((name, 0))
+        expected = set()
+        for pname in params:
+            module, _, leaf = pname.rpartition(".")
+            ours = module.rpartition(".")[2]
+            shards = [off for ours_, off in stacked.values() if ours_ == ours]
+            for off in shards or [0]:
+                expected.add((pname, off))
+        missing = sorted(p for p, _ in expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -1,0 +1,165 @@
+"""Continuous batching: which sequences run in the next step, and with how many tokens.
+
+Policy only: the scheduler moves ``Sequence`` objects between ``waiting`` and ``running`` and
+asks the block manager for room; it never touches a tensor. Requests join and leave between
+steps, so a step may mix prefill chunks and decodes (continuous batching, Orca/vLLM).
+
+Two policies (DESIGN.md section 7):
+
+- decode-first with chunked prefill (default, vLLM V1): every running decode gets its 1 token,
+  then partially prefilled sequences continue, then waiting requests are admitted in arrival
+  order, their prompts cut to the token budget left (``max_num_batched_tokens``).
+- prefill-first without chunking (vLLM V0): when a prompt waits, the step prefills whole prompts
+  only and the running decodes pause, which is what makes their inter-token gaps spike.
+
+When blocks run out, the most recently admitted running sequence is preempted: its blocks are
+freed and it goes back to the front of the queue, to be recomputed (prefilled again) later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one step: ``(sequence, number of new tokens)`` pairs, decodes first."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for seq, n in self.scheduled if self.is_prefill(seq, n))
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return sum(1 for seq, n in self.scheduled if not self.is_prefill(seq, n))
+
+    @staticmethod
+    def is_prefill(seq: Sequence, num_new_tokens: int) -> bool:
+        """A chunk is prefill unless it is the single newest token of a sequence with output."""
+        return not (num_new_tokens == 1 and seq.output_token_ids
+                    and seq.num_computed_tokens == seq.num_tokens - 1)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if self.config.enable_chunked_prefill:
+            self._schedule_decode_first(out)
+        elif not self._schedule_prefill_first(out):
+            self._schedule_decodes(out, set())
+        # Decodes first in the batch: the model runner batches them together.
+        out.scheduled.sort(key=lambda item: SchedulerOutput.is_prefill(*item))
+        return out
+
+    # -- policies -------------------------------------------------------------------------------
+
+    def _schedule_decode_first(self, out: SchedulerOutput) -> None:
+        scheduled: set[str] = set()
+        budget = self.config.max_num_batched_tokens - self._schedule_decodes(out, scheduled)
+        # Sequences admitted earlier whose prompt is only partly in the cache continue.
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.request_id in scheduled or seq.status is not SequenceStatus.RUNNING:
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self._reserve(seq, n, scheduled, out):
+                out.scheduled.append((seq, n))
+                scheduled.add(seq.request_id)
+                budget -= n
+            else:
+                self._preempt(seq, out)
+        if not out.preempted:  # blocks are short: admitting now would only preempt again
+            self._admit(out, budget, chunk=True)
+
+    def _schedule_prefill_first(self, out: SchedulerOutput) -> bool:
+        """Admit whole prompts; return False (nothing admitted) to fall back to a decode step."""
+        budget = self.config.max_num_batched_tokens
+        self._admit(out, budget, chunk=False)
+        return bool(out.scheduled)
+
+    def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[str]) -> int:
+        """One token for every running sequence whose prompt is fully computed; returns tokens used."""
+        used = 0
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+                continue  # preempted in this loop, or still prefilling
+            if self._reserve(seq, 1, scheduled, out):
+                out.scheduled.append((seq, 1))
+                scheduled.add(seq.request_id)
+                used += 1
+            else:
+                self._preempt(seq, out)
+        return used
+
+    def _admit(self, out: SchedulerOutput, budget: int, chunk: bool) -> None:
+        """Admit waiting sequences in arrival order while budget, blocks and ``max_num_seqs`` allow.
+
+        Without chunking a prompt is never split: one longer than the budget runs alone.
+        """
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_uncomputed_tokens
+            if chunk:
+                n = min(n, budget)
+            elif n > budget and out.scheduled:
+                break
+            if not self.block_manager.can_allocate(seq, n):
+                break  # admission never preempts: wait for blocks to come back
+            self.waiting.popleft()
+            self.block_manager.allocate(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append((seq, n))
+            budget -= n
+
+    # -- blocks and preemption ------------------------------------------------------------------
+
+    def _reserve(self, seq: Sequence, n: int, scheduled: set[str], out: SchedulerOutput) -> bool:
+        """Allocate room for ``n`` tokens of ``seq``, preempting the newest unscheduled sequences."""
+        while not self.block_manager.can_allocate(seq, n):
+            victim = next((s for s in reversed(self.running)
+                           if s is not seq and s.request_id not in scheduled), None)
+            if victim is None:
+                return False
+            self._preempt(victim, out)
+        self.block_manager.allocate(seq, n)
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)  # num_computed_tokens -> 0: recompute on readmission
+        seq.status = SequenceStatus.WAITING
+        seq.times.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Remove a finished (or aborted) sequence and return its blocks."""
+        assert status.finished
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = status
