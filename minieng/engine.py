@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator, Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -45,7 +45,13 @@ class RequestOutput:
 
 @dataclass
 class StepRecord:
-    """The composition and duration of one step (synchronized on CUDA)."""
+    """The composition and duration of one step (synchronized on CUDA).
+
+    ``chunks`` lists, per scheduled sequence (decodes first), ``(num_new_tokens,
+    num_context_tokens, computes_logits)``: the tokens run this step, the tokens already in the
+    KV cache before them, and whether the LM head ran for its last token. FLOPs and bytes of the
+    step follow from it (``flops.step_work``).
+    """
 
     start_s: float
     duration_s: float
@@ -56,6 +62,7 @@ class StepRecord:
     num_running: int
     num_waiting: int
     num_used_blocks: int
+    chunks: list[tuple[int, int, bool]] = field(default_factory=list)
 
 
 class _Request:
@@ -188,13 +195,15 @@ class LLMEngine:
         sampled = self.runner.execute(plan.scheduled)
         synchronize(self.device)
         end = time.perf_counter()
+        chunks = []
         for seq, n in plan.scheduled:
+            chunks.append((n, seq.num_computed_tokens, seq.request_id in sampled))
             seq.num_computed_tokens += n
         outputs = [self._append(self.requests[rid], [tok], end) for rid, tok in sampled.items()]
         self.step_records.append(StepRecord(
             start, end - start, plan.num_prefill_tokens,
             len(plan.scheduled) - plan.num_decode_seqs, plan.num_decode_seqs, len(plan.preempted),
-            len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks))
+            len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks))
         return outputs
 
     def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
