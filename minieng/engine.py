@@ -20,7 +20,8 @@ from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
 from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel, load_config, load_model
+from .memory_plan import plan_memory
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import RequestTimes, Sequence, SequenceStatus
@@ -91,18 +92,24 @@ class LLMEngine:
         if loaded is None:
             self.device = select_device(config.device)
             self.dtype = select_dtype(config.dtype, self.device)
-            loaded = load_model(config, self.device, self.dtype, config.max_model_len)
+            resolved = load_config(config.model)
+            model_config = resolved[2]
+            max_position = model_config.max_position_embeddings
         else:
             param = next(loaded.model.parameters())
             self.device, self.dtype = param.device, param.dtype
-        self.loaded = loaded
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        model_config = loaded.model.config
+            model_config, max_position = loaded.model.config, loaded.model.rope.cos.shape[0]
         self.model_config = model_config
-        self.max_model_len = self._check_max_model_len(config.max_model_len, loaded.model.rope.cos.shape[0])
+        self.max_model_len = self._check_max_model_len(config.max_model_len, max_position)
         num_blocks = config.num_kv_blocks or num_blocks_for_budget(
             model_config, self.dtype, config.block_size, config.kv_cache_memory_gib)
         self._check_kv_pool(num_blocks)
+        self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device)
+        if loaded is None:
+            self.memory_plan.check()  # refuse with advice before allocating anything
+            loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
+        self.loaded = loaded
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager)

@@ -1,15 +1,66 @@
-"""Which device and dtype the engine runs in, and why.
+"""The machine: which device and dtype to run in and why, its datasheet peaks, its measured ceilings.
 
-fp32 on CPU (CPUs without bf16 units run bf16 matmuls pathologically slowly), bf16 on CUDA
-GPUs of compute capability 8.0 or newer, fp16 on older GPUs (a T4: torch reports bf16 there,
-but only through emulation).
+Dtype policy: fp32 on CPU (CPUs without bf16 units run bf16 matmuls pathologically slowly),
+bf16 on CUDA GPUs of compute capability 8.0 or newer, fp16 on older GPUs (a T4: torch reports
+bf16 as supported there, but only through emulation).
+
+Peaks come in two kinds, and every MFU/MBU says which it used:
+- datasheet: the vendor's dense bf16/fp16 tensor peak and memory bandwidth (DESIGN.md section 5;
+  sparse "2x" figures are not peaks); unknown devices (every CPU) have none;
+- measured: the best this machine reaches on a large matmul in the engine's dtype and on a large
+  device-to-device copy (bytes read + bytes written), measured by ``measure_ceilings``.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 
+from .harness import Measurement, measure
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Dense bf16/fp16 tensor peak (TFLOP/s) and memory bandwidth (GB/s), from vendor datasheets.
+# Matched against torch's device name, most specific first ("A100" must not match "A10").
+DATASHEET: list[tuple[tuple[str, ...], str, float, float]] = [
+    (("H200",), "H200", 989, 4800),
+    (("H100", "PCIe"), "H100 PCIe", 756, 2000),
+    (("H100",), "H100 SXM", 989, 3350),
+    (("A100", "80GB"), "A100 80GB SXM", 312, 2039),
+    (("A100",), "A100 40GB", 312, 1555),
+    (("L40S",), "L40S", 362, 864),
+    (("A10",), "A10", 125, 600),
+    (("L4",), "L4", 121, 300),
+    (("T4",), "T4", 65, 320),
+    (("RTX", "4090"), "RTX 4090", 165, 1008),
+    (("RTX", "3090"), "RTX 3090", 71, 936),
+    (("RTX", "3060"), "RTX 3060", 25, 360),
+]
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A compute peak and a bandwidth, and where they come from ("datasheet" or "measured")."""
+
+    name: str
+    peak_tflops: float
+    bandwidth_gbps: float
+    source: str
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity where the roofline turns: peak FLOP/s / bytes/s."""
+        return self.peak_tflops * 1e12 / (self.bandwidth_gbps * 1e9)
+
+
+def datasheet_peak(device_name: str) -> Peak | None:
+    """The datasheet entry for a GPU name as torch reports it, or None if unknown."""
+    for keys, name, tflops, gbps in DATASHEET:
+        if all(k in device_name for k in keys):
+            return Peak(name, tflops, gbps, "datasheet")
+    return None
 
 
 def has_native_bf16(device: torch.device) -> bool:
@@ -29,14 +80,110 @@ def select_device(name: str = "auto") -> torch.device:
 
 def select_dtype(name: str, device: torch.device) -> torch.dtype:
     """``"auto"``: float32 on CPU, bfloat16 on GPUs with native bf16, float16 on older GPUs."""
-    if name != "auto":
-        return DTYPES[name]
+    return DTYPES[name] if name != "auto" else DTYPES[dtype_choice(device)[0]]
+
+
+def dtype_choice(device: torch.device) -> tuple[str, str]:
+    """The automatic dtype for ``device`` and the reason for it."""
     if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if has_native_bf16(device) else torch.float16
+        return "float32", "CPU: fp32 (bf16 matmuls are emulated and pathologically slow on most CPUs)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 8:
+        return "bfloat16", f"compute capability {major}.{minor} >= 8.0: native bf16"
+    return "float16", (f"compute capability {major}.{minor} < 8.0: no native bf16 (torch may report it, "
+                       "through emulation), so fp16")
 
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so a wall-clock time covers it (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def host_memory_bytes() -> tuple[int | None, int | None]:
+    """(total, available) host RAM in bytes, from /proc/meminfo where it exists."""
+    total = avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        total, avail = info.get("MemTotal"), info.get("MemAvailable")
+    except OSError:
+        if hasattr(os, "sysconf"):
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, avail
+
+
+@dataclass
+class Environment:
+    """What ``check_environment`` found, and the configuration it picked."""
+
+    device: str
+    device_name: str
+    compute_capability: str | None
+    native_bf16: bool
+    gpu_memory_bytes: int | None
+    host_ram_bytes: int | None
+    host_ram_available_bytes: int | None
+    nvml: str
+    torch_threads: int
+    dtype: str
+    dtype_reason: str
+    datasheet: Peak | None
+
+    def lines(self) -> list[str]:
+        gib = lambda b: "N/A" if b is None else f"{b / 1024**3:.1f} GiB"  # noqa: E731
+        ds = self.datasheet
+        return [
+            f"device            {self.device} ({self.device_name})",
+            f"compute capability {self.compute_capability or 'N/A'}; native bf16: {self.native_bf16}",
+            f"GPU memory        {gib(self.gpu_memory_bytes)}",
+            f"host RAM          {gib(self.host_ram_bytes)} ({gib(self.host_ram_available_bytes)} available)",
+            f"NVML              {self.nvml}",
+            f"torch threads     {self.torch_threads}",
+            f"dtype             {self.dtype}: {self.dtype_reason}",
+            "datasheet peak    " + (f"{ds.name}: {ds.peak_tflops:g} TFLOP/s dense, {ds.bandwidth_gbps:g} GB/s"
+                                    if ds else "none for this device: measured ceilings only"),
+        ]
+
+
+def check_environment(device: str = "auto") -> Environment:
+    """Inspect the machine and pick the device and dtype, saying why."""
+    from .telemetry import nvml_status
+
+    dev = select_device(device)
+    dtype, reason = dtype_choice(dev)
+    total, avail = host_memory_bytes()
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        name, cc, mem = props.name, f"{props.major}.{props.minor}", props.total_memory
+    else:
+        import platform
+
+        name, cc, mem = platform.processor() or platform.machine() or "CPU", None, None
+    return Environment(str(dev), name, cc, has_native_bf16(dev), mem, total, avail,
+                       nvml_status(dev) if dev.type == "cuda" else "N/A (no CUDA device)",
+                       torch.get_num_threads(), dtype, reason,
+                       datasheet_peak(name) if dev.type == "cuda" else None)
+
+
+def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5) -> Measurement:
+    """FLOP/s of an n x n x n matmul (2 n^3 FLOPs) in ``dtype``: the compute ceiling."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return measure(lambda: a @ b, device, repeats=repeats).rate(2 * n**3, "FLOP/s")
+
+
+def measure_copy(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> Measurement:
+    """Bytes/s of a large copy, counting bytes read plus bytes written: the bandwidth ceiling."""
+    nbytes = nbytes or (2 * 1024**3 if device.type == "cuda" else 256 * 1024**2)
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return measure(lambda: dst.copy_(src), device, repeats=repeats).rate(2 * src.nbytes, "B/s")
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> tuple[Peak, Measurement, Measurement]:
+    """Measured peak (matmul) and bandwidth (copy) as a ``Peak``, with the raw measurements."""
+    mm, cp = measure_matmul(device, dtype, repeats=repeats), measure_copy(device, repeats=repeats)
+    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", mm.median / 1e12,
+                cp.median / 1e9, "measured"), mm, cp

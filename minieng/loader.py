@@ -189,19 +189,31 @@ def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
+def load_config(model: str | None) -> tuple[Path, Any, ModelConfig]:
+    """The model's directory, transformers config and ``ModelConfig``, without loading weights.
+
+    Raises ``ValueError`` for a missing model or an unsupported architecture.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_model_dir(model)
+    hf_config = AutoConfig.from_pretrained(path)
+    return path, hf_config, ModelConfig.from_hf(hf_config)
+
+
 def load_model(config: EngineConfig, device: torch.device, dtype: torch.dtype,
-               max_position: int | None = None) -> LoadedModel:
+               max_position: int | None = None,
+               resolved: tuple[Path, Any, ModelConfig] | None = None) -> LoadedModel:
     """Load ``config.model`` (or the default) onto ``device`` in ``dtype``.
 
     ``load_format="dummy"`` reads only config (and tokenizer, if present) and randomizes weights.
-    ``max_position`` sizes the RoPE tables (default: the model's context).
+    ``max_position`` sizes the RoPE tables (default: the model's context); ``resolved`` is what
+    ``load_config`` returned, when the caller has it already.
     Raises ``ValueError`` for a missing model or an unsupported architecture.
     """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
-    path = resolve_model_dir(config.model)
-    hf_config = AutoConfig.from_pretrained(path)
-    model_config = ModelConfig.from_hf(hf_config)
+    path, hf_config, model_config = resolved or load_config(config.model)
     model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings)
     if config.load_format == "dummy":
         randomize(model, config.seed)

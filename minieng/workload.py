@@ -1,4 +1,4 @@
-"""Request inputs for experiments: prompts of an exact token length cut from real text.
+"""Workloads: request streams (fixed, Poisson, trace replay) and real-text prompts of exact lengths.
 
 The text is public-domain prose shipped in the repository's ``data/text/`` (Jane Austen's
 *Pride and Prejudice*, chapters 1-11; see its README). Real text rather than random ids: the
@@ -7,8 +7,14 @@ attention patterns and the tokens generated look like a real workload's.
 
 from __future__ import annotations
 
+import csv
+import itertools
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_TEXT = DATA_DIR / "text" / "pride_and_prejudice.txt"
@@ -34,3 +40,87 @@ def text_prompts(tokenizer, num_tokens: int, count: int = 1, path: Path = DEFAUL
         raise ValueError(f"num_tokens={num_tokens} exceeds the {len(ids)} tokens of {path.name}")
     stride = max(1, (len(ids) - num_tokens) // max(1, count))
     return [list(ids[(i * stride) % (len(ids) - num_tokens + 1):][:num_tokens]) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload: when it arrives (s after the start) and its sizes in tokens."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+def fixed_workload(num_requests: int, prompt_tokens: int, output_tokens: int,
+                   interval_s: float = 0.0) -> list[RequestSpec]:
+    """Identical requests, arriving ``interval_s`` apart (0: all at once)."""
+    _check_positive(num_requests=num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    return [RequestSpec(i * interval_s, prompt_tokens, output_tokens) for i in range(num_requests)]
+
+
+def poisson_workload(num_requests: int, rate_per_s: float, prompt_tokens: int, output_tokens: int,
+                     seed: int = 0) -> list[RequestSpec]:
+    """Arrivals of a Poisson process: exponential gaps of mean 1 / ``rate_per_s`` seconds."""
+    _check_positive(num_requests=num_requests, rate_per_s=rate_per_s, prompt_tokens=prompt_tokens,
+                    output_tokens=output_tokens)
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, num_requests)
+    arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
+    return [RequestSpec(float(t), prompt_tokens, output_tokens) for t in arrivals]
+
+
+def read_trace(path: str | Path, num_requests: int | None = None, skip: int = 0) -> list[RequestSpec]:
+    """Read a trace CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens (Azure LLM trace).
+
+    Arrivals are made relative to the first request read. Raises ``ValueError`` for a missing file
+    or columns.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace file {path} not found")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+        if not need <= set(reader.fieldnames or []):
+            raise ValueError(f"{path.name} needs columns {sorted(need)}, has {reader.fieldnames}")
+        rows = list(itertools.islice(reader, skip, None if num_requests is None else skip + num_requests))
+    times = [_parse_timestamp(r["TIMESTAMP"]) for r in rows]
+    return [RequestSpec(t - times[0], int(r["ContextTokens"]), int(r["GeneratedTokens"]))
+            for t, r in zip(times, rows)]
+
+
+def scale_workload(specs: list[RequestSpec], time_scale: float = 1.0, length_scale: float = 1.0,
+                   max_prompt_tokens: int | None = None, max_output_tokens: int | None = None) -> list[RequestSpec]:
+    """Shrink a real workload for a small machine: arrivals x ``time_scale`` (2 = half the rate),
+    lengths x ``length_scale``, clipped to the maxima, never below 1 token."""
+    def size(n: int, cap: int | None) -> int:
+        n = max(1, round(n * length_scale))
+        return min(n, cap) if cap else n
+
+    return [RequestSpec(s.arrival_s * time_scale, size(s.prompt_tokens, max_prompt_tokens),
+                        size(s.output_tokens, max_output_tokens)) for s in specs]
+
+
+def workload_prompts(tokenizer, specs: list[RequestSpec], path: Path = DEFAULT_TEXT) -> list[list[int]]:
+    """A real-text prompt of the exact length of each spec, each cut from a different place."""
+    ids = _text_token_ids(tokenizer, path)
+    rng = np.random.default_rng(0)
+    prompts = []
+    for s in specs:
+        if s.prompt_tokens > len(ids):
+            raise ValueError(f"prompt_tokens={s.prompt_tokens} exceeds the {len(ids)} tokens of {path.name}")
+        start = int(rng.integers(0, len(ids) - s.prompt_tokens + 1))
+        prompts.append(list(ids[start:start + s.prompt_tokens]))
+    return prompts
+
+
+def _parse_timestamp(text: str) -> float:
+    """Seconds since the epoch of '2023-11-16 18:17:03.9799600' (7 fractional digits, UTC)."""
+    whole, _, frac = text.strip().partition(".")
+    base = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name}={value!r} must be > 0")

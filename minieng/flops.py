@@ -1,0 +1,224 @@
+"""FLOPs and bytes of a step, from first principles, and what they become: MFU, MBU, the roofline.
+
+A step is described as the engine records it (``StepRecord.chunks``): per scheduled sequence,
+``(num_new_tokens, num_context_tokens, computes_logits)``. Everything here is arithmetic on
+``ModelConfig`` shapes: no tensors, no device, no timing. The measured seconds and the peaks
+(datasheet or measured ceiling: ``hardware``) come from the caller.
+
+FLOPs (2 per multiply-add; DESIGN.md section 5):
+- Linear layers: 2 * N per new token (Kaplan et al. 2020, table 1: C_forward ~ 2N), where N is
+  the layers' matmul parameters (``ModelConfig.num_matmul_params`` less the LM head). The
+  embedding lookup is a gather, free. Biases, norms, RoPE, SiLU and residual adds are
+  elementwise, O(hidden) per token against O(hidden^2): not counted (nor by FlopCounterMode).
+- LM head: 2 * hidden * vocab per row whose logits are computed (a tied head is a matmul too).
+- Attention, per layer and new token attending c keys (itself included): 4 * num_heads *
+  head_dim * c: 2 * num_heads * head_dim * c for QK^T and as much for PV (Hoffmann et al. 2022,
+  appendix F; Kaplan's table 1 counts the QK^T half only). Query heads, not KV heads: GQA shares
+  K/V, not the dot products. Token i (0-based) of a chunk after C cached tokens attends C + i + 1
+  keys; summed over the chunk: 4 * H * D * (T * C + T * (T + 1) / 2). This is the useful, causal
+  work: a dense kernel that computes the masked upper triangle and throws it away does more.
+
+Bytes: the least traffic a step must move to and from memory (intermediate activations are
+assumed to stay on chip and are not counted, which only matters for compute-bound prefill):
+- weight_bytes: every layer weight (matmul weights and norm vectors) read once per step, in
+  ``dtype_bytes`` (fractional for quantized weights: 0.5 for 4-bit). The embedding table is
+  *not* read whole: a lookup reads one row per new token. The LM head matrix is read once,
+  and only in a step that computes logits (a mid-prompt prefill chunk skips it); when tied, it
+  is the embedding table read whole, counted once for the head plus the looked-up rows.
+  Biases (Qwen2's q/k/v: < 0.01% of the weights) are not counted.
+- kv_read_bytes: per sequence, the K/V of every key it attends, read once:
+  kv_bytes_per_token * (num_context_tokens + num_new_tokens). The new tokens' K/V count as read:
+  the attention reads them back from the cache after writing them (``model.Attention`` writes,
+  then ``paged_attention`` gathers the whole context), as paged kernels such as vLLM's do. For a
+  decode that is one token in C + 1; for a fresh prefill it is all the KV traffic there is.
+- kv_write_bytes: kv_bytes_per_token * num_new_tokens (K and V, every layer, GQA-aware).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """FLOPs and bytes of one step (or, summed with ``+``/``sum``, of many).
+
+    The totals and the intensity are derived in ``__post_init__``, so a sum recomputes the
+    intensity from summed FLOPs and bytes (it does not add intensities). An empty step has
+    intensity 0.
+    """
+
+    matmul_flops: float = 0
+    attention_flops: float = 0
+    lm_head_flops: float = 0
+    weight_bytes: float = 0
+    kv_read_bytes: float = 0
+    kv_write_bytes: float = 0
+    total_flops: float = field(init=False)
+    total_bytes: float = field(init=False)
+    arithmetic_intensity_flop_per_byte: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        flops = self.matmul_flops + self.attention_flops + self.lm_head_flops
+        nbytes = self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
+        object.__setattr__(self, "total_flops", flops)
+        object.__setattr__(self, "total_bytes", nbytes)
+        object.__setattr__(self, "arithmetic_intensity_flop_per_byte", flops / nbytes if nbytes else 0.0)
+
+    def __add__(self, other: StepWork) -> StepWork:
+        if not isinstance(other, StepWork):
+            return NotImplemented
+        return StepWork(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.init})
+
+    def __radd__(self, other) -> StepWork:
+        return self if other == 0 else self.__add__(other)  # so that sum(works) starts from 0
+
+
+def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool | int]],
+              dtype_bytes: float, kv_dtype_bytes: float | None = None) -> StepWork:
+    """FLOPs and bytes of one step.
+
+    Args:
+        chunks: per scheduled sequence ``(num_new_tokens, num_context_tokens, computes_logits)``
+            as in ``StepRecord.chunks``: tokens run this step, tokens already in the KV cache
+            before them, and whether the LM head ran (True = one row; an int gives the number of
+            rows, e.g. k + 1 when a target model verifies k draft tokens).
+        dtype_bytes: bytes per weight element (4 fp32, 2 bf16/fp16, 0.5 for 4-bit weights).
+        kv_dtype_bytes: bytes per KV-cache element; defaults to ``dtype_bytes``.
+    Raises:
+        ValueError: a chunk with no new tokens, a negative context, or more logits rows than
+            new tokens; a non-positive dtype size.
+    """
+    cfg = model_config
+    kv_dtype_bytes = dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes
+    if dtype_bytes <= 0 or kv_dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes={dtype_bytes}, kv_dtype_bytes={kv_dtype_bytes}: both must be > 0")
+    head_params = cfg.hidden_size * cfg.vocab_size
+    layer_params = cfg.num_matmul_params - head_params  # every decoder layer's matmul weights
+    kv_per_token = cfg.kv_bytes_per_token(kv_dtype_bytes)  # 2 * layers * num_kv_heads * head_dim * bytes
+    attn_per_key = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    new_tokens = logits_rows = context_keys = attended_keys = 0
+    for num_new, num_context, computes_logits in chunks:
+        rows = int(computes_logits)
+        if num_new < 1 or num_context < 0 or not 0 <= rows <= num_new:
+            raise ValueError(f"chunk (num_new_tokens={num_new}, num_context_tokens={num_context}, "
+                             f"computes_logits={computes_logits}) is invalid: need num_new_tokens >= 1, "
+                             "num_context_tokens >= 0 and 0 <= logits rows <= num_new_tokens")
+        new_tokens += num_new
+        logits_rows += rows
+        context_keys += num_context + num_new  # keys read from the cache, new ones included
+        attended_keys += num_new * num_context + num_new * (num_new + 1) // 2  # causal sum
+    norm_params = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    read_params = layer_params + norm_params + new_tokens * cfg.hidden_size + (head_params if logits_rows else 0)
+    return StepWork(
+        matmul_flops=2 * layer_params * new_tokens,
+        attention_flops=attn_per_key * attended_keys,
+        lm_head_flops=2 * head_params * logits_rows,
+        weight_bytes=read_params * dtype_bytes,
+        kv_read_bytes=kv_per_token * context_keys,
+        kv_write_bytes=kv_per_token * new_tokens,
+    )
+
+
+def prefill_work(model_config: ModelConfig, prompt_tokens: int, dtype_bytes: float,
+                 num_cached_tokens: int = 0) -> StepWork:
+    """One sequence's whole prefill in one step: ``prompt_tokens - num_cached_tokens`` new tokens
+    after ``num_cached_tokens`` (a prefix-cache hit), logits for the last position only."""
+    return step_work(model_config, [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)], dtype_bytes)
+
+
+def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dtype_bytes: float) -> StepWork:
+    """One decode step of ``batch_size`` sequences, each with ``context_len`` tokens already in the
+    KV cache: one new token each (attending ``context_len + 1`` keys), logits for each."""
+    return step_work(model_config, [(1, context_len, True)] * batch_size, dtype_bytes)
+
+
+# -- achieved vs peak ---------------------------------------------------------------------------
+
+class SuspectFigureWarning(UserWarning):
+    """A utilization above 100%: the work count or the peak is wrong, not the hardware magic."""
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """A fraction of a peak, flagged when it cannot be true.
+
+    ``fraction`` is achieved / peak (0.43 = 43%). ``suspect`` is True when it exceeds 1: the FLOP
+    or byte count is too high, the time too short (an unsynchronized GPU), or the peak too low
+    (a measured ceiling below what the step reached). ``str()`` then says SUSPECT beside the
+    number, and building it emits a ``SuspectFigureWarning``, so it is never shown as a fact.
+    """
+
+    name: str
+    fraction: float
+    suspect: bool
+
+    @property
+    def percent(self) -> float:
+        return 100 * self.fraction
+
+    def __float__(self) -> float:
+        return self.fraction
+
+    def __str__(self) -> str:
+        flag = " (SUSPECT: above the peak; check the count, the timing and which peak)" if self.suspect else ""
+        return f"{self.name} {self.percent:.1f}%{flag}"
+
+
+def _utilization(name: str, amount: float, seconds: float, peak_per_s: float) -> Utilization:
+    if seconds <= 0 or peak_per_s <= 0 or amount < 0:
+        raise ValueError(f"{name}: need amount >= 0, seconds > 0 and peak > 0; "
+                         f"got {amount}, {seconds} s, peak {peak_per_s}/s")
+    fraction = amount / seconds / peak_per_s
+    suspect = fraction > 1.0
+    if suspect:
+        warnings.warn(f"{name} = {100 * fraction:.1f}% exceeds 100%: a wrong count or peak",
+                      SuspectFigureWarning, stacklevel=3)
+    return Utilization(name, fraction, suspect)
+
+
+def mfu(flops: float, seconds: float, peak_flops: float) -> Utilization:
+    """Model FLOPs utilization: (flops / seconds) / peak_flops, peak in FLOP/s (dense, of the
+    dtype; say whether datasheet or measured). Raises ``ValueError`` for seconds or peak <= 0."""
+    return _utilization("MFU", flops, seconds, peak_flops)
+
+
+def mbu(bytes: float, seconds: float, peak_bytes_per_s: float) -> Utilization:
+    """Model bandwidth utilization: (bytes / seconds) / peak_bytes_per_s. Raises ``ValueError``
+    for seconds or peak <= 0."""
+    return _utilization("MBU", bytes, seconds, peak_bytes_per_s)
+
+
+# -- roofline (Williams, Waterman & Patterson 2009) ---------------------------------------------
+
+def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
+    """Roofline: attainable FLOP/s = min(peak_flops, intensity * bandwidth); intensity in
+    FLOP/byte, peak in FLOP/s, bandwidth in bytes/s."""
+    return min(peak_flops, intensity * bandwidth)
+
+
+def ridge_point(peak: float, bandwidth: float) -> float:
+    """The intensity (FLOP/byte) where the roofline turns flat: peak FLOP/s / bandwidth bytes/s.
+    Below it a step is memory-bound, above it compute-bound."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth={bandwidth} bytes/s must be > 0")
+    return peak / bandwidth
+
+
+def tpot_floor_s(bytes_per_step: float, bandwidth: float) -> float:
+    """Decode floor: no step can beat its bytes / bandwidth (bytes/s). For decode the bytes are
+    the weights (params * bytes per param) plus the KV read: ``StepWork.total_bytes``."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth={bandwidth} bytes/s must be > 0")
+    return bytes_per_step / bandwidth
+
+
+def prefill_floor_s(flops: float, peak_flops: float) -> float:
+    """Prefill floor: FLOPs / peak FLOP/s (compute-bound: the bytes hide under the math)."""
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops={peak_flops} FLOP/s must be > 0")
+    return flops / peak_flops

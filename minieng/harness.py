@@ -1,0 +1,91 @@
+"""An honest timing harness: warm up, synchronize, repeat, report the median with its spread.
+
+Every measurement in minieng goes through ``measure``: the first calls (allocation, kernel
+selection, caches) are discarded, the GPU is synchronized before each clock read, and the
+result keeps every run so a reader sees the spread (p10-p90) and the run count, not one number.
+``fingerprint`` records what the numbers depend on (device, driver, versions, dtype, threads,
+and on a GPU its SM clock, temperature and throttling at that moment).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Measurement:
+    """Repeated runs of one quantity. ``values`` in ``unit``; ``median``/``p10``/``p90`` summarise them."""
+
+    values: list[float]
+    unit: str = "s"
+    fingerprint: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values))
+
+    @property
+    def p10(self) -> float:
+        return float(np.percentile(self.values, 10))
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.values, 90))
+
+    @property
+    def runs(self) -> int:
+        return len(self.values)
+
+    def rate(self, work: float, unit: str) -> "Measurement":
+        """Turn times (s) into rates: ``work`` units per second for each run."""
+        assert self.unit == "s", "rate() converts a time measurement"
+        return Measurement([work / v for v in self.values], unit, self.fingerprint)
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "p10": self.p10, "p90": self.p90, "runs": self.runs, "unit": self.unit}
+
+    def __str__(self) -> str:
+        return f"{self.median:.4g} {self.unit} (p10-p90 {self.p10:.4g}-{self.p90:.4g}, {self.runs} runs)"
+
+
+def measure(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 2,
+            repeats: int = 7) -> Measurement:
+    """Time ``fn()``: ``warmup`` discarded calls, then ``repeats`` timed ones, synchronized on CUDA."""
+    from .hardware import synchronize
+
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return Measurement(times, "s", fingerprint(device))
+
+
+def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
+    """What a measurement depends on: device, driver, versions, dtype, threads, GPU clocks now."""
+    import platform
+
+    from . import __version__
+    from .telemetry import read_clocks
+
+    device = torch.device(device)
+    fp = {"device": device.type, "torch_version": torch.__version__, "minieng_version": __version__,
+          "torch_threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch.") if dtype else None,
+          "platform": platform.platform()}
+    if device.type == "cuda":
+        fp["device_name"] = torch.cuda.get_device_name(device)
+        fp["cuda_version"] = torch.version.cuda
+        fp.update(read_clocks(device))  # driver, SM clock, temperature, throttling; N/A as None
+    else:
+        fp["device_name"] = platform.processor() or platform.machine()
+    return fp

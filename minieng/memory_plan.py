@@ -1,0 +1,85 @@
+"""Will it fit? Weights and KV cache against GPU memory and host RAM, before anything is loaded.
+
+Weights: parameters x dtype bytes. KV cache: ``ModelConfig.kv_bytes_per_token`` (2 x layers x
+KV heads x head_dim x dtype bytes; GQA-aware) x the pool's tokens (blocks x block_size).
+Loading passes through host RAM: minieng streams checkpoint tensors one at a time, so a GPU load
+needs little RAM, but a GGUF conversion or a CPU run holds the whole model there (Colab's free
+tier has ~12 GiB of RAM). ``check`` refuses with concrete advice instead of running out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+
+GIB = 1024**3
+HEADROOM = 0.9  # leave 10% for activations, the allocator's slack and the CUDA context
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes the run needs, and the memory there is (None when unknown)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    num_kv_blocks: int
+    block_size: int
+    device_type: str
+    gpu_memory_bytes: int | None
+    host_available_bytes: int | None
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_tokens * self.kv_bytes_per_token
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """RAM needed: everything on a CPU run; the largest matrices in flight on a GPU load."""
+        return self.device_bytes if self.device_type == "cpu" else self.weight_bytes // 10
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.gpu_memory_bytes is not None and self.device_bytes > HEADROOM * self.gpu_memory_bytes:
+            out.append(f"weights {self.weight_bytes / GIB:.2f} GiB + KV {self.kv_bytes / GIB:.2f} GiB exceed "
+                       f"{HEADROOM:.0%} of the GPU's {self.gpu_memory_bytes / GIB:.1f} GiB")
+        if self.host_available_bytes is not None and self.host_bytes > HEADROOM * self.host_available_bytes:
+            out.append(f"{self.host_bytes / GIB:.2f} GiB needed in host RAM, {self.host_available_bytes / GIB:.1f} GiB available")
+        return out
+
+    def check(self) -> None:
+        """Raise ``ValueError`` with advice if the plan does not fit."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("the model does not fit: " + "; ".join(problems) + ". Try: a smaller model; "
+                             "a 2-byte dtype (dtype='bfloat16' or 'float16') on a GPU; a shorter max_model_len; "
+                             "a smaller KV budget (kv_cache_memory_gib or num_kv_blocks).")
+
+    def lines(self) -> list[str]:
+        fmt = lambda b: "unknown" if b is None else f"{b / GIB:.2f} GiB"  # noqa: E731
+        return [f"weights           {fmt(self.weight_bytes)}",
+                f"KV per token      {self.kv_bytes_per_token / 1024:.1f} KiB",
+                f"KV pool           {self.num_kv_blocks} blocks x {self.block_size} = {self.kv_tokens} tokens, {fmt(self.kv_bytes)}",
+                f"needs on {self.device_type:<6}  {fmt(self.device_bytes)} (GPU memory {fmt(self.gpu_memory_bytes)})",
+                f"needs in host RAM {fmt(self.host_bytes)} ({fmt(self.host_available_bytes)} available)"]
+
+
+def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: int, block_size: int,
+                device: torch.device) -> MemoryPlan:
+    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on ``device``."""
+    from .hardware import host_memory_bytes
+
+    dtype_bytes = torch.empty((), dtype=dtype).element_size()
+    gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return MemoryPlan(model_config.num_params * dtype_bytes, model_config.kv_bytes_per_token(dtype_bytes),
+                      num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])

@@ -1,0 +1,134 @@
+"""Figures, each a function returning a matplotlib ``Figure`` (no pyplot state: headless-safe).
+
+Axes carry units. Notebooks display the returned figure; the bench saves it with ``--plot DIR``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .hardware import Peak
+
+PHASE_COLORS = {"prefill": "tab:orange", "decode": "tab:blue"}
+
+
+def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
+             title: str = "Roofline") -> Figure:
+    """Attainable FLOP/s = min(peak, intensity x bandwidth) for each ``Peak``, with measured points.
+
+    Args:
+        peaks: rooflines to draw (e.g. the measured ceilings and the datasheet).
+        points: ``(label, arithmetic intensity FLOP/byte, achieved FLOP/s)``; a label starting
+            with "prefill" or "decode" takes that phase's colour.
+    """
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    xs = [p[1] for p in points] + [pk.ridge_flop_per_byte for pk in peaks]
+    lo, hi = min(xs + [0.1]) / 4, max(xs + [10]) * 4
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for pk, style in zip(peaks, ["-", "--", ":"]):
+        roof = np.minimum(pk.peak_tflops * 1e12, grid * pk.bandwidth_gbps * 1e9)
+        ax.plot(grid, roof, style, color="black",
+                label=f"{pk.source}: {pk.peak_tflops:.3g} TFLOP/s, {pk.bandwidth_gbps:.3g} GB/s, "
+                      f"ridge {pk.ridge_flop_per_byte:.3g} FLOP/B")
+        ax.axvline(pk.ridge_flop_per_byte, color="grey", lw=0.5, ls=style)
+    for label, intensity, flops in points:
+        phase = label.split()[0]
+        ax.scatter([intensity], [flops], color=PHASE_COLORS.get(phase, "tab:green"), zorder=3)
+        ax.annotate(label, (intensity, flops), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def latency_cdfs(series: dict[str, Sequence[float]], slos_ms: dict[str, float] | None = None,
+                 title: str = "Latency distributions") -> Figure:
+    """Empirical CDFs of latencies in ms, one panel per series (e.g. TTFT, TPOT, ITL), SLO lines dashed."""
+    slos_ms = slos_ms or {}
+    fig = Figure(figsize=(4 * max(1, len(series)), 3.5), layout="constrained")
+    axes = fig.subplots(1, max(1, len(series)), squeeze=False)[0]
+    for ax, (name, values) in zip(axes, series.items()):
+        v = np.sort(np.asarray(values, dtype=float))
+        if len(v):
+            ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post")
+            ax.axvline(np.percentile(v, 99), color="tab:red", lw=0.8, label=f"P99 {np.percentile(v, 99):.0f} ms")
+            ax.axvline(np.percentile(v, 50), color="tab:gray", lw=0.8, label=f"P50 {np.percentile(v, 50):.0f} ms")
+        if name in slos_ms:
+            ax.axvline(slos_ms[name], color="black", ls="--", label=f"SLO {slos_ms[name]:g} ms")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("fraction of requests" if name != "ITL" else "fraction of gaps")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return fig
+
+
+def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float]] = (),
+                  title: str = "What each step did") -> Figure:
+    """Per step: prefill tokens and decode sequences (top), step duration and ITL (bottom).
+
+    Args:
+        steps: ``StepRecord``s (start_s, duration_s, num_prefill_tokens, num_decode_seqs).
+        start_s: the run's t = 0 (perf_counter seconds).
+        itl_points: ``(time_s, gap_ms)`` of inter-token gaps, time as perf_counter seconds.
+    """
+    fig = Figure(figsize=(9, 5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    t = np.array([s.start_s - start_s for s in steps])
+    width = np.array([s.duration_s for s in steps])
+    top.bar(t, [s.num_prefill_tokens for s in steps], width=width, align="edge",
+            color=PHASE_COLORS["prefill"], label="prefill tokens")
+    top.set_ylabel("prefill tokens / step")
+    twin = top.twinx()
+    twin.step(t, [s.num_decode_seqs for s in steps], where="post", color=PHASE_COLORS["decode"], label="decode seqs")
+    twin.set_ylabel("decode sequences / step", color=PHASE_COLORS["decode"])
+    top.legend(loc="upper left", fontsize=8)
+    bottom.plot(t, 1e3 * width, ".-", color="black", lw=0.8, ms=3, label="step time")
+    if len(itl_points):
+        it = np.array(itl_points, dtype=float)
+        bottom.scatter(it[:, 0] - start_s, it[:, 1], s=6, color="tab:red", alpha=0.6, label="ITL")
+    bottom.set_ylabel("ms")
+    bottom.set_xlabel("time since start (s)")
+    bottom.legend(loc="upper left", fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def utilization_trace(times_s: Sequence[float], series: dict[str, Sequence[float | None]],
+                      title: str = "Utilization over time") -> Figure:
+    """Percent-valued series against time (s); None values (N/A) are left as gaps, never drawn as 0."""
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    t = np.asarray(times_s, dtype=float)
+    for name, values in series.items():
+        y = np.array([np.nan if v is None else v for v in values], dtype=float)
+        ax.plot(t[:len(y)], y, label=name)
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("percent")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return fig
+
+
+def curve(xs: Sequence[float], ys: dict[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
+          logx: bool = False, logy: bool = False) -> Figure:
+    """A plain labelled line plot (sweeps: TTFT vs prompt length, tok/s vs batch size)."""
+    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    for name, y in ys.items():
+        ax.plot(xs, y, "o-", label=name)
+    ax.set_xscale("log" if logx else "linear")
+    ax.set_yscale("log" if logy else "linear")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig

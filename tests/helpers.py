@@ -1,0 +1,184 @@
+"""Test helpers: tiny random models with their transformers twins, direct forwards, near-tie checks.
+
+Imported by the test modules as ``helpers`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable, Sequence as Seq
+
+import torch
+
+from minieng import EngineConfig, LLMEngine, ModelConfig, SamplingParams
+from minieng.loader import LoadedModel, build_model
+from minieng.sequence import Sequence, SequenceStatus
+
+# -- tiny random models ---------------------------------------------------------------------------
+
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6,
+                  # Larger than the default 0.02, so random logits are spread out and greedy
+                  # choices are rarely near-ties.
+                  initializer_range=0.08)
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+TINY_KINDS = ("llama", "llama_tied", "llama3_rope", "llama_bias_head_dim", "mistral", "qwen2", "qwen2_tied")
+
+
+def tiny_hf_config(kind: str):
+    """A transformers config of a tiny decoder of one supported architecture."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    shape = dict(TINY_SHAPE)
+    if kind == "llama":
+        return LlamaConfig(**shape, tie_word_embeddings=False)
+    if kind == "llama_tied":
+        return LlamaConfig(**shape, tie_word_embeddings=True)
+    if kind == "llama3_rope":
+        return LlamaConfig(**shape, tie_word_embeddings=False, rope_parameters=dict(LLAMA3_ROPE))
+    if kind == "llama_bias_head_dim":
+        # q/k/v/o and MLP biases, and head_dim * heads (128) != hidden_size (64).
+        return LlamaConfig(**shape, tie_word_embeddings=False, attention_bias=True, mlp_bias=True, head_dim=32)
+    if kind == "mistral":
+        return MistralConfig(**shape, tie_word_embeddings=False)
+    if kind == "qwen2":
+        return Qwen2Config(**shape, tie_word_embeddings=False)
+    if kind == "qwen2_tied":
+        return Qwen2Config(**shape, tie_word_embeddings=True)
+    raise ValueError(kind)
+
+
+def tiny_pair(hf_config, seed: int = 0):
+    """(transformers model, minieng ``LoadedModel``) with the same random fp32 weights."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    hf_config._attn_implementation = "eager"  # the plain math path as the reference
+    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    config = ModelConfig.from_hf(hf_config)
+    model = build_model(config, torch.float32, torch.device("cpu"), hf_config.max_position_embeddings)
+    model.load_weights(hf.state_dict().items())
+    return hf, LoadedModel(model, None, hf_config, set(), None)
+
+
+def make_engine(loaded: LoadedModel, **overrides) -> LLMEngine:
+    """An engine over a tiny model: small blocks (more block boundaries), CPU."""
+    fields = dict(device="cpu", block_size=4, num_kv_blocks=256, max_model_len=256)
+    fields.update(overrides)
+    return LLMEngine(EngineConfig(**fields), loaded=loaded)
+
+
+def random_prompts(lengths: Seq[int], vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+# -- references -----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def hf_logits(hf_model, ids: Seq[int]) -> torch.Tensor:
+    """transformers' logits at every position of ``ids``: [len(ids), vocab] float32."""
+    return hf_model(torch.tensor([list(ids)])).logits[0].float()
+
+
+def hf_next_logits(hf_model) -> Callable[[Seq[int]], torch.Tensor]:
+    return lambda ids: hf_logits(hf_model, ids)[-1]
+
+
+@torch.no_grad()
+def hf_greedy(hf_model, prompt: Seq[int], max_new_tokens: int) -> list[int]:
+    """transformers ``generate`` greedy, exactly ``max_new_tokens`` tokens, EOS not special.
+
+    ``eos_token_id=None`` rather than ``min_new_tokens``: the latter masks EOS out of the logits,
+    which changes the argmax; minieng's ``ignore_eos`` keeps EOS as a choice and goes on.
+    """
+    out = hf_model.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
+                            eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """A user turn through the chat template, generation prompt added, as a list of ids."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    if not isinstance(ids, list):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    if ids and isinstance(ids[0], list):
+        ids = ids[0]
+    return list(ids)
+
+
+def assert_same_or_near_tie(expected: Seq[int], actual: Seq[int], prompt: Seq[int],
+                            next_logits: Callable[[Seq[int]], torch.Tensor], what: str = "",
+                            tol: float = 1e-3) -> int | None:
+    """Assert two greedy outputs are equal, or that they first differ at an exact near-tie.
+
+    On a divergence at output position i, the reference logits after ``prompt + expected[:i]``
+    must rank both diverging tokens within ``tol`` of the best logit (so the top-2 gap is < tol):
+    two correct fp32 computations may then round to different argmaxes. Anything else fails.
+    Returns the divergence position (None when identical); a divergence is reported as a warning.
+    """
+    expected, actual = list(expected), list(actual)
+    for i, (a, b) in enumerate(zip(expected, actual)):
+        if a == b:
+            continue
+        logits = next_logits(list(prompt) + expected[:i])
+        best = logits.max().item()
+        gap_a, gap_b = best - logits[a].item(), best - logits[b].item()
+        top2 = logits.topk(2).values
+        assert max(gap_a, gap_b) < tol, (
+            f"{what}: outputs diverge at output position {i} ({a} vs {b}) and it is no near-tie: "
+            f"reference logit gaps to the best {gap_a:.3g} and {gap_b:.3g} (top-2 gap "
+            f"{(top2[0] - top2[1]).item():.3g}, tolerance {tol})")
+        warnings.warn(f"{what}: near-tie divergence at output position {i} ({a} vs {b}); "
+                      f"top-2 gap {(top2[0] - top2[1]).item():.2e}", stacklevel=2)
+        return i
+    assert len(expected) == len(actual), f"{what}: same tokens but lengths {len(expected)} != {len(actual)}"
+    return None
+
+
+# -- direct forwards through the engine's runner ---------------------------------------------------
+
+class DirectRunner:
+    """Drives an engine's model without the scheduler, to read logits at any row.
+
+    The caller plays the scheduler: it decides ``(sequence, new tokens)`` pairs (decodes first);
+    this allocates blocks, lays the batch out with ``ModelRunner.prepare``, runs the model and
+    advances ``num_computed_tokens``.
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._ids = itertools.count()
+
+    def new_seq(self, prompt: Seq[int]) -> Sequence:
+        seq = Sequence(f"direct-{next(self._ids)}", list(prompt), SamplingParams(temperature=0), 0.0)
+        seq.status = SequenceStatus.RUNNING
+        return seq
+
+    def step(self, scheduled: list[tuple[Sequence, int]], every_row: bool = False) -> torch.Tensor:
+        """Logits [rows, vocab]: every row of the batch, or only where the runner samples."""
+        for seq, n in scheduled:
+            self.engine.block_manager.allocate(seq, n)
+        input_ids, positions, meta, logits_indices, _ = self.engine.runner.prepare(scheduled)
+        if every_row:
+            logits_indices = torch.arange(len(input_ids))
+        logits = self.engine.model(input_ids, positions, self.engine.kv_cache, meta, logits_indices)
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+        return logits
+
+    def prefill(self, seq: Sequence, chunks: Seq[int] | None = None) -> torch.Tensor:
+        """Prefill the prompt in the given chunk sizes; logits at every prompt position."""
+        chunks = list(chunks or [seq.num_prompt_tokens])
+        assert sum(chunks) == seq.num_prompt_tokens
+        return torch.cat([self.step([(seq, n)], every_row=True) for n in chunks])
+
+    def decode(self, seqs: Seq[Sequence], tokens: Seq[int]) -> torch.Tensor:
+        """Append one token to each sequence and run them as one batch of decodes."""
+        for seq, tok in zip(seqs, tokens):
+            seq.output_token_ids.append(tok)
+        return self.step([(seq, 1) for seq in seqs])
