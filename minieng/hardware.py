@@ -52,7 +52,9 @@ class Peak:
     @property
     def ridge_flop_per_byte(self) -> float:
         """Arithmetic intensity where the roofline turns: peak FLOP/s / bytes/s."""
-        return self.peak_tflops * 1e12 / (self.bandwidth_gbps * 1e9)
+        from .flops import ridge_point
+
+        return ridge_point(self.peak_tflops * 1e12, self.bandwidth_gbps * 1e9)
 
 
 def datasheet_peak(device_name: str) -> Peak | None:

@@ -4,15 +4,11 @@ Pure functions of what the engine leaves behind (``RequestTimes``, ``RequestOutp
 runs a model, reads a clock or imports torch. The definitions are DESIGN.md section 4, which
 follows vLLM's serving benchmark (``calculate_metrics`` in ``vllm/benchmarks/serve.py``):
 
-- TTFT = first emission - arrival (queueing included); E2EL = last emission - arrival.
-- TPOT = (E2EL - TTFT) / (n_out - 1), only for n_out >= 2; other requests are left out of TPOT
-  statistics and counted in ``num_excluded_from_tpot``.
-- ITL = each gap between successive emissions; an emission of several tokens (speculative
-  decoding) is one gap, so there TPOT < ITL.
-- Summaries (mean, P50/P90/P95/P99 by ``numpy.percentile`` with linear interpolation, max, count)
-  pool completed requests only, as vLLM pools successful ones; they are in milliseconds.
-- Goodput = completed requests meeting every SLO given / duration (DistServe, Zhong et al. 2024).
-
+TTFT = first emission - arrival (queueing included); E2EL = last emission - arrival;
+TPOT = (E2EL - TTFT) / (n_out - 1) for n_out >= 2 only; ITL = each gap between successive
+emissions, so a step emitting several tokens (speculative decoding) is one gap and TPOT < ITL.
+Summaries pool completed requests only, as vLLM pools successful ones; goodput follows DistServe
+(Zhong et al. 2024): completed requests meeting every SLO given, per second of the run.
 Everything returned is a dataclass of plain numbers and lists: ``dataclasses.asdict`` is JSON.
 """
 
@@ -61,11 +57,9 @@ class RequestMetrics:
             ValueError: an emission of fewer than 1 token, or emission times out of order.
         """
         times = [t for t, _ in emissions]
-        if any(n < 1 for _, n in emissions):
-            raise ValueError(f"every emission carries at least 1 token; got counts {[n for _, n in emissions]}")
-        if any(b < a for a, b in zip(times, times[1:])) or (times and times[0] < arrival_s):
-            raise ValueError(f"emission times must be non-decreasing and not before arrival_s={arrival_s}; "
-                             f"got {times}")
+        if any(n < 1 for _, n in emissions) or any(b < a for a, b in zip([arrival_s] + times, times)):
+            raise ValueError(f"emissions must carry >= 1 token each, at non-decreasing times from "
+                             f"arrival_s={arrival_s}; got {list(emissions)}")
         n_out = sum(n for _, n in emissions)
         ttft = times[0] - arrival_s if times else None
         e2el = times[-1] - arrival_s if times else None
@@ -130,11 +124,8 @@ class SLO:
 
 @dataclass
 class ServingMetrics:
-    """Run-level figures, vLLM's benchmark report plus queueing, preemptions and goodput.
-
-    Token totals and throughputs count completed requests only (vLLM counts successful ones);
-    throughputs are ``None`` when the duration is not positive.
-    """
+    """Run-level figures: vLLM's benchmark report plus queueing, preemptions and goodput. Token totals
+    and throughputs count completed requests only (as vLLM); throughputs are ``None`` if duration <= 0."""
 
     duration_s: float | None
     num_requests: int
@@ -203,9 +194,7 @@ def serving_metrics(requests: Iterable[RequestMetrics | RequestOutput], duration
 @dataclass
 class AcceptanceMetrics:
     """Speculative-decoding acceptance (DESIGN.md sections 4 and 9; vLLM's spec-decode metrics).
-
-    A *draft* is one sequence's proposal checked in one verification step.
-    """
+    A *draft* is one sequence's proposal checked in one verification step."""
 
     num_drafts: int
     num_draft_tokens: int  # proposed
@@ -231,12 +220,12 @@ def acceptance_metrics(num_accepted: Sequence[int], num_proposed: int | Sequence
     proposed = ([int(num_proposed)] * len(accepted) if np.ndim(num_proposed) == 0
                 else [int(p) for p in num_proposed])
     if len(proposed) != len(accepted):
-        raise ValueError(f"num_proposed has {len(proposed)} entries for {len(accepted)} drafts: give one per draft")
+        raise ValueError(f"num_proposed has {len(proposed)} entries for {len(accepted)} drafts: one per draft")
     bad = [(a, p) for a, p in zip(accepted, proposed) if not 0 <= a <= p]
     if bad:
-        raise ValueError(f"accepted counts must lie in [0, proposed]; got (accepted, proposed) pairs {bad[:5]}")
+        raise ValueError(f"accepted counts must lie in [0, proposed]; got (accepted, proposed) {bad[:5]}")
     n, total_p, total_a = len(accepted), sum(proposed), sum(accepted)
-    per_position = [sum(a > i for a in accepted) / len(proposed)  # divisor >= 1 here
+    per_position = [sum(a > i for a in accepted) / sum(p > i for p in proposed)  # divisor >= 1 here
                     for i in range(max(proposed, default=0))]
     return AcceptanceMetrics(n, total_p, total_a, total_a / total_p if total_p else None,
                              1 + total_a / n if n else None, per_position)
