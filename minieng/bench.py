@@ -15,16 +15,18 @@ machine drift between runs.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .config import SamplingParams
-from .engine import LLMEngine
-from .hardware import synchronize
+from .engine import LLMEngine, StepRecord
+from .flops import SuspectFigureWarning, mbu, mfu, step_work
+from .harness import fingerprint
+from .hardware import Peak, datasheet_peak, measure_ceilings, synchronize
 from .workload import text_prompts
 
 SEED_PANEL = {"prefill_tok_s": 12968.6, "decode_tok_s": 95.0}  # seed 000's vLLM panel (136x)
@@ -52,16 +54,41 @@ def _ttft_tpot(out) -> tuple[float, float | None]:
     return ttft, tpot
 
 
-def minieng_prefill(engine: LLMEngine, prompts: list[list[int]]) -> float:
-    """Median TTFT (s) of each prompt sent alone."""
+def minieng_prefill(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, list[StepRecord]]:
+    """Median TTFT (s) of each prompt sent alone, and the steps that ran them (all prefill)."""
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    return _median([_ttft_tpot(engine.generate([p], params)[0])[0] for p in prompts])
+    first = len(engine.step_records)
+    ttft = _median([_ttft_tpot(engine.generate([p], params)[0])[0] for p in prompts])
+    return ttft, engine.step_records[first:]
 
 
-def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: int) -> float:
-    """Median TPOT (s) over a batch decoding together."""
+def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: int) -> tuple[float, list[StepRecord]]:
+    """Median TPOT (s) over a batch decoding together, and the decode-only steps of the run."""
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
-    return _median([_ttft_tpot(o)[1] for o in engine.generate(prompts, params)])
+    first = len(engine.step_records)
+    tpot = _median([_ttft_tpot(o)[1] for o in engine.generate(prompts, params)])
+    return tpot, [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
+
+
+def phase_utilization(engine: LLMEngine, steps: list[StepRecord], peaks: list[Peak]) -> dict:
+    """FLOPs and bytes of ``steps`` (``flops.step_work``) over their measured time: MFU and MBU.
+
+    One entry per peak, keyed by its source ("measured", "datasheet"); a figure over 100% is
+    flagged as suspect (a wrong count or ceiling), never reported as fact.
+    """
+    dtype_bytes = torch.empty((), dtype=engine.dtype).element_size()
+    work = sum(step_work(engine.model_config, s.chunks, dtype_bytes) for s in steps)
+    seconds = sum(s.duration_s for s in steps)
+    out = {"flops": work.total_flops, "bytes": work.total_bytes, "seconds": seconds,
+           "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
+           "achieved_tflops": work.total_flops / seconds / 1e12, "achieved_gbps": work.total_bytes / seconds / 1e9}
+    for peak in peaks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SuspectFigureWarning)  # the flag travels in the result
+            f = mfu(work.total_flops, seconds, peak.peak_tflops * 1e12)
+            b = mbu(work.total_bytes, seconds, peak.bandwidth_gbps * 1e9)
+        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect}
+    return out
 
 
 def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
@@ -91,7 +118,14 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     """Run both sweeps; return a JSON-serializable dict whose keys carry their units."""
     hf = load_transformers(engine) if cfg.compare_transformers else None
     tok = engine.tokenizer
-    result = {"environment": environment(engine), "config": asdict(cfg), "load_s": load_s,
+    progress("measuring this machine's ceilings (matmul, copy)")
+    measured, matmul, copy = measure_ceilings(engine.device, engine.dtype)
+    env = environment(engine)
+    sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
+    peaks = [measured] + ([sheet] if sheet else [])
+    result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
+              "peaks": [asdict(p) | {"ridge_flop_per_byte": p.ridge_flop_per_byte} for p in peaks],
+              "ceilings": {"matmul_flop_s": matmul.to_dict(), "copy_bytes_s": copy.to_dict()},
               "prefill": [], "decode": []}
     warm = text_prompts(tok, 16, 1)
     engine.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -100,8 +134,9 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     for n in cfg.prompt_lens:
         progress(f"prefill: {n} prompt tokens")
         prompts = text_prompts(tok, n, cfg.repeats)
-        row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * minieng_prefill(engine, prompts)}
-        row["minieng_prefill_tok_s"] = n / (row["minieng_ttft_ms"] / 1e3)
+        ttft, steps = minieng_prefill(engine, prompts)
+        row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
+               "utilization": phase_utilization(engine, steps, peaks)}
         if hf is not None:
             row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
             row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
@@ -110,8 +145,9 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     for b in cfg.batch_sizes:
         progress(f"decode: batch {b}")
         prompts = text_prompts(tok, cfg.decode_prompt_len, b)
-        row = {"batch_size": b, "minieng_tpot_ms": 1e3 * minieng_decode(engine, prompts, cfg.output_tokens)}
-        row["minieng_decode_tok_s"] = b / (row["minieng_tpot_ms"] / 1e3)
+        tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
+        row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
+               "utilization": phase_utilization(engine, steps, peaks)}
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)
@@ -139,16 +175,11 @@ def phase_ratio(result: dict) -> dict:
 
 
 def environment(engine: LLMEngine) -> dict:
+    """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
     import transformers
 
-    from . import __version__
-
-    dev = engine.device
-    return {
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
-        "device_type": dev.type, "dtype": str(engine.dtype).removeprefix("torch."),
-        "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__, "minieng_version": __version__,
+    return fingerprint(engine.device, engine.dtype) | {
+        "transformers_version": transformers.__version__,
         "model": str(engine.config.model or "SmolLM2-135M-Instruct (embedded default)"),
         "model_params": engine.model_config.num_params,
     }
@@ -177,7 +208,7 @@ def check_targets(result: dict) -> list[dict]:
 
 def format_table(result: dict) -> str:
     env = result["environment"]
-    lines = [f"minieng bench: {env['model']} on {env['device']} ({env['device_type']}, {env['dtype']}, "
+    lines = [f"minieng bench: {env['model']} on {env['device_name']} ({env['device']}, {env['dtype']}, "
              f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"]
     if result.get("load_s") is not None:
         lines.append(f"model load: {result['load_s']:.2f} s")
@@ -206,6 +237,29 @@ def format_table(result: dict) -> str:
             line += (f" | {r['transformers_tpot_ms']:>10.1f} {r['transformers_decode_tok_s']:>8.1f}"
                      f" | {r['decode_speedup_x']:>6.2f}x")
         lines.append(line)
+    lines += ["", "Per phase, against the peaks (MFU = achieved FLOP/s / peak, MBU = achieved bytes/s / bandwidth)"]
+    for pk in result["peaks"]:
+        lines.append(f"  {pk['source']:>9} peak: {pk['peak_tflops']:.3g} TFLOP/s, {pk['bandwidth_gbps']:.3g} GB/s, "
+                     f"ridge {pk['ridge_flop_per_byte']:.3g} FLOP/byte")
+    lines.append(f"  {'phase':<22} {'FLOP/byte':>9} {'TFLOP/s':>8} {'GB/s':>7}" +
+                 "".join(f" {pk['source'][:4] + ' MFU':>9} {pk['source'][:4] + ' MBU':>9}" for pk in result["peaks"]))
+    for label, row in ([(f"prefill {r['prompt_tokens']} tok", r) for r in result["prefill"]]
+                       + [(f"decode batch {r['batch_size']}", r) for r in result["decode"]]):
+        u = row["utilization"]
+        line = (f"  {label:<22} {u['arithmetic_intensity_flop_per_byte']:>9.1f} {u['achieved_tflops']:>8.3f} "
+                f"{u['achieved_gbps']:>7.1f}")
+        for pk in result["peaks"]:
+            v = u[pk["source"]]
+            flag = "!" if v["suspect"] else " "
+            line += f" {v['mfu_percent']:>7.1f}%{flag} {v['mbu_percent']:>7.1f}%{flag}"
+        lines.append(line)
+    if any(r["utilization"][pk["source"]]["suspect"] for r in result["prefill"] + result["decode"]
+           for pk in result["peaks"]):
+        lines.append("  ! over 100%: suspect (a wrong count or a ceiling measured too low), not a fact")
+    b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
+    if b1:
+        mbu1 = b1["utilization"]["measured"]["mbu_percent"]
+        lines.append(f"  batch-1 decode reaches {mbu1:.0f}% of the measured bandwidth (engine goal: >= 75%)")
     pr = result["phase_ratio"]
     lines += ["", "Two phases: prefill tok/s / batch-1 decode tok/s"]
     lines.append(f"  seed article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
@@ -219,3 +273,19 @@ def format_table(result: dict) -> str:
         for t in result["targets"]:
             lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.2f}x (goal {t['goal']})")
     return "\n".join(lines)
+
+
+def probe_speed(engine: LLMEngine) -> dict:
+    """A few-second probe of this device: prefill tok/s at 64 tokens and one batch-1 decode step (s).
+
+    Notebooks use it to print an estimate before a heavy cell runs.
+    """
+    prompt = text_prompts(engine.tokenizer, 64, 1)
+    ttft, _ = minieng_prefill(engine, prompt)
+    tpot, _ = minieng_decode(engine, prompt, 5)
+    return {"prefill_tok_s": 64 / ttft, "decode_step_s": tpot}
+
+
+def estimate_s(probe: dict, prefill_tokens: int = 0, decode_steps: int = 0) -> float:
+    """Rough seconds for ``prefill_tokens`` of prefill plus ``decode_steps`` batch-1 decode steps."""
+    return prefill_tokens / probe["prefill_tok_s"] + decode_steps * probe["decode_step_s"]
