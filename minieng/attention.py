@@ -109,12 +109,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v = v_flat[meta.decode_slots].transpose(1, 2)
         od = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
         out[:b] = od.view(b, num_heads, head_dim)
+    group = num_heads // kv_heads
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         qp = q[rows].transpose(0, 1)  # [heads, q_len, D]
-        k = k_flat[chunk.context_slots].transpose(0, 1)  # [kv_heads, context, D]
-        v = v_flat[chunk.context_slots].transpose(0, 1)
-        op = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask,
-                                            is_causal=chunk.mask is None, enable_gqa=True)
+        # K/V repeated per query head: SDPA's fused CPU kernel does not take enable_gqa (the
+        # math fallback it would use costs more than the copy).
+        k = k_flat[chunk.context_slots].repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, context, D]
+        v = v_flat[chunk.context_slots].repeat_interleave(group, dim=1).transpose(0, 1)
+        op = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, is_causal=chunk.mask is None)
         out[rows] = op.transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)

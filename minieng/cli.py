@@ -63,8 +63,10 @@ def cmd_bench(args) -> int:
                       compare_transformers=not args.no_transformers)
     log = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda msg: None)
     start = time.perf_counter()
-    engine = _engine(args, max_num_batched_tokens=max(cfg.prompt_lens + [512]),
-                     max_num_seqs=max(cfg.batch_sizes + [8]))
+    # A budget large enough that each sweep point prefills in one step: the decode figures then
+    # time decode steps only, as transformers' batched generate does.
+    budget = max(cfg.prompt_lens + [max(cfg.batch_sizes) * cfg.decode_prompt_len, 512])
+    engine = _engine(args, max_num_batched_tokens=budget, max_num_seqs=max(cfg.batch_sizes + [8]))
     load_s = time.perf_counter() - start
     if args.load_format == "dummy":
         cfg.compare_transformers = False

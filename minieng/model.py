@@ -23,6 +23,23 @@ from .config import ModelConfig
 from .kv_cache import KVCache, write_kv
 
 
+class Linear(nn.Module):
+    """y = x @ weight + bias, with ``weight`` stored [in_features, out_features].
+
+    That is the transpose of ``torch.nn.Linear`` (and of checkpoints): on the CPUs we measured,
+    MKL's GEMM ran decode's few-row products ~10-25% faster in this layout (batch 4-32; equal at
+    batch 1). ``load_weights`` transposes checkpoint matrices on the way in.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight if self.bias is None else torch.addmm(self.bias, x, self.weight)
+
+
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich 2019)."""
 
@@ -84,8 +101,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -103,8 +120,8 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, bias: bool):
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -139,6 +156,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, o_bias, mlp_bias)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # The LM head keeps the checkpoint's [vocab, hidden] layout so it can share the
+        # embedding matrix when the model ties them.
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.rope = RotaryEmbedding(config, max_position or config.max_position_embeddings)
@@ -174,8 +193,9 @@ class LlamaForCausalLM(nn.Module):
         Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
         """
         params = dict(self.named_parameters())
+        transposed = {f"{name}.weight" for name, m in self.named_modules() if isinstance(m, Linear)}
         attn = self.layers[0].self_attn if len(self.layers) else None
-        stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along dim 0)
+        stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along the output dim)
             "q_proj": ("qkv_proj", 0),
             "k_proj": ("qkv_proj", attn.q_size if attn else 0),
             "v_proj": ("qkv_proj", (attn.q_size + attn.kv_size) if attn else 0),
@@ -191,21 +211,22 @@ class LlamaForCausalLM(nn.Module):
                 continue
             module, _, leaf = name.rpartition(".")
             parent, _, proj = module.rpartition(".")
+            target, offset = name, 0
             if proj in stacked:
                 ours, offset = stacked[proj]
                 target = f"{parent}.{ours}.{leaf}"
-                if target not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
-                params[target].data[offset:offset + tensor.shape[0]].copy_(tensor)
-                loaded.add((target, offset))
-            else:
-                if name not in params:
-                    raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
-                if params[name].shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
-                                     f"shape {tuple(params[name].shape)}; wrong config?")
-                params[name].data.copy_(tensor)
-                loaded.add((name, 0))
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+            if target in transposed:
+                tensor = tensor.t()  # checkpoint [out, in] -> ours [in, out]
+            dest = params[target].data
+            if proj in stacked:  # a shard of the output dimension (the last one)
+                dest = dest[..., offset:offset + tensor.shape[-1]]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
+                                 f"shape {tuple(dest.shape)}; wrong config?")
+            dest.copy_(tensor)
+            loaded.add((target, offset))
         expected = set()
         for pname in params:
             module, _, leaf = pname.rpartition(".")
