@@ -30,8 +30,9 @@ setup: $(VENV)/.installed
 run bench: setup
 	$(BIN)/python -m minieng bench
 
+# The test suite, then every notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them).
 test: setup
-	$(BIN)/python -m pytest -q
+	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q --nbmake tests notebooks
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/

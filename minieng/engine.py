@@ -276,12 +276,14 @@ class LLMEngine:
             progress.close()
         return [self.output(i) for i in ids]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               request_id: str | None = None) -> Iterator[str]:
         """Yield text deltas of one request as they become safe to show.
 
         Their concatenation equals the final text; other queued requests advance meanwhile.
+        ``engine.output(request_id)`` has the request's timestamps afterwards.
         """
-        request_id = self.add_request(prompt, params)
+        request_id = self.add_request(prompt, params, request_id)
         while not self.requests[request_id].seq.is_finished:
             for out in self.step():
                 if out.request_id == request_id and out.delta:

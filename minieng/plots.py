@@ -132,3 +132,22 @@ def curve(xs: Sequence[float], ys: dict[str, Sequence[float]], xlabel: str, ylab
     ax.set_title(title)
     ax.legend(fontsize=8)
     return fig
+
+
+def phase_costs(prompt_tokens: Sequence[int], ttft_ms: Sequence[float], output_tokens: Sequence[int],
+                decode_ms: Sequence[float]) -> Figure:
+    """Two panels: TTFT against prompt length, decode time against output length, one point per request."""
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.scatter(prompt_tokens, ttft_ms, color=PHASE_COLORS["prefill"])
+    left.set_xlabel("prompt tokens")
+    left.set_ylabel("TTFT (ms)")
+    left.set_title("prefill cost follows the prompt")
+    right.scatter(output_tokens, decode_ms, color=PHASE_COLORS["decode"])
+    right.set_xlabel("output tokens")
+    right.set_ylabel("decode time, E2EL - TTFT (ms)")
+    right.set_title("decode cost follows the answer")
+    for ax in (left, right):
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+    return fig

@@ -92,11 +92,16 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
     return panel
 
 
-def show(fig) -> None:
-    """Display a matplotlib Figure (inside an Output too) and release it."""
-    from IPython.display import display
+def show(fig, dpi: int = 100) -> None:
+    """Display a matplotlib ``Figure`` as a PNG: works in JupyterLab, Colab, an ``Output`` and
+    headless runs alike, with no pyplot backend involved."""
+    import io
 
-    display(fig)
+    from IPython.display import Image, display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    display(Image(data=buf.getvalue(), format="png"))
 
 
 def claims_table(rows: list[tuple[str, str, str, str]]):
