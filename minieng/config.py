@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+GREEDY_TEMPERATURE = 1e-5
 
 
 def _require(ok: bool, name: str, value: Any, limit: str) -> None:
@@ -155,7 +156,7 @@ class SamplingParams:
     """How one request samples and when it stops (vLLM's names and defaults).
 
     Attributes:
-        temperature: 0 is greedy; higher flattens the distribution.
+        temperature: 0 (or anything below 1e-5) is greedy; higher flattens the distribution.
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set whose probability reaches top_p; 1.0 keeps all.
         seed: seeds this request's own ``torch.Generator``; None draws one from the engine seed.
@@ -185,4 +186,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperatures below 1e-5 are greedy (as vLLM's): dividing logits by them overflows."""
+        return self.temperature < GREEDY_TEMPERATURE

@@ -8,6 +8,7 @@ records when everything happened. The engine knows nothing of metrics: it leaves
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from collections.abc import Iterator, Sequence as Seq
@@ -171,7 +172,7 @@ class LLMEngine:
             raise ValueError(f"request_id={request_id!r} is already in use")
         generator = None
         if not params.greedy:
-            seed = params.seed if params.seed is not None else hash((self.config.seed, request_id)) % 2**63
+            seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
             generator = torch.Generator(device=self.device).manual_seed(seed)
         seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, generator)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
@@ -196,6 +197,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
+        # The plan's composition, read now: finishing a sequence below resets its state.
+        num_prefill_tokens, num_decode_seqs = plan.num_prefill_tokens, plan.num_decode_seqs
         for seq, _ in plan.scheduled:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = start
@@ -208,8 +211,8 @@ class LLMEngine:
             seq.num_computed_tokens += n
         outputs = [self._append(self.requests[rid], [tok], end) for rid, tok in sampled.items()]
         self.step_records.append(StepRecord(
-            start, end - start, plan.num_prefill_tokens,
-            len(plan.scheduled) - plan.num_decode_seqs, plan.num_decode_seqs, len(plan.preempted),
+            start, end - start, num_prefill_tokens,
+            len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
             len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks))
         return outputs
 
@@ -288,3 +291,9 @@ class LLMEngine:
             for out in self.step():
                 if out.request_id == request_id and out.delta:
                     yield out.delta
+
+
+def _stable_seed(engine_seed: int, request_id: str) -> int:
+    """A per-request seed that is the same in every process (Python's ``hash`` of a str is not)."""
+    digest = hashlib.sha256(f"{engine_seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

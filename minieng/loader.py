@@ -173,8 +173,7 @@ def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.dev
         model = LlamaForCausalLM(model_config, max_position)
     model = model.to_empty(device=device).to(dtype).eval()
     model.tie_weights()  # to_empty gave the shared tensor two storages: share it again
-    with torch.device(device):
-        model.rope = RotaryEmbedding(model_config, max_position)  # its tables are computed, not loaded
+    model.rope = RotaryEmbedding(model_config, max_position).to(device)  # computed, not loaded
     return model
 
 

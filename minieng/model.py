@@ -64,9 +64,10 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: ModelConfig, max_position: int):
         super().__init__()
-        inv_freq, scaling = _rope_inv_freq(config)
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+        with torch.device("cpu"):  # computed, never loaded: not on the meta device of a lazy build
+            inv_freq, scaling = _rope_inv_freq(config)
+            freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 

@@ -17,13 +17,13 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
     Args:
         logits: [vocab] or [n, vocab] float32.
-        params: temperature > 0 (greedy has no distribution to sample from).
+        params: a non-greedy request (greedy has no distribution to sample from).
     Returns:
         Probabilities of the same shape, summing to 1 along the last dim, zero outside top-k/top-p.
     Top-p keeps the smallest prefix of the sorted distribution whose mass reaches top_p
     (Holtzman et al. 2020, section 3.1); the most likely token is always kept.
     """
-    assert params.temperature > 0, "greedy requests have no sampling distribution"
+    assert not params.greedy, "greedy requests have no sampling distribution"
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -44,7 +44,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
 
     Args:
         logits: [n, vocab] float32, one row per sequence that samples this step.
-        params, generators: per row; a generator is required where temperature > 0.
+        params, generators: per row; a generator is required for non-greedy rows.
     Returns:
         n token ids.
     """

