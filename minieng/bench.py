@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import statistics
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from .config import SamplingParams
 from .engine import LLMEngine, StepRecord
-from .flops import SuspectFigureWarning, mbu, mfu, step_work
+from .flops import phase_utilization
 from .harness import fingerprint
 from .hardware import Peak, datasheet_peak, measure_ceilings, synchronize
 from .workload import text_prompts
@@ -44,6 +43,10 @@ class BenchConfig:
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def _dtype_bytes(engine: LLMEngine) -> int:
+    return torch.empty((), dtype=engine.dtype).element_size()
 
 
 def _ttft_tpot(out) -> tuple[float, float | None]:
@@ -70,27 +73,6 @@ def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: i
     return tpot, [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
 
 
-def phase_utilization(engine: LLMEngine, steps: list[StepRecord], peaks: list[Peak]) -> dict:
-    """FLOPs and bytes of ``steps`` (``flops.step_work``) over their measured time: MFU and MBU.
-
-    One entry per peak, keyed by its source ("measured", "datasheet"); a figure over 100% is
-    flagged as suspect (a wrong count or ceiling), never reported as fact.
-    """
-    dtype_bytes = torch.empty((), dtype=engine.dtype).element_size()
-    work = sum(step_work(engine.model_config, s.chunks, dtype_bytes) for s in steps)
-    seconds = sum(s.duration_s for s in steps)
-    out = {"flops": work.total_flops, "bytes": work.total_bytes, "seconds": seconds,
-           "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
-           "achieved_tflops": work.total_flops / seconds / 1e12, "achieved_gbps": work.total_bytes / seconds / 1e9}
-    for peak in peaks:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SuspectFigureWarning)  # the flag travels in the result
-            f = mfu(work.total_flops, seconds, peak.peak_tflops * 1e12)
-            b = mbu(work.total_bytes, seconds, peak.bandwidth_gbps * 1e9)
-        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect}
-    return out
-
-
 def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
     ids = torch.tensor(prompts, device=hf_model.device)
     start = time.perf_counter()
@@ -114,8 +96,12 @@ def load_transformers(engine: LLMEngine):
     return AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=engine.dtype).to(engine.device).eval()
 
 
-def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, progress=print) -> dict:
-    """Run both sweeps; return a JSON-serializable dict whose keys carry their units."""
+def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, progress=print,
+              sweeps: bool = True) -> dict:
+    """Measure the ceilings, run both sweeps (unless ``sweeps=False``); return a JSON-serializable
+    dict whose keys carry their units."""
+    if not sweeps:
+        cfg.prompt_lens, cfg.batch_sizes, cfg.compare_transformers = [], [], False
     hf = load_transformers(engine) if cfg.compare_transformers else None
     tok = engine.tokenizer
     progress("measuring this machine's ceilings (matmul, copy)")
@@ -136,7 +122,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, n, cfg.repeats)
         ttft, steps = minieng_prefill(engine, prompts)
         row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
-               "utilization": phase_utilization(engine, steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, _dtype_bytes(engine), steps, peaks)}
         if hf is not None:
             row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
             row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
@@ -147,7 +133,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, cfg.decode_prompt_len, b)
         tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
         row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
-               "utilization": phase_utilization(engine, steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, _dtype_bytes(engine), steps, peaks)}
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)
@@ -183,96 +169,6 @@ def environment(engine: LLMEngine) -> dict:
         "model": str(engine.config.model or "SmolLM2-135M-Instruct (embedded default)"),
         "model_params": engine.model_config.num_params,
     }
-
-
-TARGETS = [  # (description, section, selector, key, comparison, threshold): from the engine issue
-    ("batch-1 TPOT vs transformers", "decode", 1, "tpot_ratio", "<=", 0.8),
-    ("decode tok/s at batch 8 vs transformers", "decode", 8, "decode_speedup_x", ">=", 1.5),
-    ("decode tok/s at batch 32 vs transformers", "decode", 32, "decode_speedup_x", ">=", 1.5),
-    ("prefill tok/s at 512 tokens vs transformers", "prefill", 512, "prefill_speedup_x", ">=", 1.0),
-]
-
-
-def check_targets(result: dict) -> list[dict]:
-    rows = []
-    for desc, section, sel, key, op, threshold in TARGETS:
-        field_ = "batch_size" if section == "decode" else "prompt_tokens"
-        row = next((r for r in result[section] if r[field_] == sel), None)
-        if row is None or "transformers_tpot_ms" not in row and "transformers_ttft_ms" not in row:
-            continue
-        value = row["minieng_tpot_ms"] / row["transformers_tpot_ms"] if key == "tpot_ratio" else row[key]
-        met = value <= threshold if op == "<=" else value >= threshold
-        rows.append({"target": desc, "measured_x": value, "goal": f"{op} {threshold}x", "met": met})
-    return rows
-
-
-def format_table(result: dict) -> str:
-    env = result["environment"]
-    lines = [f"minieng bench: {env['model']} on {env['device_name']} ({env['device']}, {env['dtype']}, "
-             f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"]
-    if result.get("load_s") is not None:
-        lines.append(f"model load: {result['load_s']:.2f} s")
-    hf = result["config"]["compare_transformers"]
-    lines += ["", "Prefill (one request alone): TTFT and prefill throughput"]
-    head = f"{'prompt tok':>10} {'TTFT ms':>9} {'tok/s':>8}"
-    if hf:
-        head += f" | {'HF TTFT ms':>10} {'HF tok/s':>8} | {'speedup':>7}"
-    lines.append(head)
-    for r in result["prefill"]:
-        line = f"{r['prompt_tokens']:>10} {r['minieng_ttft_ms']:>9.1f} {r['minieng_prefill_tok_s']:>8.0f}"
-        if hf:
-            line += (f" | {r['transformers_ttft_ms']:>10.1f} {r['transformers_prefill_tok_s']:>8.0f}"
-                     f" | {r['prefill_speedup_x']:>6.2f}x")
-        lines.append(line)
-    cfg = result["config"]
-    lines += ["", f"Decode ({cfg['decode_prompt_len']}-token prompts, {cfg['output_tokens']} output tokens each): "
-              "TPOT and decode throughput"]
-    head = f"{'batch':>10} {'TPOT ms':>9} {'tok/s':>8}"
-    if hf:
-        head += f" | {'HF TPOT ms':>10} {'HF tok/s':>8} | {'speedup':>7}"
-    lines.append(head)
-    for r in result["decode"]:
-        line = f"{r['batch_size']:>10} {r['minieng_tpot_ms']:>9.1f} {r['minieng_decode_tok_s']:>8.1f}"
-        if hf:
-            line += (f" | {r['transformers_tpot_ms']:>10.1f} {r['transformers_decode_tok_s']:>8.1f}"
-                     f" | {r['decode_speedup_x']:>6.2f}x")
-        lines.append(line)
-    lines += ["", "Per phase, against the peaks (MFU = achieved FLOP/s / peak, MBU = achieved bytes/s / bandwidth)"]
-    for pk in result["peaks"]:
-        lines.append(f"  {pk['source']:>9} peak: {pk['peak_tflops']:.3g} TFLOP/s, {pk['bandwidth_gbps']:.3g} GB/s, "
-                     f"ridge {pk['ridge_flop_per_byte']:.3g} FLOP/byte")
-    lines.append(f"  {'phase':<22} {'FLOP/byte':>9} {'TFLOP/s':>8} {'GB/s':>7}" +
-                 "".join(f" {pk['source'][:4] + ' MFU':>9} {pk['source'][:4] + ' MBU':>9}" for pk in result["peaks"]))
-    for label, row in ([(f"prefill {r['prompt_tokens']} tok", r) for r in result["prefill"]]
-                       + [(f"decode batch {r['batch_size']}", r) for r in result["decode"]]):
-        u = row["utilization"]
-        line = (f"  {label:<22} {u['arithmetic_intensity_flop_per_byte']:>9.1f} {u['achieved_tflops']:>8.3f} "
-                f"{u['achieved_gbps']:>7.1f}")
-        for pk in result["peaks"]:
-            v = u[pk["source"]]
-            flag = "!" if v["suspect"] else " "
-            line += f" {v['mfu_percent']:>7.1f}%{flag} {v['mbu_percent']:>7.1f}%{flag}"
-        lines.append(line)
-    if any(r["utilization"][pk["source"]]["suspect"] for r in result["prefill"] + result["decode"]
-           for pk in result["peaks"]):
-        lines.append("  ! over 100%: suspect (a wrong count or a ceiling measured too low), not a fact")
-    b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
-    if b1:
-        mbu1 = b1["utilization"]["measured"]["mbu_percent"]
-        lines.append(f"  batch-1 decode reaches {mbu1:.0f}% of the measured bandwidth (engine goal: >= 75%)")
-    pr = result["phase_ratio"]
-    lines += ["", "Two phases: prefill tok/s / batch-1 decode tok/s"]
-    lines.append(f"  seed article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
-                 f" = {pr['seed_ratio_x']:.0f}x")
-    for name in ("minieng", "transformers"):
-        if f"{name}_ratio_x" in pr:
-            lines.append(f"  {name} here: {pr[f'{name}_prefill_tok_s']:,.0f} (at {pr[f'{name}_prefill_at_prompt_tokens']} "
-                         f"tokens) / {pr[f'{name}_decode_tok_s']:.1f} = {pr[f'{name}_ratio_x']:.1f}x")
-    if result.get("targets"):
-        lines += ["", "Targets (engine issue), measured in this run:"]
-        for t in result["targets"]:
-            lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.2f}x (goal {t['goal']})")
-    return "\n".join(lines)
 
 
 def probe_speed(engine: LLMEngine) -> dict:

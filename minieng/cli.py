@@ -56,7 +56,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import BenchConfig, check_targets, format_table, run_bench
+    from .bench import BenchConfig, run_bench
+    from .report import check_targets, format_table
 
     cfg = BenchConfig(prompt_lens=args.prompt_lens, batch_sizes=args.batch_sizes, output_tokens=args.output_tokens,
                       decode_prompt_len=args.decode_prompt_len, repeats=args.repeats,
@@ -70,11 +71,96 @@ def cmd_bench(args) -> int:
     load_s = time.perf_counter() - start
     if args.load_format == "dummy":
         cfg.compare_transformers = False
-    result = run_bench(engine, cfg, load_s=load_s, progress=log)
+    result = run_bench(engine, cfg, load_s=load_s, progress=log, sweeps=not args.skip_sweeps)
     result["targets"] = check_targets(result) if args.model is None else []
+    if args.workload:
+        log(f"serving: {args.workload} workload")
+        result["serving"] = run_serving(engine, args, result)
     result["wall_s"] = time.perf_counter() - start
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    if args.plot:
+        result["figures"] = save_figures(result, args.plot, engine)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
+
+
+def _workload_specs(args):
+    from . import workload as w
+
+    if args.workload == "fixed":
+        return w.fixed_workload(args.num_requests, args.prompt_tokens, args.output_tokens_per_request, 1 / args.rate if args.rate else 0.0)
+    if args.workload == "poisson":
+        return w.poisson_workload(args.num_requests, args.rate or 1.0, args.prompt_tokens, args.output_tokens_per_request, args.seed)
+    specs = w.read_trace(args.trace, args.num_requests)
+    return w.scale_workload(specs, args.time_scale, args.length_scale, args.max_prompt_tokens, args.max_output_tokens)
+
+
+def run_serving(engine, args, result: dict) -> dict:
+    """The ``--workload`` run: real-time arrivals, serving metrics, goodput under the SLOs given."""
+    import torch
+
+    from .hardware import Peak
+    from .metrics import SLO
+    from .serving import run_workload, serving_report
+    from .telemetry import TelemetrySampler
+
+    specs = _workload_specs(args)
+    slos = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2el_ms": args.slo_e2el_ms}
+    slo = SLO(**slos) if any(v is not None for v in slos.values()) else None
+    sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
+    run = run_workload(engine, specs, sampler=sampler)
+    peaks = [Peak(**{k: v for k, v in p.items() if k != "ridge_flop_per_byte"}) for p in result["peaks"]]
+    report = serving_report(run, engine.model_config, torch.empty((), dtype=engine.dtype).element_size(), peaks, slo)
+    report["workload"] = {"kind": args.workload, "num_requests": len(specs),
+                          "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
+                          "output_tokens_total": sum(s.output_tokens for s in specs),
+                          "last_arrival_s": max(s.arrival_s for s in specs)}
+    report["_run"] = run  # for the figures; dropped from the JSON
+    return report
+
+
+def save_figures(result: dict, directory: str, engine) -> list[str]:
+    """Write the bench's figures as PNG files into ``directory``; return their paths."""
+    from pathlib import Path
+
+    from .hardware import Peak
+    from .metrics import request_metrics
+    from .plots import latency_cdfs, roofline, step_timeline, utilization_trace
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {}
+    peaks = [Peak(**{k: v for k, v in p.items() if k != "ridge_flop_per_byte"}) for p in result["peaks"]]
+    points = [(f"prefill {r['prompt_tokens']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
+               r["utilization"]["achieved_tflops"] * 1e12) for r in result["prefill"]]
+    points += [(f"decode b{r['batch_size']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
+                r["utilization"]["achieved_tflops"] * 1e12) for r in result["decode"]]
+    if points:
+        figures["roofline"] = roofline(peaks, points, title=f"Roofline: minieng on {result['environment']['device_name']}")
+    serving = result.get("serving")
+    if serving:
+        run = serving.pop("_run")
+        ms = [request_metrics(o) for o in run.outputs]
+        slo = serving["metrics"].get("slo") or {}
+        figures["latency_cdf"] = latency_cdfs(
+            {"TTFT": [m.ttft_s * 1e3 for m in ms if m.ttft_s is not None],
+             "TPOT": [m.tpot_s * 1e3 for m in ms if m.tpot_s is not None],
+             "ITL": [g * 1e3 for m in ms for g in m.itl_s]},
+            {k: slo[f"{k.lower()}_ms"] for k in ("TTFT", "TPOT") if slo.get(f"{k.lower()}_ms")})
+        itl_points = [(t, (t - prev) * 1e3) for o in run.outputs
+                      for (prev, _), (t, _) in zip(o.times.emissions, o.times.emissions[1:])]
+        figures["step_timeline"] = step_timeline(run.steps, run.start_s, itl_points)
+        if run.telemetry:
+            figures["utilization"] = utilization_trace(
+                [s.time_s - run.start_s for s in run.telemetry],
+                {"util.gpu %": [s.util_gpu_percent for s in run.telemetry],
+                 "SM occupancy % (GPM)": [s.sm_occupancy_percent for s in run.telemetry],
+                 "DRAM bandwidth % (GPM)": [s.dram_bw_util_percent for s in run.telemetry]})
+    paths = []
+    for name, fig in figures.items():
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        paths.append(str(path))
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
+    b.add_argument("--skip-sweeps", action="store_true", help="only the --workload run")
+    b.add_argument("--plot", metavar="DIR", help="save the figures (roofline, latency CDFs, step timeline) as PNG")
+    s = b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)")
+    s.add_argument("--workload", choices=["fixed", "poisson", "trace"])
+    s.add_argument("--num-requests", type=int, default=16)
+    s.add_argument("--rate", type=float, default=None, help="requests/s (poisson: default 1; fixed: default all at once)")
+    s.add_argument("--prompt-tokens", type=int, default=128)
+    s.add_argument("--output-tokens-per-request", type=int, default=32)
+    s.add_argument("--trace", default="../shared/data/azure-llm-trace-2023/conv.csv", help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
+    s.add_argument("--time-scale", type=float, default=1.0, help="trace arrival times x this (4 = a quarter of the rate)")
+    s.add_argument("--length-scale", type=float, default=0.25, help="trace lengths x this, for a small machine")
+    s.add_argument("--max-prompt-tokens", type=int, default=1024)
+    s.add_argument("--max-output-tokens", type=int, default=128)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--slo-ttft-ms", type=float, default=None)
+    s.add_argument("--slo-tpot-ms", type=float, default=None)
+    s.add_argument("--slo-e2el-ms", type=float, default=None)
     b.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
     try:

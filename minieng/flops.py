@@ -222,3 +222,26 @@ def prefill_floor_s(flops: float, peak_flops: float) -> float:
     if peak_flops <= 0:
         raise ValueError(f"peak_flops={peak_flops} FLOP/s must be > 0")
     return flops / peak_flops
+
+
+def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peaks) -> dict:
+    """FLOPs and bytes of recorded steps (``StepRecord``s) over their measured time: MFU and MBU.
+
+    ``peaks``: ``hardware.Peak``s; one entry per peak, keyed by its source ("measured",
+    "datasheet"). A figure over 100% carries ``suspect: True`` (a wrong count or ceiling) instead
+    of being reported as fact. Returns a JSON-serializable dict.
+    """
+    seconds = sum(s.duration_s for s in steps)
+    if not steps or seconds <= 0:
+        raise ValueError("phase_utilization needs at least one step with a positive duration")
+    work = sum(step_work(model_config, s.chunks, dtype_bytes) for s in steps)
+    out = {"num_steps": len(steps), "flops": work.total_flops, "bytes": work.total_bytes, "seconds": seconds,
+           "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
+           "achieved_tflops": work.total_flops / seconds / 1e12, "achieved_gbps": work.total_bytes / seconds / 1e9}
+    for peak in peaks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SuspectFigureWarning)  # the flag travels in the result
+            f = mfu(work.total_flops, seconds, peak.peak_tflops * 1e12)
+            b = mbu(work.total_bytes, seconds, peak.bandwidth_gbps * 1e9)
+        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect}
+    return out

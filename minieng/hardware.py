@@ -185,7 +185,12 @@ def measure_copy(device: torch.device, nbytes: int | None = None, repeats: int =
 
 
 def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> tuple[Peak, Measurement, Measurement]:
-    """Measured peak (matmul) and bandwidth (copy) as a ``Peak``, with the raw measurements."""
+    """Measured peak (matmul) and bandwidth (copy) as a ``Peak``, with the raw measurements.
+
+    A ceiling is the best rate the machine sustains, so the ``Peak`` takes the p90 of the runs:
+    on a shared machine the median of a few runs undershoots, and an undershooting ceiling
+    would make MFU/MBU read high.
+    """
     mm, cp = measure_matmul(device, dtype, repeats=repeats), measure_copy(device, repeats=repeats)
-    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", mm.median / 1e12,
-                cp.median / 1e9, "measured"), mm, cp
+    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", mm.p90 / 1e12,
+                cp.p90 / 1e9, "measured"), mm, cp

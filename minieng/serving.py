@@ -89,3 +89,20 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+def serving_report(result: WorkloadResult, model_config, dtype_bytes: float, peaks, slo=None) -> dict:
+    """Metrics of a run (``metrics.serving_metrics``), MFU/MBU of its prefill-carrying and its
+    decode-only steps, and the telemetry summary: one JSON-serializable dict."""
+    from .flops import phase_utilization
+    from .metrics import serving_metrics
+    from .telemetry import summarize
+
+    prefill_steps = [s for s in result.steps if s.num_prefill_tokens > 0]
+    decode_steps = [s for s in result.steps if s.num_prefill_tokens == 0]
+    return {
+        "metrics": serving_metrics(result.outputs, result.duration_s, slo).to_dict(),
+        "steps_with_prefill": phase_utilization(model_config, dtype_bytes, prefill_steps, peaks) if prefill_steps else None,
+        "decode_only_steps": phase_utilization(model_config, dtype_bytes, decode_steps, peaks) if decode_steps else None,
+        "telemetry": summarize(result.telemetry) if result.telemetry else None,
+    }

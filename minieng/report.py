@@ -1,0 +1,144 @@
+"""The bench's result as text: the sweep tables, per-phase MFU/MBU, the serving run, the targets.
+
+Formatting only: every figure was measured by ``bench`` or ``serving`` and sits in the result dict.
+"""
+
+from __future__ import annotations
+
+
+TARGETS = [  # (description, section, selector, key, comparison, threshold): from the engine issue
+    ("batch-1 TPOT vs transformers", "decode", 1, "tpot_ratio", "<=", 0.8),
+    ("decode tok/s at batch 8 vs transformers", "decode", 8, "decode_speedup_x", ">=", 1.5),
+    ("decode tok/s at batch 32 vs transformers", "decode", 32, "decode_speedup_x", ">=", 1.5),
+    ("prefill tok/s at 512 tokens vs transformers", "prefill", 512, "prefill_speedup_x", ">=", 1.0),
+]
+
+
+def check_targets(result: dict) -> list[dict]:
+    rows = []
+    for desc, section, sel, key, op, threshold in TARGETS:
+        field_ = "batch_size" if section == "decode" else "prompt_tokens"
+        row = next((r for r in result[section] if r[field_] == sel), None)
+        if row is None or "transformers_tpot_ms" not in row and "transformers_ttft_ms" not in row:
+            continue
+        value = row["minieng_tpot_ms"] / row["transformers_tpot_ms"] if key == "tpot_ratio" else row[key]
+        met = value <= threshold if op == "<=" else value >= threshold
+        rows.append({"target": desc, "measured_x": value, "goal": f"{op} {threshold}x", "met": met})
+    return rows
+
+
+def format_table(result: dict) -> str:
+    """The bench result as the tables the README describes."""
+    env = result["environment"]
+    lines = [f"minieng bench: {env['model']} on {env['device_name']} ({env['device']}, {env['dtype']}, "
+             f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"]
+    if result.get("load_s") is not None:
+        lines.append(f"model load: {result['load_s']:.2f} s")
+    if result["prefill"] or result["decode"]:
+        lines += _sweeps(result) + _utilization(result) + _phase_ratio(result["phase_ratio"])
+    if result.get("serving"):
+        lines += [""] + format_serving(result["serving"])
+    if result.get("figures"):
+        lines += ["", "Figures: " + ", ".join(result["figures"])]
+    if result.get("targets"):
+        lines += ["", "Targets (engine issue), measured in this run:"]
+        for t in result["targets"]:
+            lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.2f}x (goal {t['goal']})")
+    return "\n".join(lines)
+
+
+def _sweeps(result: dict) -> list[str]:
+    hf, cfg = result["config"]["compare_transformers"], result["config"]
+    sections = [("Prefill (one request alone): TTFT and prefill throughput", "prefill", "prompt tok", "prompt_tokens",
+                 "ttft_ms", "TTFT ms", "prefill_tok_s", "prefill_speedup_x"),
+                (f"Decode ({cfg['decode_prompt_len']}-token prompts, {cfg['output_tokens']} output tokens each): "
+                 "TPOT and decode throughput", "decode", "batch", "batch_size", "tpot_ms", "TPOT ms", "decode_tok_s",
+                 "decode_speedup_x")]
+    lines = []
+    for title, key, label, x, lat, lat_name, rate, speedup in sections:
+        if not result[key]:
+            continue
+        head = f"{label:>10} {lat_name:>9} {'tok/s':>8}"
+        if hf:
+            head += f" | {'HF ' + lat_name:>10} {'HF tok/s':>8} | {'speedup':>7}"
+        lines += ["", title, head]
+        for r in result[key]:
+            line = f"{r[x]:>10} {r['minieng_' + lat]:>9.1f} {r['minieng_' + rate]:>8.1f}"
+            if hf:
+                line += f" | {r['transformers_' + lat]:>10.1f} {r['transformers_' + rate]:>8.1f} | {r[speedup]:>6.2f}x"
+            lines.append(line)
+    return lines
+
+
+def _utilization(result: dict) -> list[str]:
+    peaks = result["peaks"]
+    lines = ["", "Per phase, against the peaks (MFU = achieved FLOP/s / peak, MBU = achieved bytes/s / bandwidth)"]
+    for pk in peaks:
+        lines.append(f"  {pk['source']:>9} peak: {pk['peak_tflops']:.3g} TFLOP/s, {pk['bandwidth_gbps']:.3g} GB/s, "
+                     f"ridge {pk['ridge_flop_per_byte']:.3g} FLOP/byte")
+    lines.append(f"  {'phase':<22} {'FLOP/byte':>9} {'TFLOP/s':>8} {'GB/s':>7}"
+                 + "".join(f" {pk['source'][:4] + ' MFU':>9} {pk['source'][:4] + ' MBU':>9}" for pk in peaks))
+    rows = ([(f"prefill {r['prompt_tokens']} tok", r) for r in result["prefill"]]
+            + [(f"decode batch {r['batch_size']}", r) for r in result["decode"]])
+    suspect = False
+    for label, row in rows:
+        u = row["utilization"]
+        line = f"  {label:<22} {u['arithmetic_intensity_flop_per_byte']:>9.1f} {u['achieved_tflops']:>8.3f} {u['achieved_gbps']:>7.1f}"
+        for pk in peaks:
+            v = u[pk["source"]]
+            suspect |= v["suspect"]
+            flag = "!" if v["suspect"] else " "
+            line += f" {v['mfu_percent']:>7.1f}%{flag} {v['mbu_percent']:>7.1f}%{flag}"
+        lines.append(line)
+    if suspect:
+        lines.append("  ! over 100%: suspect (a wrong count or a ceiling measured too low), not a fact")
+    b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
+    if b1:
+        lines.append(f"  batch-1 decode reaches {b1['utilization']['measured']['mbu_percent']:.0f}% of the measured "
+                     "bandwidth (engine goal: >= 75%)")
+    return lines
+
+
+def _phase_ratio(pr: dict) -> list[str]:
+    lines = ["", "Two phases: prefill tok/s / batch-1 decode tok/s",
+             f"  seed article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
+             f" = {pr['seed_ratio_x']:.1f}x"]
+    for name in ("minieng", "transformers"):
+        if f"{name}_ratio_x" in pr:
+            lines.append(f"  {name} here: {pr[f'{name}_prefill_tok_s']:,.0f} (at {pr[f'{name}_prefill_at_prompt_tokens']} "
+                         f"tokens) / {pr[f'{name}_decode_tok_s']:.1f} = {pr[f'{name}_ratio_x']:.1f}x")
+    return lines
+
+
+def format_serving(report: dict) -> list[str]:
+    """The ``--workload`` section of the table: latency percentiles, throughput, goodput, MFU/MBU."""
+    m, w = report["metrics"], report["workload"]
+    lines = [f"Serving run: {w['kind']} workload, {w['num_requests']} requests over {w['last_arrival_s']:.1f} s of arrivals "
+             f"({w['prompt_tokens_total']} prompt + {w['output_tokens_total']} output tokens)",
+             f"  completed {m['completed']}, aborted {m['aborted']}, failed {m['failed']}; duration {m['duration_s']:.1f} s; "
+             f"{m['num_preemptions']} preemptions",
+             f"  throughput: {m['output_throughput_tok_s'] or 0:.1f} output tok/s, {m['prefill_throughput_tok_s'] or 0:.1f} prompt tok/s, "
+             f"{m['request_throughput_req_s'] or 0:.2f} req/s",
+             f"  {'ms':<6} {'mean':>8} {'P50':>8} {'P90':>8} {'P99':>8} {'max':>8}"]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        st = m[key]
+        if st["count"]:
+            lines.append(f"  {key[:-3].upper():<6} " + " ".join(f"{st[q]:>8.1f}" for q in ("mean", "p50", "p90", "p99", "max")))
+    if m["num_excluded_from_tpot"]:
+        lines.append(f"  ({m['num_excluded_from_tpot']} requests with fewer than 2 output tokens have no TPOT)")
+    if m.get("slo"):
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in m["slo"].items() if v is not None)
+        lines.append(f"  goodput under SLO ({slo}): {m['goodput_req_s']:.2f} req/s, "
+                     f"{m['num_good_requests']} of {m['num_requests']} requests met every objective")
+    for name in ("steps_with_prefill", "decode_only_steps"):
+        u = report.get(name)
+        if u:
+            meas = u["measured"]
+            lines.append(f"  {name.replace('_', ' ')}: {u['num_steps']} steps, {u['arithmetic_intensity_flop_per_byte']:.1f} FLOP/byte, "
+                         f"MFU {meas['mfu_percent']:.1f}%, MBU {meas['mbu_percent']:.1f}% (measured peaks)"
+                         + (" SUSPECT" if meas["suspect"] else ""))
+    if report.get("telemetry"):
+        t = report["telemetry"]
+        lines.append(f"  NVML: util.gpu median {t.get('util_gpu_percent_median')}%, SM occupancy median "
+                     f"{t.get('sm_occupancy_percent_median')}% (reliable: {t.get('reliable')})")
+    return lines
