@@ -41,7 +41,8 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (Zhang & Sennrich 2019)."""
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), normalized in float32 and
+    cast back before the weight, as transformers' Llama does."""
 
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
@@ -49,9 +50,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
 
 
 class RotaryEmbedding(nn.Module):
@@ -59,7 +58,8 @@ class RotaryEmbedding(nn.Module):
 
     The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
     "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
-    cos/sin tables: [max_position, head_dim].
+    Tables: ``cos`` [max_position, head_dim] and ``sin_signed``, the sine with its first half
+    negated, so that rotate_half(x) * sin == roll(x, head_dim / 2) * sin_signed.
     """
 
     def __init__(self, config: ModelConfig, max_position: int):
@@ -68,16 +68,20 @@ class RotaryEmbedding(nn.Module):
             inv_freq, scaling = _rope_inv_freq(config)
             freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+            sin = emb.sin() * scaling
+            sin[:, : emb.shape[1] // 2] *= -1
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        self.register_buffer("sin_signed", sin, persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim]; positions: [num_tokens]."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at ``positions`` [num_tokens]: [num_tokens, 1, head_dim] each.
+        Looked up once per step and shared by every layer."""
+        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim] rotated: x * cos + rotate_half(x) * sin."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
 
 
 def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -105,13 +109,15 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope(q.view(n, self.num_heads, self.head_dim), positions)
-        k = rope(k.view(n, self.num_kv_heads, self.head_dim), positions)
-        write_kv(k_cache, v_cache, k, v.view(n, self.num_kv_heads, self.head_dim), meta.slot_mapping)
+        qkv = self.qkv_proj(x)  # [n, (heads + 2 kv_heads) * head_dim]
+        # q and k side by side, rotated in one pass: [n, heads + kv_heads, head_dim]
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(n, -1, self.head_dim), *rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.o_proj(paged_attention(q, k_cache, v_cache, meta))
 
 
@@ -137,8 +143,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, mlp_bias)
 
-    def forward(self, x, positions, rope, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, k_cache, v_cache, meta)
+    def forward(self, x, rope, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -183,8 +189,9 @@ class LlamaForCausalLM(nn.Module):
             [num_logits, vocab_size] logits in float32.
         """
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        rope = self.rope.tables(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rope, kv_cache.k[i], kv_cache.v[i], meta)
+            x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
         return self.lm_head(x).float()
 

@@ -132,7 +132,9 @@ def test_build_model_supports_llama3_rope_scaling():
     inv_freq, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, device="cpu")
     angles = torch.outer(torch.arange(256, dtype=torch.float32), inv_freq.float())
     assert torch.allclose(model.rope.cos, torch.cat((angles, angles), -1).cos() * scaling, atol=1e-6)
-    assert torch.allclose(model.rope.sin, torch.cat((angles, angles), -1).sin() * scaling, atol=1e-6)
+    sin = torch.cat((angles, angles), -1).sin() * scaling
+    half = sin.shape[1] // 2
+    assert torch.allclose(model.rope.sin_signed, torch.cat((-sin[:, :half], sin[:, half:]), -1), atol=1e-6)
 
 
 def test_llama3_rope_scaling_logits_match_transformers():
