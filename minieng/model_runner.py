@@ -33,24 +33,23 @@ class ModelRunner:
         Returns input_ids, positions, metadata, logits_indices, and the sequences that sample.
         """
         input_ids, positions, slot_mapping = [], [], []
-        decode_slots, prefill_chunks = [], []
+        decodes, prefills = [], []
         logits_indices, sampling_seqs = [], []
         for seq, n in scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             input_ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
             slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
-            context = self.block_manager.slot_mapping(seq, 0, end)
             if not SchedulerOutput.is_prefill(seq, n):
-                assert not prefill_chunks, "decodes must come before prefill chunks"
-                decode_slots.append(context)
+                assert not prefills, "decodes must come before prefill chunks"
+                decodes.append((seq.block_table, end))
             else:
-                prefill_chunks.append((n, context))
+                prefills.append((n, seq.block_table, end))
             if end == seq.num_tokens:  # the chunk reaches the newest token: sample the next one
                 logits_indices.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
         dev = self.device
-        meta = build_metadata(slot_mapping, decode_slots, prefill_chunks, dev)
+        meta = build_metadata(slot_mapping, decodes, prefills, self.block_manager.block_size, dev)
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_seqs)
