@@ -123,13 +123,14 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out[:b] = od.view(b, num_heads, head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        qp = q[rows].transpose(0, 1)  # [heads, q_len, D]
-        # K/V repeated per query head: SDPA's fused CPU kernel does not take enable_gqa (the
-        # math fallback it would use costs more than the copy).
+        # SDPA's fused CPU kernel wants 4-D [batch, heads, len, D] and equal head counts: with
+        # 3-D inputs or enable_gqa it falls back to the math path, which is much slower than
+        # repeating K/V per query head.
+        qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, D]
         k = gather_blocks(k_cache, chunk.block_table)[: chunk.context_len]
         v = gather_blocks(v_cache, chunk.block_table)[: chunk.context_len]
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, context, D]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)  # [1, heads, context, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, is_causal=chunk.mask is None)
-        out[rows] = op.transpose(0, 1)
+        out[rows] = op[0].transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)

@@ -1,0 +1,165 @@
+"""The command line: bad input is exit code 2 with "error:", and the bench end to end on the real model.
+
+The first bench test is end to end (it loads the default model itself). The others reuse the
+session's loaded model (``cli._engine`` patched to pass ``loaded=``) and measure the ceilings on
+small sizes, to keep the suite short; everything else in the command runs as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minieng import EngineConfig, LLMEngine, bench, cli, hardware
+from minieng.report import format_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- bad input --------------------------------------------------------------------------------------
+
+def test_generate_with_a_missing_model_dir(capsys):
+    code, out, err = run_cli(capsys, "generate", "x", "--model", "/nonexistent/dir")
+    assert code == 2
+    assert err.startswith("error:") and "/nonexistent/dir" in err
+    assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_bench_on_cuda_without_a_gpu(capsys):
+    code, _, err = run_cli(capsys, "bench", "--device", "cuda", "--no-transformers")
+    assert code == 2
+    assert err.startswith("error:") and "CUDA" in err
+
+
+def test_malformed_list_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "--batch-sizes", "1,two"])
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+# -- the bench on the real model --------------------------------------------------------------------
+
+@pytest.fixture
+def shared_model_cli(monkeypatch, default_model):
+    """``cli._engine`` building its engine on the session's loaded model; small ceiling runs."""
+    def engine(args, **overrides):
+        return LLMEngine(EngineConfig(model=args.model, load_format=args.load_format, dtype=args.dtype,
+                                      device=args.device, **overrides), loaded=default_model)
+
+    def small_ceilings(device, dtype, repeats=5):
+        mm = hardware.measure_matmul(device, dtype, n=256, repeats=2)
+        cp = hardware.measure_copy(device, nbytes=16 * 1024**2, repeats=2)
+        return hardware.Peak(f"measured {device.type}", mm.p90 / 1e12, cp.p90 / 1e9, "measured"), mm, cp
+
+    monkeypatch.setattr(cli, "_engine", engine)
+    monkeypatch.setattr(bench, "measure_ceilings", small_ceilings)
+
+
+SWEEP_ARGS = ("bench", "--json", "--no-transformers", "--prompt-lens", "16", "--batch-sizes", "1,2",
+              "--output-tokens", "3", "--repeats", "1")
+
+
+@pytest.mark.real_model
+def test_bench_sweeps_end_to_end(capsys):
+    code, out, _ = run_cli(capsys, *SWEEP_ARGS)
+    assert code == 0
+    result = json.loads(out)
+    assert {"environment", "config", "load_s", "peaks", "ceilings", "prefill", "decode", "phase_ratio",
+            "targets", "wall_s"} <= set(result)
+    cfg = result["config"]
+    assert (cfg["prompt_lens"], cfg["batch_sizes"], cfg["output_tokens"], cfg["repeats"]) == ([16], [1, 2], 3, 1)
+    assert cfg["compare_transformers"] is False
+    assert result["environment"]["device"] == "cpu" and result["environment"]["dtype"] == "float32"
+    assert result["load_s"] > 0
+
+    (peak,) = result["peaks"]  # no datasheet for a CPU
+    assert peak["source"] == "measured"
+    assert peak["ridge_flop_per_byte"] == pytest.approx(peak["peak_tflops"] * 1e12 / (peak["bandwidth_gbps"] * 1e9))
+
+    (pre,) = result["prefill"]
+    assert pre["prompt_tokens"] == 16
+    assert pre["minieng_prefill_tok_s"] == pytest.approx(16 / (pre["minieng_ttft_ms"] / 1e3))
+    assert "transformers_ttft_ms" not in pre
+    assert [r["batch_size"] for r in result["decode"]] == [1, 2]
+    for row in result["decode"]:
+        assert row["minieng_decode_tok_s"] == pytest.approx(row["batch_size"] / (row["minieng_tpot_ms"] / 1e3))
+        # Both prompts prefill in one step, so the decode figures cover the 2 decode-only steps.
+        assert row["utilization"]["num_steps"] == 3 - 1
+    for row in result["prefill"] + result["decode"]:
+        u = row["utilization"]
+        assert u["arithmetic_intensity_flop_per_byte"] > 0
+        assert {"mfu_percent", "mbu_percent", "suspect"} <= set(u["measured"])
+        assert u["measured"]["mfu_percent"] > 0 and u["measured"]["mbu_percent"] > 0
+    # Prefill runs many tokens per weight read: its intensity is far above batch-1 decode's.
+    b1 = result["decode"][0]["utilization"]
+    assert pre["utilization"]["arithmetic_intensity_flop_per_byte"] > 4 * b1["arithmetic_intensity_flop_per_byte"]
+
+    pr = result["phase_ratio"]
+    assert pr["minieng_prefill_at_prompt_tokens"] == 16
+    assert pr["minieng_ratio_x"] == pytest.approx(pr["minieng_prefill_tok_s"] / pr["minieng_decode_tok_s"])
+    assert "transformers_ratio_x" not in pr
+
+    table = format_table(result)
+    assert "TTFT" in table and "TPOT" in table and "decode batch 2" in table
+
+
+SERVING_ARGS = ("--json", "--skip-sweeps", "--workload", "fixed", "--num-requests", "2", "--prompt-tokens", "16",
+                "--output-tokens-per-request", "3", "--slo-ttft-ms", "100000")
+
+
+@pytest.mark.real_model
+def test_bench_serving_run_with_figures(capsys, tmp_path, shared_model_cli):
+    code, out, _ = run_cli(capsys, "bench", *SERVING_ARGS, "--plot", str(tmp_path / "figs"))
+    assert code == 0
+    result = json.loads(out)
+    assert result["prefill"] == [] and result["decode"] == []
+    serving = result["serving"]
+    m = serving["metrics"]
+    assert m["num_requests"] == m["completed"] == 2
+    assert m["total_output_tokens"] == 6
+    assert m["slo"]["ttft_ms"] == 100000
+    assert m["num_good_requests"] == 2
+    assert m["goodput_req_s"] == pytest.approx(2 / m["duration_s"])
+    assert m["ttft_ms"]["count"] == 2
+    assert serving["workload"] == {"kind": "fixed", "num_requests": 2, "prompt_tokens_total": 32,
+                                   "output_tokens_total": 6, "last_arrival_s": 0.0}
+    assert serving["steps_with_prefill"]["num_steps"] >= 1 and serving["decode_only_steps"]["num_steps"] >= 1
+    figures = [Path(p) for p in result["figures"]]
+    assert {p.name for p in figures} == {"latency_cdf.png", "step_timeline.png"}  # no sweep: no roofline
+    for p in figures:
+        assert p.parent == tmp_path / "figs"
+        assert p.read_bytes().startswith(PNG_MAGIC)
+
+    table = format_table(result)
+    assert "TTFT" in table and "goodput" in table and "Serving run: fixed workload, 2 requests" in table
+
+
+@pytest.mark.real_model
+def test_bench_serving_json_holds_no_python_objects(capsys, shared_model_cli):
+    """Without --plot, the serving run's raw ``WorkloadResult`` (kept for the figures) must not
+    end up in the JSON as its repr string."""
+    code, out, _ = run_cli(capsys, "bench", *SERVING_ARGS)
+    assert code == 0
+    serving = json.loads(out)["serving"]
+    assert "_run" not in serving, "the WorkloadResult leaked into the JSON: " + str(serving.get("_run"))[:80]
+
+
+@pytest.mark.real_model
+def test_bench_with_one_output_token_is_bad_input(capsys, shared_model_cli):
+    """TPOT needs at least 2 output tokens: --output-tokens 1 should be refused as bad input
+    (exit 2, "error:"), not crash with a traceback after the sweeps have run."""
+    code, _, err = run_cli(capsys, "bench", "--json", "--no-transformers", "--prompt-lens", "16",
+                           "--batch-sizes", "1", "--output-tokens", "1", "--repeats", "1")
+    assert code == 2
+    assert err.startswith("error:") and "output" in err

@@ -1,0 +1,126 @@
+"""Every figure renders headless to PNG, with realistic inputs and the awkward ones (N/A, empty)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from minieng import plots
+from minieng.engine import StepRecord
+from minieng.hardware import Peak
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MEASURED = Peak("measured cpu float32", 0.15, 11.0, "measured")
+SHEET = Peak("H200", 989, 4800, "datasheet")
+
+
+def png(fig: Figure) -> bytes:
+    assert isinstance(fig, Figure)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=50)
+    data = buf.getvalue()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
+    return data
+
+
+def labels(fig: Figure) -> list[tuple[str, str]]:
+    return [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes]
+
+
+def test_roofline():
+    points = [("prefill 512", 180.0, 0.09e12), ("decode b1", 1.0, 0.006e12), ("decode b32", 30.0, 0.05e12),
+              ("other", 5.0, 0.01e12)]
+    fig = plots.roofline([MEASURED, SHEET], points, title="Roofline test")
+    png(fig)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert "FLOP/byte" in ax.get_xlabel() and "FLOP/s" in ax.get_ylabel()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("datasheet" in t and "ridge" in t for t in legend)
+    assert any("measured" in t for t in legend)
+    # The x range covers every point and every ridge.
+    lo, hi = ax.get_xlim()
+    assert lo < 1.0 and hi > SHEET.ridge_flop_per_byte
+
+
+def test_roofline_without_points():
+    png(plots.roofline([MEASURED], []))
+
+
+def test_latency_cdfs_with_an_empty_series_and_slos():
+    series = {"TTFT": [120.0, 95.0, 300.0, 101.0], "TPOT": [], "ITL": list(np.linspace(20, 60, 50))}
+    fig = plots.latency_cdfs(series, {"TTFT": 250.0, "TPOT": 50.0})
+    png(fig)
+    assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "ITL (ms)"]
+    assert labels(fig)[2][1] == "fraction of gaps"
+    ttft_ax = fig.axes[0]
+    legend = [t.get_text() for t in ttft_ax.get_legend().get_texts()]
+    assert any(t.startswith("SLO 250") for t in legend) and any(t.startswith("P99") for t in legend)
+
+
+def test_latency_cdfs_of_nothing():
+    png(plots.latency_cdfs({}))
+    png(plots.latency_cdfs({"TTFT": []}))
+
+
+def _steps(start: float) -> list[StepRecord]:
+    steps, t = [], start
+    for i in range(12):
+        prefill = 256 if i in (0, 5) else 0
+        dur = 0.05 if prefill else 0.02
+        steps.append(StepRecord(t, dur, prefill, int(prefill > 0), min(i, 4), 0, 4, 0, 10))
+        t += dur
+    return steps
+
+
+def test_step_timeline():
+    start = 1000.0
+    steps = _steps(start)
+    itl = [(s.start_s + s.duration_s, 1e3 * s.duration_s) for s in steps[1:]]
+    fig = plots.step_timeline(steps, start, itl)
+    png(fig)
+    text = " ".join(x + " " + y for x, y in labels(fig))
+    assert "time since start (s)" in text and "ms" in text and "tokens / step" in text
+    png(plots.step_timeline(steps, start))  # no ITL points
+
+
+def test_utilization_trace_leaves_na_as_gaps():
+    t = [0.0, 0.2, 0.4, 0.6]
+    fig = plots.utilization_trace(t, {"util.gpu %": [0, 95, 100, 98], "SM occupancy % (GPM)": [None] * 4,
+                                      "DRAM bandwidth % (GPM)": [10.0, None, 30.0, 20.0]})
+    png(fig)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "time since start (s)" and ax.get_ylabel() == "percent"
+    lines = {line.get_label(): np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()}
+    assert np.isnan(lines["SM occupancy % (GPM)"]).all()  # N/A, never drawn as 0
+    dram = lines["DRAM bandwidth % (GPM)"]
+    assert np.isnan(dram[1]) and dram[0] == 10.0
+
+
+def test_curve():
+    fig = plots.curve([32, 128, 512], {"minieng": [10.0, 30.0, 90.0], "transformers": [12.0, 40.0, 150.0]},
+                      "prompt tokens", "TTFT (ms)", "TTFT vs prompt", logx=True)
+    png(fig)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    assert ax.get_ylabel() == "TTFT (ms)"
+    assert len(ax.get_lines()) == 2
+
+
+def test_phase_costs():
+    fig = plots.phase_costs([16, 64, 256], [20.0, 55.0, 210.0], [8, 32, 128], [200.0, 800.0, 3200.0])
+    png(fig)
+    assert labels(fig) == [("prompt tokens", "TTFT (ms)"), ("output tokens", "decode time, E2EL - TTFT (ms)")]
+
+
+@pytest.mark.parametrize("name", ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve",
+                                  "phase_costs"])
+def test_every_public_figure_function_is_covered(name):
+    """The list above is the module's figure functions: a new one should get a test here."""
+    public = {n for n, f in vars(plots).items() if callable(f) and getattr(f, "__module__", "") == plots.__name__
+              and not n.startswith("_")}
+    assert name in public
+    assert public == {"roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs"}
