@@ -150,11 +150,20 @@ def save_figures(result: dict, directory: str, engine) -> list[str]:
                       for (prev, _), (t, _) in zip(o.times.emissions, o.times.emissions[1:])]
         figures["step_timeline"] = step_timeline(run.steps, run.start_s, itl_points)
         if run.telemetry:
-            figures["utilization"] = utilization_trace(
-                [s.time_s - run.start_s for s in run.telemetry],
-                {"util.gpu %": [s.util_gpu_percent for s in run.telemetry],
-                 "SM occupancy % (GPM)": [s.sm_occupancy_percent for s in run.telemetry],
-                 "DRAM bandwidth % (GPM)": [s.dram_bw_util_percent for s in run.telemetry]})
+            import torch
+
+            from .flops import phase_utilization
+
+            nvml_t = [s.time_s - run.start_s for s in run.telemetry]
+            dtype_bytes = torch.empty((), dtype=engine.dtype).element_size()
+            mfu = [phase_utilization(engine.model_config, dtype_bytes, [s], peaks[:1])[peaks[0].source]["mfu_percent"]
+                   for s in run.steps]
+            figures["utilization"] = utilization_trace({
+                "util.gpu %": (nvml_t, [s.util_gpu_percent for s in run.telemetry]),
+                "SM occupancy % (GPM)": (nvml_t, [s.sm_occupancy_percent for s in run.telemetry]),
+                "DRAM bandwidth % (GPM)": (nvml_t, [s.dram_bw_util_percent for s in run.telemetry]),
+                f"MFU % per step ({peaks[0].source} peak)": ([s.start_s - run.start_s for s in run.steps], mfu)},
+                title="What NVML reports against what the steps achieved")
     paths = []
     for name, fig in figures.items():
         path = out / f"{name}.png"

@@ -101,15 +101,16 @@ def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float
     return fig
 
 
-def utilization_trace(times_s: Sequence[float], series: dict[str, Sequence[float | None]],
+def utilization_trace(series: dict[str, tuple[Sequence[float], Sequence[float | None]]],
                       title: str = "Utilization over time") -> Figure:
-    """Percent-valued series against time (s); None values (N/A) are left as gaps, never drawn as 0."""
+    """Percent-valued series against time, each with its own time base: ``name -> (times_s,
+    values)`` (NVML samples every 0.1 s, MFU per engine step). None values (N/A) are gaps,
+    never drawn as 0."""
     fig = Figure(figsize=(9, 3.5), layout="constrained")
     ax = fig.add_subplot()
-    t = np.asarray(times_s, dtype=float)
-    for name, values in series.items():
+    for name, (times_s, values) in series.items():
         y = np.array([np.nan if v is None else v for v in values], dtype=float)
-        ax.plot(t[:len(y)], y, label=name)
+        ax.plot(np.asarray(times_s, dtype=float)[:len(y)], y, label=name, drawstyle="steps-post")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("percent")
     ax.set_ylim(bottom=0)
