@@ -1,14 +1,26 @@
-"""KV block accounting: which physical blocks each sequence holds. Pure bookkeeping, no tensors.
+"""KV block accounting and the prefix cache: which physical blocks each sequence holds.
 
-The KV cache (``kv_cache.py``) is a pool of ``num_blocks`` blocks of ``block_size`` token slots.
-A sequence's ``block_table`` lists its blocks in token order, so token ``i`` lives in slot
-``block_table[i // block_size] * block_size + i % block_size`` (its ``slot_mapping`` entry).
-Blocks carry ref counts so that a later prefix cache can share them between sequences.
+Pure bookkeeping, no tensors. The KV cache (``kv_cache.py``) is a pool of ``num_blocks`` blocks
+of ``block_size`` token slots. A sequence's ``block_table`` lists its blocks in token order, so
+token ``i`` lives in slot ``block_table[i // block_size] * block_size + i % block_size`` (its
+``slot_mapping`` entry).
+
+Prefix cache (DESIGN.md section 8, as vLLM's automatic prefix caching): once a block is full, its
+key is a strong hash chaining the parent block's key with the block's token ids (and any extra
+keys that change the KV, such as a LoRA id), so equal keys mean equal prefixes, not only equal
+blocks. The block keeps its key and token ids after its sequence frees it: with ref count 0 it
+waits on the free list, least recently freed first, and a later request whose prompt starts with
+the same tokens takes it back instead of recomputing it. Only when the free list hands it out for
+new tokens is it evicted from the cache. A hit compares the stored token ids too, so a hash
+collision can never serve wrong KV. Only full blocks are shared, so a shared prefix shorter than
+one block is never a hit (the block-size floor).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict
 
 from .sequence import Sequence
 
@@ -17,30 +29,105 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class BlockManager:
-    """Allocates and frees KV blocks. Raises ``RuntimeError`` when asked for blocks it lacks."""
+def block_hash(parent: bytes, token_ids, extra_keys: tuple = ()) -> bytes:
+    """SHA-256 of the parent block's key, this block's token ids and the extra keys."""
+    h = hashlib.sha256(parent)
+    h.update(array("q", token_ids).tobytes())
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
 
-    def __init__(self, num_blocks: int, block_size: int):
+
+class BlockManager:
+    """Allocates, shares and frees KV blocks. Raises ``RuntimeError`` when asked for blocks it lacks.
+
+    ``enable_prefix_caching=False`` keeps the same accounting with the cache switched off: freed
+    blocks carry no key and no request ever hits.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        # Blocks with ref count 0, least recently freed first (the next to be handed out).
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.block_keys: list[bytes | None] = [None] * num_blocks  # key of a full, cached block
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # key -> block id
+        self.num_evictions = 0  # cached blocks handed out for new tokens (cumulative)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        return len(self.free_blocks)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_ids)
+        return self.num_blocks - len(self.free_blocks)
 
-    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Blocks ``seq`` must gain to hold ``num_new_tokens`` beyond its computed tokens."""
-        total = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size)
-        return max(0, total - len(seq.block_table))
+    # -- the prefix cache -----------------------------------------------------------------------
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.num_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+    def _keys(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Keys of ``seq``'s first ``num_blocks`` full blocks, memoized on the sequence."""
+        keys, bs = seq.block_keys, self.block_size
+        tokens = seq.all_token_ids if len(keys) < num_blocks else None
+        while len(keys) < num_blocks:
+            i = len(keys)
+            keys.append(block_hash(keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs], seq.extra_keys))
+        return keys[:num_blocks]
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the longest prefix of ``seq``'s tokens. Changes nothing.
+
+        At most ``(num_tokens - 1) // block_size`` blocks: the last known token is always
+        computed, so that even a fully cached prompt yields logits.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        bs, tokens = self.block_size, seq.all_token_ids
+        hits = []
+        for i, key in enumerate(self._keys(seq, (len(tokens) - 1) // bs)):
+            block = self.cached.get(key)
+            if block is None or self.block_tokens[block] != tuple(tokens[i * bs:(i + 1) * bs]):
+                break
+            hits.append(block)
+        return hits
+
+    def take_prefix(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a sequence with nothing computed the cached blocks ``hits`` (from ``match_prefix``)."""
+        assert not seq.block_table and seq.num_computed_tokens == 0, "prefix hits start a sequence"
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.free_blocks[block]
+            self.ref_counts[block] += 1
+        seq.block_table = list(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks of ``seq`` that its computed tokens have filled (after a step)."""
+        if not self.enable_prefix_caching:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        tokens, bs = seq.all_token_ids, self.block_size
+        for i, key in enumerate(self._keys(seq, full)):
+            block = seq.block_table[i]
+            if self.block_keys[block] is None and key not in self.cached:
+                self.block_keys[block] = key
+                self.block_tokens[block] = tuple(tokens[i * bs:(i + 1) * bs])
+                self.cached[key] = block
+
+    # -- allocation -----------------------------------------------------------------------------
+
+    def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int] = ()) -> int:
+        """Free blocks ``seq`` would consume for ``num_new_tokens`` beyond its computed tokens
+        (after taking the prefix ``hits``, whose idle blocks leave the free list too)."""
+        held = len(seq.block_table) + len(hits)
+        computed = seq.num_computed_tokens + len(hits) * self.block_size
+        idle_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return max(0, cdiv(computed + num_new_tokens, self.block_size) - held) + idle_hits
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, hits: list[int] = ()) -> bool:
+        return self.num_blocks_needed(seq, num_new_tokens, hits) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Append blocks to ``seq.block_table`` so ``num_new_tokens`` more tokens fit."""
@@ -49,18 +136,28 @@ class BlockManager:
             raise RuntimeError(f"out of KV blocks: {seq.request_id} needs {needed}, "
                                f"{self.num_free_blocks} free; the scheduler should have preempted")
         for _ in range(needed):
-            block_id = self.free_block_ids.popleft()
-            assert self.ref_counts[block_id] == 0, f"free block {block_id} has refs"
-            self.ref_counts[block_id] = 1
-            seq.block_table.append(block_id)
+            block, _ = self.free_blocks.popitem(last=False)  # least recently freed
+            assert self.ref_counts[block] == 0, f"free block {block} has refs"
+            key = self.block_keys[block]
+            if key is not None:  # evict: its KV is about to be overwritten
+                if self.cached.get(key) == block:
+                    del self.cached[key]
+                self.block_keys[block] = self.block_tokens[block] = None
+                self.num_evictions += 1
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
 
     def free(self, seq: Sequence) -> None:
-        """Release every block of ``seq`` (finish or preemption) and reset its computed tokens."""
-        for block_id in reversed(seq.block_table):
-            self.ref_counts[block_id] -= 1
-            assert self.ref_counts[block_id] >= 0, f"block {block_id} freed twice"
-            if self.ref_counts[block_id] == 0:
-                self.free_block_ids.append(block_id)
+        """Release every block of ``seq`` (finish or preemption) and reset its computed tokens.
+
+        Blocks are freed last to first, so a sequence's tail (the least shareable part) is the
+        first to be evicted.
+        """
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"block {block} freed twice"
+            if self.ref_counts[block] == 0:
+                self.free_blocks[block] = None
         seq.block_table = []
         seq.num_computed_tokens = 0
 
@@ -70,14 +167,18 @@ class BlockManager:
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
 
     def check_invariants(self, seqs: list[Sequence]) -> None:
-        """Assert the accounting is consistent with the sequences holding blocks (tests)."""
+        """Assert the accounting is consistent with the sequences holding blocks (tests).
+
+        A free block has ref count 0; a ref count equals the block tables holding the block; every
+        cache entry points at a block that still carries that key (none at a reallocated block).
+        """
         holders = [0] * self.num_blocks
         for seq in seqs:
-            for block_id in seq.block_table:
-                holders[block_id] += 1
-        free = set(self.free_block_ids)
-        assert len(free) == len(self.free_block_ids), "a block is on the free list twice"
-        for block_id in range(self.num_blocks):
-            assert self.ref_counts[block_id] == holders[block_id], (
-                f"block {block_id}: ref count {self.ref_counts[block_id]} != {holders[block_id]} holders")
-            assert (block_id in free) == (holders[block_id] == 0), f"block {block_id} free/used mismatch"
+            for block in seq.block_table:
+                holders[block] += 1
+        for block in range(self.num_blocks):
+            assert self.ref_counts[block] == holders[block], (
+                f"block {block}: ref count {self.ref_counts[block]} != {holders[block]} holders")
+            assert (block in self.free_blocks) == (holders[block] == 0), f"block {block} free/used mismatch"
+        for key, block in self.cached.items():
+            assert self.block_keys[block] == key, f"cache entry points at block {block}, which was reallocated"

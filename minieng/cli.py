@@ -67,7 +67,10 @@ def cmd_bench(args) -> int:
     # A budget large enough that each sweep point prefills in one step: the decode figures then
     # time decode steps only, as transformers' batched generate does.
     budget = max(cfg.prompt_lens + [max(cfg.batch_sizes) * cfg.decode_prompt_len, 512])
-    engine = _engine(args, max_num_batched_tokens=budget, max_num_seqs=max(cfg.batch_sizes + [8]))
+    # Prefix caching off: prompts of the sweeps share beginnings, and a cache hit would time a
+    # shorter prefill than the one reported (``--prefix-cache`` measures the cache itself).
+    engine = _engine(args, max_num_batched_tokens=budget, max_num_seqs=max(cfg.batch_sizes + [8]),
+                     enable_prefix_caching=False)
     load_s = time.perf_counter() - start
     if args.load_format == "dummy":
         cfg.compare_transformers = False

@@ -117,6 +117,8 @@ class EngineConfig:
         max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
         enable_chunked_prefill: True = decode-first with chunked prefill (vLLM V1); False =
             prefill-first, whole prompts, decodes paused while a prompt is prefilled.
+        enable_prefix_caching: keep the KV of full prompt blocks after a request ends and reuse
+            it for later requests that start with the same tokens (vLLM V1's default: on).
         seed: seeds requests that do not carry their own seed.
     """
 
@@ -131,6 +133,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

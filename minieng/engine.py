@@ -43,6 +43,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     times: RequestTimes
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 @dataclass
@@ -65,6 +66,7 @@ class StepRecord:
     num_waiting: int
     num_used_blocks: int
     chunks: list[tuple[int, int, bool]] = field(default_factory=list)
+    num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
 
 
 class _Request:
@@ -112,7 +114,7 @@ class LLMEngine:
         self.loaded = loaded
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device)
         self.requests: dict[str, _Request] = {}
@@ -209,11 +211,13 @@ class LLMEngine:
         for seq, n in plan.scheduled:
             chunks.append((n, seq.num_computed_tokens, seq.request_id in sampled))
             seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
         outputs = [self._append(self.requests[rid], [tok], end) for rid, tok in sampled.items()]
         self.step_records.append(StepRecord(
             start, end - start, num_prefill_tokens,
             len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
-            len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks))
+            len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks,
+            self.block_manager.num_evictions))
         return outputs
 
     def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
@@ -250,7 +254,7 @@ class LLMEngine:
         return RequestOutput(
             request_id, seq.prompt_token_ids, list(seq.output_token_ids), list(new_token_ids or []),
             detok.output_text if detok else "", delta, seq.is_finished,
-            seq.status.value if seq.is_finished else None, seq.times)
+            seq.status.value if seq.is_finished else None, seq.times, seq.num_cached_tokens)
 
     # -- conveniences ---------------------------------------------------------------------------
 

@@ -117,17 +117,22 @@ class Scheduler:
 
         Without chunking a prompt is never split: one longer than the budget runs alone.
         """
+        bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_uncomputed_tokens
+            hits = bm.match_prefix(seq)  # full blocks of its prefix already in the cache
+            n = seq.num_uncomputed_tokens - len(hits) * bm.block_size
             if chunk:
                 n = min(n, budget)
             elif n > budget and out.scheduled:
                 break
-            if not self.block_manager.can_allocate(seq, n):
+            if not bm.can_allocate(seq, n, hits):
                 break  # admission never preempts: wait for blocks to come back
             self.waiting.popleft()
-            self.block_manager.allocate(seq, n)
+            bm.take_prefix(seq, hits)
+            if seq.times.num_preemptions == 0:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            bm.allocate(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append((seq, n))

@@ -55,7 +55,10 @@ class Sequence:
         self.generator = generator  # None for greedy requests
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.block_table: list[int] = []  # physical block ids, in token order
+        self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (memoized)
+        self.extra_keys: tuple = ()  # anything besides the tokens that changes the KV (a LoRA id)
         self.times = RequestTimes(arrival_s=arrival_s)
 
     @property

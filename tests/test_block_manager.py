@@ -23,7 +23,7 @@ def test_allocate_and_free_keep_ref_counts():
     assert len(seq.block_table) == 3 and len(set(seq.block_table)) == 3
     assert all(bm.ref_counts[b] == 1 for b in seq.block_table)
     assert bm.num_free_blocks == 5 and bm.num_used_blocks == 3
-    assert not set(seq.block_table) & set(bm.free_block_ids)
+    assert not set(seq.block_table) & set(bm.free_blocks)
     seq.num_computed_tokens = 10
     assert bm.num_blocks_needed(seq, 2) == 0  # 12 tokens fit the 3 blocks
     assert bm.num_blocks_needed(seq, 3) == 1
@@ -34,7 +34,7 @@ def test_allocate_and_free_keep_ref_counts():
     bm.free(seq)
     assert seq.block_table == [] and seq.num_computed_tokens == 0
     assert bm.num_free_blocks == 8 and all(r == 0 for r in bm.ref_counts)
-    assert set(held) <= set(bm.free_block_ids)
+    assert set(held) <= set(bm.free_blocks)
     bm.check_invariants([seq])
 
 
@@ -87,10 +87,10 @@ def test_check_invariants_catches_corruption():
     with pytest.raises(AssertionError, match="ref count"):
         bm.check_invariants([seq])
     bm.ref_counts[seq.block_table[0]] -= 1
-    bm.free_block_ids.append(seq.block_table[1])  # a held block also on the free list
+    bm.free_blocks[seq.block_table[1]] = None  # a held block also on the free list
     with pytest.raises(AssertionError):
         bm.check_invariants([seq])
-    bm.free_block_ids.pop()
+    del bm.free_blocks[seq.block_table[1]]
     bm.check_invariants([seq])
     with pytest.raises(AssertionError):
         bm.check_invariants([])  # the blocks have an owner the checker was not told about

@@ -19,6 +19,17 @@ from minieng.report import format_table
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """These tests check what the bench reports, not how fast it runs. One thread keeps them short
+    on a shared 2-core machine: with a second busy process there, 2 torch threads made each
+    forward pass ~35x slower (7.9 s against 0.22 s for a 16-token generate), 1 thread did not."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
@@ -146,9 +157,15 @@ def test_bench_serving_run_with_figures(capsys, tmp_path, shared_model_cli):
 
 
 @pytest.mark.real_model
-def test_bench_serving_json_holds_no_python_objects(capsys, shared_model_cli):
+def test_bench_serving_json_holds_no_python_objects(capsys, monkeypatch, shared_model_cli):
     """Without --plot, the serving run's raw ``WorkloadResult`` (kept for the figures) must not
-    end up in the JSON as its repr string."""
+    end up in the JSON as its repr string. (The ceilings and warm-up are skipped: a fixed peak.)"""
+    from dataclasses import asdict
+
+    peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
+    monkeypatch.setattr(bench, "run_bench", lambda engine, cfg, **kw: {
+        "environment": {}, "config": asdict(cfg), "prefill": [], "decode": [],
+        "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]})
     code, out, _ = run_cli(capsys, "bench", *SERVING_ARGS)
     assert code == 0
     serving = json.loads(out)["serving"]
@@ -159,7 +176,37 @@ def test_bench_serving_json_holds_no_python_objects(capsys, shared_model_cli):
 def test_bench_with_one_output_token_is_bad_input(capsys, shared_model_cli):
     """TPOT needs at least 2 output tokens: --output-tokens 1 should be refused as bad input
     (exit 2, "error:"), not crash with a traceback after the sweeps have run."""
-    code, _, err = run_cli(capsys, "bench", "--json", "--no-transformers", "--prompt-lens", "16",
+    code, _, err = run_cli(capsys, "bench", "--json", "--no-transformers", "--prompt-lens", "",
                            "--batch-sizes", "1", "--output-tokens", "1", "--repeats", "1")
     assert code == 2
     assert err.startswith("error:") and "output" in err
+
+
+# -- the figures of a serving run, GPU telemetry included (faked: CI has no GPU) ----------------------
+
+def test_save_figures_with_telemetry(tmp_path, tiny_engine):
+    """``save_figures`` draws the utilization figure only when NVML samples exist, so only on a
+    GPU; fake samples (N/A GPM fields, as on a pre-Hopper GPU) run that path on a CPU."""
+    from dataclasses import asdict
+
+    from helpers import random_prompts
+    from minieng.metrics import SLO
+    from minieng.serving import run_workload, serving_report
+    from minieng.telemetry import Sample
+    from minieng.workload import fixed_workload
+
+    engine = tiny_engine()
+    specs = fixed_workload(2, 6, 4)
+    run = run_workload(engine, specs, prompts=random_prompts([6, 6], 300, seed=5))
+    run.telemetry = [Sample(run.start_s + 0.01 * i, 90.0, 40.0, 70.0, 1400.0, 2**30, 50.0, 0, None, None, None)
+                     for i in range(5)]
+    peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
+    serving = serving_report(run, engine.model_config, 4, [peak], SLO(ttft_ms=50.0))
+    serving["_run"] = run
+    result = {"environment": {"device_name": "fake GPU"}, "prefill": [], "decode": [], "serving": serving,
+              "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]}
+    paths = [Path(p) for p in cli.save_figures(result, str(tmp_path), engine)]
+    assert {p.name for p in paths} == {"latency_cdf.png", "step_timeline.png", "utilization.png"}
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
+    assert "_run" not in result["serving"]
+    json.dumps(result)

@@ -88,16 +88,25 @@ def test_step_timeline():
 
 
 def test_utilization_trace_leaves_na_as_gaps():
-    t = [0.0, 0.2, 0.4, 0.6]
-    fig = plots.utilization_trace(t, {"util.gpu %": [0, 95, 100, 98], "SM occupancy % (GPM)": [None] * 4,
-                                      "DRAM bandwidth % (GPM)": [10.0, None, 30.0, 20.0]})
+    nvml_t = [0.0, 0.1, 0.2, 0.3]
+    step_t = [0.02, 0.05, 0.21]  # per-step MFU on its own time base
+    fig = plots.utilization_trace({
+        "util.gpu %": (nvml_t, [0, 95, 100, 98]),
+        "SM occupancy % (GPM)": (nvml_t, [None] * 4),
+        "DRAM bandwidth % (GPM)": (nvml_t, [10.0, None, 30.0, 20.0]),
+        "MFU % per step (measured peak)": (step_t, [0.4, 0.7, 0.5])})
     png(fig)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "time since start (s)" and ax.get_ylabel() == "percent"
-    lines = {line.get_label(): np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()}
-    assert np.isnan(lines["SM occupancy % (GPM)"]).all()  # N/A, never drawn as 0
-    dram = lines["DRAM bandwidth % (GPM)"]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert np.isnan(np.asarray(lines["SM occupancy % (GPM)"].get_ydata(), dtype=float)).all()  # N/A, never 0
+    dram = np.asarray(lines["DRAM bandwidth % (GPM)"].get_ydata(), dtype=float)
     assert np.isnan(dram[1]) and dram[0] == 10.0
+    assert list(lines["MFU % per step (measured peak)"].get_xdata()) == step_t
+
+
+def test_utilization_trace_of_nothing():
+    png(plots.utilization_trace({}))
 
 
 def test_curve():
