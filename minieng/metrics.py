@@ -46,6 +46,7 @@ class RequestMetrics:
     ok: bool
     arrival_s: float = 0.0  # absolute (perf_counter) time, to place the request in the run
     num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
 
     @classmethod
     def from_emissions(cls, arrival_s: float, emissions: Sequence[tuple[float, int]], prompt_tokens: int,
@@ -74,6 +75,7 @@ def request_metrics(out: RequestOutput) -> RequestMetrics:
     t = out.times
     m = RequestMetrics.from_emissions(t.arrival_s, t.emissions, len(out.prompt_token_ids), out.finish_reason,
                                       t.first_scheduled_s, t.num_preemptions)
+    m.cached_tokens = out.num_cached_tokens
     assert m.output_tokens == len(out.token_ids), (
         f"request {out.request_id}: emissions carry {m.output_tokens} tokens, output has {len(out.token_ids)}")
     return m
@@ -147,6 +149,8 @@ class ServingMetrics:
     slo: dict | None = None
     num_good_requests: int | None = None
     goodput_req_s: float | None = None
+    cached_prompt_tokens: int = 0
+    prefix_cache_hit_rate: float | None = None  # prompt tokens served from cache / prompt tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,7 +192,9 @@ def serving_metrics(requests: Iterable[RequestMetrics | RequestOutput], duration
         num_excluded_from_tpot=sum(m.tpot_s is None for m in done),
         num_preemptions=sum(m.num_preemptions for m in ms),
         slo=asdict(slo) if slo is not None else None,
-        num_good_requests=good, goodput_req_s=per_s(good) if good is not None else None)
+        num_good_requests=good, goodput_req_s=per_s(good) if good is not None else None,
+        cached_prompt_tokens=(cached := sum(m.cached_tokens for m in done)),
+        prefix_cache_hit_rate=cached / prompt_tokens if prompt_tokens else None)
 
 
 @dataclass
