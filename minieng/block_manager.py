@@ -116,6 +116,12 @@ class BlockManager:
                 self.block_tokens[block] = tuple(tokens[i * bs:(i + 1) * bs])
                 self.cached[key] = block
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (as vLLM's ``reset_prefix_cache``): experiments start cold."""
+        self.cached.clear()
+        self.block_keys = [None] * self.num_blocks
+        self.block_tokens = [None] * self.num_blocks
+
     # -- allocation -----------------------------------------------------------------------------
 
     def num_blocks_needed(self, seq: Sequence, num_new_tokens: int, hits: list[int] = ()) -> int:

@@ -59,6 +59,8 @@ def cmd_bench(args) -> int:
     from .bench import BenchConfig, run_bench
     from .report import check_targets, format_table
 
+    if args.output_tokens < 2:
+        raise ValueError(f"--output-tokens={args.output_tokens}: TPOT needs at least 2 output tokens")
     cfg = BenchConfig(prompt_lens=args.prompt_lens, batch_sizes=args.batch_sizes, output_tokens=args.output_tokens,
                       decode_prompt_len=args.decode_prompt_len, repeats=args.repeats,
                       compare_transformers=not args.no_transformers)
@@ -76,12 +78,13 @@ def cmd_bench(args) -> int:
         cfg.compare_transformers = False
     result = run_bench(engine, cfg, load_s=load_s, progress=log, sweeps=not args.skip_sweeps)
     result["targets"] = check_targets(result) if args.model is None else []
+    run = None
     if args.workload:
         log(f"serving: {args.workload} workload")
-        result["serving"] = run_serving(engine, args, result)
+        result["serving"], run = run_serving(engine, args, result)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
-        result["figures"] = save_figures(result, args.plot, engine)
+        result["figures"] = save_figures(result, args.plot, engine, run)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
 
@@ -93,12 +96,18 @@ def _workload_specs(args):
         return w.fixed_workload(args.num_requests, args.prompt_tokens, args.output_tokens_per_request, 1 / args.rate if args.rate else 0.0)
     if args.workload == "poisson":
         return w.poisson_workload(args.num_requests, args.rate or 1.0, args.prompt_tokens, args.output_tokens_per_request, args.seed)
+    if not args.trace:
+        raise ValueError("--workload trace needs --trace PATH (a CSV with TIMESTAMP, ContextTokens, "
+                         "GeneratedTokens, e.g. ../shared/data/azure-llm-trace-2023/conv.csv)")
     specs = w.read_trace(args.trace, args.num_requests)
+    if not specs:
+        raise ValueError(f"{args.trace} holds no requests to replay")
     return w.scale_workload(specs, args.time_scale, args.length_scale, args.max_prompt_tokens, args.max_output_tokens)
 
 
-def run_serving(engine, args, result: dict) -> dict:
-    """The ``--workload`` run: real-time arrivals, serving metrics, goodput under the SLOs given."""
+def run_serving(engine, args, result: dict):
+    """The ``--workload`` run: real-time arrivals, serving metrics, goodput under the SLOs given.
+    Returns the report (JSON-serializable) and the raw run (for the figures)."""
     import torch
 
     from .hardware import Peak
@@ -117,11 +126,10 @@ def run_serving(engine, args, result: dict) -> dict:
                           "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
                           "output_tokens_total": sum(s.output_tokens for s in specs),
                           "last_arrival_s": max(s.arrival_s for s in specs)}
-    report["_run"] = run  # for the figures; dropped from the JSON
-    return report
+    return report, run
 
 
-def save_figures(result: dict, directory: str, engine) -> list[str]:
+def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
     """Write the bench's figures as PNG files into ``directory``; return their paths."""
     from pathlib import Path
 
@@ -140,8 +148,7 @@ def save_figures(result: dict, directory: str, engine) -> list[str]:
     if points:
         figures["roofline"] = roofline(peaks, points, title=f"Roofline: minieng on {result['environment']['device_name']}")
     serving = result.get("serving")
-    if serving:
-        run = serving.pop("_run")
+    if serving and run is not None:
         ms = [request_metrics(o) for o in run.outputs]
         slo = serving["metrics"].get("slo") or {}
         figures["latency_cdf"] = latency_cdfs(
@@ -205,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--rate", type=float, default=None, help="requests/s (poisson: default 1; fixed: default all at once)")
     s.add_argument("--prompt-tokens", type=int, default=128)
     s.add_argument("--output-tokens-per-request", type=int, default=32)
-    s.add_argument("--trace", default="../shared/data/azure-llm-trace-2023/conv.csv", help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
+    s.add_argument("--trace", default=None, help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
     s.add_argument("--time-scale", type=float, default=1.0, help="trace arrival times x this (4 = a quarter of the rate)")
     s.add_argument("--length-scale", type=float, default=0.25, help="trace lengths x this, for a small machine")
     s.add_argument("--max-prompt-tokens", type=int, default=1024)

@@ -14,6 +14,7 @@ Peaks come in two kinds, and every MFU/MBU says which it used:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -58,9 +59,13 @@ class Peak:
 
 
 def datasheet_peak(device_name: str) -> Peak | None:
-    """The datasheet entry for a GPU name as torch reports it, or None if unknown."""
+    """The datasheet entry for a GPU name as torch reports it, or None if unknown.
+
+    Names are compared word by word ("NVIDIA L40" is not an L4, "NVIDIA T400" not a T4).
+    """
+    words = set(re.split(r"[\s\-_]+", device_name))
     for keys, name, tflops, gbps in DATASHEET:
-        if all(k in device_name for k in keys):
+        if all(k in words for k in keys):
             return Peak(name, tflops, gbps, "datasheet")
     return None
 

@@ -24,9 +24,10 @@ class WorkloadResult:
 
     start_s: float
     duration_s: float
-    outputs: list[RequestOutput]
+    outputs: list[RequestOutput]  # of the requests that arrived, in the order of the specs
     steps: list[StepRecord]
     telemetry: list = field(default_factory=list)
+    num_not_arrived: int = 0  # requests whose arrival came after a timeout (never sent)
 
 
 def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list[int]] | None = None,
@@ -40,9 +41,11 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
         prompts: token ids per spec (default: real text of each spec's length).
         params: SamplingParams per spec (default: greedy, ``max_tokens=output_tokens``, ignore_eos).
         sampler: optional telemetry sampler (a context manager with a ``samples`` list).
-        timeout_s: abort the requests still unfinished after this long (they count as failed).
+        timeout_s: stop after this long: unfinished requests are aborted (they count as failed).
     Returns:
-        a ``WorkloadResult`` whose ``outputs`` follow the order of ``specs``.
+        a ``WorkloadResult`` whose ``outputs`` follow the order of ``specs``; requests still
+        running at the timeout are aborted (failed), those not yet arrived are counted in
+        ``num_not_arrived``.
     """
     prompts = prompts if prompts is not None else workload_prompts(engine.tokenizer, specs)
     params = params or (lambda s: SamplingParams(temperature=0, max_tokens=s.output_tokens, ignore_eos=True))
@@ -74,13 +77,16 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
                 if bar:
                     bar.update(finished)
             elif nxt < len(order):
-                time.sleep(max(0.0, start + specs[order[nxt]].arrival_s - time.perf_counter()))
+                wake = start + specs[order[nxt]].arrival_s
+                if timeout_s is not None:
+                    wake = min(wake, start + timeout_s)
+                time.sleep(max(0.0, wake - time.perf_counter()))
         duration = time.perf_counter() - start
     if bar:
         bar.close()
-    outputs = [engine.output(rid) if rid is not None else None for rid in ids]
-    return WorkloadResult(start, duration, [o for o in outputs if o is not None],
-                          engine.step_records[first_step:], list(getattr(sampler, "samples", [])))
+    outputs = [engine.output(rid) for rid in ids if rid is not None]
+    return WorkloadResult(start, duration, outputs, engine.step_records[first_step:],
+                          list(getattr(sampler, "samples", [])), len(specs) - len(outputs))
 
 
 class _Null:

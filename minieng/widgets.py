@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 SMOKE_ENV = "MINIENG_SMOKE"
-RESULTS_DIR = Path(os.environ.get("MINIENG_RESULTS_DIR", "results"))
 
 
 def smoke_mode() -> bool:
@@ -35,7 +34,7 @@ def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path
     A re-run (or a reconnected Colab session) with the same parameters reads the file instead of
     measuring again. Delete the ``results/`` folder to measure afresh.
     """
-    directory = Path(directory or RESULTS_DIR)
+    directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
     key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = directory / f"{name}-{key}.json"
     if path.is_file():

@@ -55,6 +55,8 @@ def fixed_workload(num_requests: int, prompt_tokens: int, output_tokens: int,
                    interval_s: float = 0.0) -> list[RequestSpec]:
     """Identical requests, arriving ``interval_s`` apart (0: all at once)."""
     _check_positive(num_requests=num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    if not interval_s >= 0:
+        raise ValueError(f"interval_s={interval_s!r} must be >= 0")
     return [RequestSpec(i * interval_s, prompt_tokens, output_tokens) for i in range(num_requests)]
 
 

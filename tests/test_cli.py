@@ -202,11 +202,9 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
                      for i in range(5)]
     peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
     serving = serving_report(run, engine.model_config, 4, [peak], SLO(ttft_ms=50.0))
-    serving["_run"] = run
     result = {"environment": {"device_name": "fake GPU"}, "prefill": [], "decode": [], "serving": serving,
               "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]}
-    paths = [Path(p) for p in cli.save_figures(result, str(tmp_path), engine)]
+    paths = [Path(p) for p in cli.save_figures(result, str(tmp_path), engine, run)]
     assert {p.name for p in paths} == {"latency_cdf.png", "step_timeline.png", "utilization.png"}
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
-    assert "_run" not in result["serving"]
     json.dumps(result)
