@@ -68,7 +68,8 @@ def cmd_bench(args) -> int:
     start = time.perf_counter()
     # A budget large enough that each sweep point prefills in one step: the decode figures then
     # time decode steps only, as transformers' batched generate does.
-    budget = max(cfg.prompt_lens + [max(cfg.batch_sizes) * cfg.decode_prompt_len, 512])
+    budget = max(cfg.prompt_lens + [max(cfg.batch_sizes) * cfg.decode_prompt_len, 512,
+                                     args.prefix_prompt_tokens if args.prefix_cache else 0])
     # Prefix caching off: prompts of the sweeps share beginnings, and a cache hit would time a
     # shorter prefill than the one reported (``--prefix-cache`` measures the cache itself).
     engine = _engine(args, max_num_batched_tokens=budget, max_num_seqs=max(cfg.batch_sizes + [8]),
@@ -82,6 +83,14 @@ def cmd_bench(args) -> int:
     if args.workload:
         log(f"serving: {args.workload} workload")
         result["serving"], run = run_serving(engine, args, result)
+    if args.prefix_cache:
+        from .prefix_experiment import multi_turn, ttft_vs_hit_rate, zero_hit_overhead
+
+        log("prefix cache: TTFT against hit rate")
+        result["prefix_cache"] = ttft_vs_hit_rate(engine, args.prefix_prompt_tokens, requests=args.prefix_requests,
+                                                  progress=log)
+        result["prefix_cache"]["multi_turn"] = multi_turn(engine)
+        result["prefix_cache"]["zero_hit_overhead"] = zero_hit_overhead(engine)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
         result["figures"] = save_figures(result, args.plot, engine, run)
@@ -174,6 +183,10 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
                 "DRAM bandwidth % (GPM)": (nvml_t, [s.dram_bw_util_percent for s in run.telemetry]),
                 f"MFU % per step ({peaks[0].source} peak)": ([s.start_s - run.start_s for s in run.steps], mfu)},
                 title="What NVML reports against what the steps achieved")
+    if result.get("prefix_cache"):
+        from .plots import ttft_vs_hit_rate
+
+        figures["ttft_vs_hit_rate"] = ttft_vs_hit_rate(result["prefix_cache"])
     paths = []
     for name, fig in figures.items():
         path = out / f"{name}.png"
@@ -206,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     b.add_argument("--skip-sweeps", action="store_true", help="only the --workload run")
     b.add_argument("--plot", metavar="DIR", help="save the figures (roofline, latency CDFs, step timeline) as PNG")
+    pc = b.add_argument_group("prefix caching: TTFT against hit rate, shared system prompt + user turn")
+    pc.add_argument("--prefix-cache", action="store_true", help="run the prefix-cache experiment")
+    pc.add_argument("--prefix-prompt-tokens", type=int, default=1024)
+    pc.add_argument("--prefix-requests", type=int, default=4, help="warm requests per hit-rate point")
     s = b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)")
     s.add_argument("--workload", choices=["fixed", "poisson", "trace"])
     s.add_argument("--num-requests", type=int, default=16)

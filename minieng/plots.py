@@ -152,3 +152,33 @@ def phase_costs(prompt_tokens: Sequence[int], ttft_ms: Sequence[float], output_t
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
     return fig
+
+
+def ttft_vs_hit_rate(result: dict, title: str = "Prefix caching: TTFT against hit rate") -> Figure:
+    """``prefix_experiment.ttft_vs_hit_rate``'s result: P50/P99 TTFT (ms) per measured hit rate, the
+    cold run, the proportional expectation (cold x (1 - hit rate)), and the seed's two points (s,
+    right axis: another machine and model, so compare the shape, not the values)."""
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    pts = sorted(result["points"], key=lambda p: p["hit_rate"])
+    hits = [p["hit_rate"] * 100 for p in pts]
+    cold = result["cold"]["ttft_ms"]["p50"]
+    ax.plot(hits, [p["ttft_ms"]["p50"] for p in pts], "o-", color=PHASE_COLORS["prefill"], label="P50 TTFT")
+    ax.plot(hits, [p["ttft_ms"]["p99"] for p in pts], "s--", color=PHASE_COLORS["prefill"], alpha=0.5, label="P99 TTFT")
+    ax.axhline(cold, color="black", lw=0.8, label=f"cache off: {cold:.0f} ms")
+    grid = np.linspace(0, 100, 50)
+    ax.plot(grid, cold * (1 - grid / 100), ":", color="grey", label="cold x (1 - hit rate)")
+    ax.set_xlabel("prefix cache hit rate (% of prompt tokens)")
+    ax.set_ylabel(f"TTFT (ms), {result['prompt_tokens']}-token prompts")
+    ax.set_xlim(-2, 102)
+    ax.set_ylim(bottom=0)
+    seed = ax.twinx()
+    seed.scatter([p["hit_rate"] * 100 for p in result["seed_points"]], [p["ttft_s"] for p in result["seed_points"]],
+                 marker="*", s=120, color="tab:purple", label="seed article (s, right axis)")
+    seed.set_ylabel("seed article TTFT (s)", color="tab:purple")
+    seed.set_ylim(bottom=0)
+    handles = ax.get_legend_handles_labels()
+    seed_handles = seed.get_legend_handles_labels()
+    ax.legend(handles[0] + seed_handles[0], handles[1] + seed_handles[1], fontsize=8, loc="lower left")
+    ax.set_title(title)
+    return fig

@@ -12,6 +12,8 @@ The seed article's panel (000): 97% hit rate next to 0.87 s TTFT, 85.5% next to 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from .config import SamplingParams
@@ -39,23 +41,30 @@ def _prompts(engine: LLMEngine, shared: int, user: int, count: int) -> list[list
     return [texts[0][:shared] + t[shared:] for t in texts]
 
 
+@contextmanager
+def prefix_cache(engine: LLMEngine, on: bool) -> Iterator[None]:
+    """Run a block with the prefix cache emptied and switched ``on`` (or off), then restore the switch."""
+    bm = engine.block_manager
+    was = bm.enable_prefix_caching
+    bm.reset_prefix_cache()
+    bm.enable_prefix_caching = on
+    try:
+        yield
+    finally:
+        bm.enable_prefix_caching = was
+
+
 def measure_point(engine: LLMEngine, shared: int, user: int, requests: int, cache: bool = True) -> HitRatePoint:
     """TTFT of ``requests`` warm requests sharing ``shared`` tokens, after one that fills the cache.
 
     The cache is emptied first, so a point never hits what an earlier one left behind;
     ``cache=False`` switches the prefix cache off for this point (the cold baseline).
     """
-    bm = engine.block_manager
-    was = bm.enable_prefix_caching
-    bm.reset_prefix_cache()
-    bm.enable_prefix_caching = cache
-    try:
+    with prefix_cache(engine, cache):
         prompts = _prompts(engine, shared, user, requests + 1)
         params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         engine.generate([prompts[0]], params)  # the first request computes the shared prefix
         outs = [engine.generate([p], params)[0] for p in prompts[1:]]
-    finally:
-        bm.enable_prefix_caching = was
     ms = [request_metrics(o) for o in outs]
     hit = sum(o.num_cached_tokens for o in outs) / sum(len(o.prompt_token_ids) for o in outs)
     return HitRatePoint(shared, user, hit, summarize_ms(m.ttft_s for m in ms), cache)
@@ -69,12 +78,15 @@ def ttft_vs_hit_rate(engine: LLMEngine, prompt_tokens: int = 1024, shares=(0.0, 
     than one block (the 1% point at 1,024 tokens) shows the block-size floor: no hit at all.
     Returns a JSON-serializable dict: ``cold``, ``points`` (one per share) and the seed's points.
     """
+    bs = engine.block_manager.block_size
     cold = measure_point(engine, 0, prompt_tokens, requests, cache=False)
     points = []
     for share in shares:
         if progress:
             progress(f"prefix cache: shared share {share:.0%}")
         shared = round(share * prompt_tokens)
+        if shared >= bs:  # a whole number of blocks, so the hit rate is the share asked for
+            shared = min(-(-shared // bs) * bs, prompt_tokens - 1)
         points.append(measure_point(engine, shared, prompt_tokens - shared, requests))
     return {"prompt_tokens": prompt_tokens, "block_size": engine.block_manager.block_size,
             "cold": asdict(cold), "points": [asdict(p) for p in points],
@@ -87,15 +99,41 @@ def multi_turn(engine: LLMEngine, turns: int = 4, user_tokens: int = 64, output_
     Returns per turn: prompt tokens, cached tokens, hit rate and TTFT (ms). The replies' blocks
     are cached too, so the hit rate climbs with the history.
     """
-    engine.block_manager.reset_prefix_cache()
     users = text_prompts(engine.tokenizer, user_tokens, turns)
     history: list[int] = []
     rows = []
-    for t in range(turns):
-        prompt = history + users[t]
-        out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True))[0]
-        m = request_metrics(out)
-        rows.append({"turn": t + 1, "prompt_tokens": len(prompt), "cached_tokens": out.num_cached_tokens,
-                     "hit_rate": out.num_cached_tokens / len(prompt), "ttft_ms": m.ttft_s * 1e3})
-        history = prompt + out.token_ids
+    with prefix_cache(engine, True):
+        for t in range(turns):
+            prompt = history + users[t]
+            out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=output_tokens,
+                                                           ignore_eos=True))[0]
+            m = request_metrics(out)
+            rows.append({"turn": t + 1, "prompt_tokens": len(prompt), "cached_tokens": out.num_cached_tokens,
+                         "hit_rate": out.num_cached_tokens / len(prompt), "ttft_ms": m.ttft_s * 1e3})
+            history = prompt + out.token_ids
     return rows
+
+
+def zero_hit_overhead(engine: LLMEngine, num_requests: int = 8, prompt_tokens: int = 256, output_tokens: int = 16,
+                      rounds: int = 3) -> dict:
+    """What the cache costs when nothing hits: output throughput of one batch of distinct prompts
+    with the cache on and off, alternated ``rounds`` times (medians), as a ratio measured in one run.
+
+    On, every full block is hashed and registered and the free list is an LRU; off, none of that.
+    """
+    import statistics
+
+    prompts = text_prompts(engine.tokenizer, prompt_tokens, num_requests)
+    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    tok_s = {True: [], False: []}
+    for _ in range(rounds):
+        for cache in (True, False):
+            with prefix_cache(engine, cache):
+                first = len(engine.step_records)
+                outs = engine.generate(prompts, params)
+            steps = engine.step_records[first:]
+            assert not any(o.num_cached_tokens for o in outs), "distinct prompts must not hit"
+            tok_s[cache].append(num_requests * output_tokens / sum(s.duration_s for s in steps))
+    on, off = statistics.median(tok_s[True]), statistics.median(tok_s[False])
+    return {"num_requests": num_requests, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+            "rounds": rounds, "cache_on_tok_s": on, "cache_off_tok_s": off, "overhead_percent": 100 * (off - on) / off}

@@ -38,6 +38,8 @@ def format_table(result: dict) -> str:
         lines += _sweeps(result) + _utilization(result) + _phase_ratio(result["phase_ratio"])
     if result.get("serving"):
         lines += [""] + format_serving(result["serving"])
+    if result.get("prefix_cache"):
+        lines += [""] + format_prefix(result["prefix_cache"])
     if result.get("figures"):
         lines += ["", "Figures: " + ", ".join(result["figures"])]
     if result.get("targets"):
@@ -141,4 +143,33 @@ def format_serving(report: dict) -> list[str]:
         t = report["telemetry"]
         lines.append(f"  NVML: util.gpu median {t.get('util_gpu_percent_median')}%, SM occupancy median "
                      f"{t.get('sm_occupancy_percent_median')}% (reliable: {t.get('reliable')})")
+    return lines
+
+
+def format_prefix(result: dict) -> list[str]:
+    """The ``--prefix-cache`` section: TTFT against the measured hit rate, then the multi-turn run."""
+    cold = result["cold"]["ttft_ms"]
+    lines = [f"Prefix caching: {result['prompt_tokens']}-token prompts = shared system prompt + distinct user turn "
+             f"(block size {result['block_size']})",
+             f"  {'shared tok':>10} {'hit rate':>9} {'P50 TTFT ms':>12} {'P99 TTFT ms':>12} {'vs cold':>8}",
+             f"  {'cache off':>10} {0:>8.1%} {cold['p50']:>12.1f} {cold['p99']:>12.1f} {1:>7.2f}x"]
+    for p in result["points"]:
+        lines.append(f"  {p['shared_tokens']:>10} {p['hit_rate']:>8.1%} {p['ttft_ms']['p50']:>12.1f} "
+                     f"{p['ttft_ms']['p99']:>12.1f} {cold['p50'] / p['ttft_ms']['p50']:>7.2f}x")
+    high = [p for p in result["points"] if p["hit_rate"] >= 0.9]
+    if high:
+        speedup = cold["p50"] / high[0]["ttft_ms"]["p50"]
+        lines.append(f"  at {high[0]['hit_rate']:.1%} hits TTFT is {speedup:.1f}x lower than cache off (target >= 5x)")
+    lines.append("  seed article (000): " + ", ".join(f"{s['hit_rate']:.1%} -> {s['ttft_s']:.2f} s"
+                                                       for s in result["seed_points"]))
+    if result.get("zero_hit_overhead"):
+        z = result["zero_hit_overhead"]
+        lines.append(f"  overhead with 0% hits ({z['num_requests']} x {z['prompt_tokens']}-token prompts, {z['rounds']} "
+                     f"rounds): {z['cache_on_tok_s']:.1f} tok/s on vs {z['cache_off_tok_s']:.1f} off = "
+                     f"{z['overhead_percent']:+.1f}% (target < 3%)")
+    if result.get("multi_turn"):
+        lines.append("  multi-turn conversation, each turn resending the history:")
+        for row in result["multi_turn"]:
+            lines.append(f"    turn {row['turn']}: {row['prompt_tokens']:>5} prompt tokens, {row['cached_tokens']:>5} cached "
+                         f"({row['hit_rate']:.0%}), TTFT {row['ttft_ms']:.1f} ms")
     return lines
