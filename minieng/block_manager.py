@@ -167,6 +167,17 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks that hold ``seq``'s first ``num_tokens`` tokens (speculative
+        rollback: the KV of rejected draft tokens is dropped with its trailing blocks)."""
+        keep = cdiv(num_tokens, self.block_size)
+        for block in reversed(seq.block_table[keep:]):
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] == 0, f"trimmed block {block} is shared"
+            self.free_blocks[block] = None
+        del seq.block_table[keep:]
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Cache slots of token positions ``start..end-1`` of ``seq``."""
         bs, table = self.block_size, seq.block_table

@@ -119,6 +119,13 @@ class EngineConfig:
             prefill-first, whole prompts, decodes paused while a prompt is prefilled.
         enable_prefix_caching: keep the KV of full prompt blocks after a request ends and reuse
             it for later requests that start with the same tokens (vLLM V1's default: on).
+        speculative_method: None (off), "draft" (a draft model proposes) or "ngram" (prompt
+            lookup: tokens that followed the latest earlier occurrence of the last n tokens).
+        num_speculative_tokens: k, the draft tokens verified per step; 0 turns speculation off.
+        draft_model: the draft for "draft" (same tokenizer as the target); None = the target's own
+            weights, which with ``draft_quantization="int8"`` makes a quantized self-draft.
+        draft_quantization: None or "int8" (per-channel dynamic int8 linear layers).
+        ngram_max: longest n-gram prompt lookup tries.
         seed: seeds requests that do not carry their own seed.
     """
 
@@ -134,6 +141,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 0
+    draft_model: str | None = None
+    draft_quantization: str | None = None
+    ngram_max: int = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -149,6 +161,16 @@ class EngineConfig:
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len,
                  "must be >= 1")
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        _require(self.speculative_method in (None, "draft", "ngram"), "speculative_method",
+                 self.speculative_method, "use None, 'draft' or 'ngram'")
+        _require(self.num_speculative_tokens >= 0, "num_speculative_tokens", self.num_speculative_tokens,
+                 "must be >= 0 (0 turns speculation off)")
+        _require(self.num_speculative_tokens == 0 or self.speculative_method is not None,
+                 "num_speculative_tokens", self.num_speculative_tokens,
+                 "needs speculative_method='draft' or 'ngram'")
+        _require(self.draft_quantization in (None, "int8"), "draft_quantization", self.draft_quantization,
+                 "use None or 'int8'")
+        _require(self.ngram_max >= 1, "ngram_max", self.ngram_max, "must be >= 1")
         _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
                  self.max_num_batched_tokens,
                  f"must be >= max_num_seqs={self.max_num_seqs} so every running decode fits a step")

@@ -117,9 +117,33 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device)
+        self.drafter = self._make_drafter(num_blocks) if config.num_speculative_tokens else None
         self.requests: dict[str, _Request] = {}
         self.step_records: list[StepRecord] = []
+        # One row per verification: (step index, request id, drafts proposed, drafts accepted).
+        self.spec_records: list[tuple[int, str, int, int]] = []
         self._ids = itertools.count()
+
+    def _make_drafter(self, num_blocks: int):
+        """The drafter of ``speculative_method``: prompt lookup, or a draft model with its own KV pool
+        (as many blocks as the target's). Raises ``ValueError`` for a draft whose vocabulary or
+        tokenizer differs from the target's."""
+        from .speculative import DraftModelDrafter, PromptLookupDrafter
+
+        cfg = self.config
+        if cfg.speculative_method == "ngram":
+            return PromptLookupDrafter(cfg.ngram_max)
+        if cfg.draft_model is None:
+            draft = self.loaded
+        else:
+            draft = load_model(replace(cfg, model=cfg.draft_model), self.device, self.dtype, self.max_model_len)
+            check_same_tokenizer(self.loaded, draft)
+        model = draft.model
+        if cfg.draft_quantization == "int8":
+            from .quantization import quantize_int8
+
+            model = quantize_int8(model)
+        return DraftModelDrafter(model, num_blocks, cfg.block_size)
 
     def _check_max_model_len(self, asked: int | None, model_max: int) -> int:
         if asked is None:
@@ -196,7 +220,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that emitted tokens or finished."""
         start = time.perf_counter()
+        if self.drafter is not None:
+            self._propose()
         plan = self.scheduler.schedule()
+        for seq in plan.preempted:
+            self._forget_draft(seq)
         if not plan.scheduled:
             return []
         # The plan's composition, read now: finishing a sequence below resets its state.
@@ -204,15 +232,26 @@ class LLMEngine:
         for seq, _ in plan.scheduled:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = start
-        sampled = self.runner.execute(plan.scheduled)
+        emitted = self.runner.execute(plan.scheduled)
         synchronize(self.device)
         end = time.perf_counter()
         chunks = []
         for seq, n in plan.scheduled:
-            chunks.append((n, seq.num_computed_tokens, seq.request_id in sampled))
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-        outputs = [self._append(self.requests[rid], [tok], end) for rid, tok in sampled.items()]
+            tokens = emitted.get(seq.request_id, [])
+            logits_rows = seq.num_computed_tokens + n - seq.num_tokens + 1 if tokens else 0  # 1, or k + 1
+            chunks.append((n, seq.num_computed_tokens, logits_rows))
+            if seq.spec_token_ids:  # the newest token and the accepted drafts now have KV
+                accepted = len(tokens) - 1
+                self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
+                seq.num_computed_tokens += 1 + accepted
+                self.block_manager.trim(seq, seq.num_computed_tokens)  # drop the rejected drafts' KV
+                seq.spec_token_ids, seq.spec_probs = [], None
+            else:
+                seq.num_computed_tokens += n
+        outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
+        for seq, _ in plan.scheduled:
+            if not seq.is_finished:
+                self.block_manager.cache_full_blocks(seq)
         self.step_records.append(StepRecord(
             start, end - start, num_prefill_tokens,
             len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
@@ -220,8 +259,25 @@ class LLMEngine:
             self.block_manager.num_evictions))
         return outputs
 
+    def _propose(self) -> None:
+        """Ask the drafter for up to k tokens for every running sequence that is decoding, never
+        more than its ``max_tokens`` or ``max_model_len`` leaves room for (k drafts emit k + 1)."""
+        k = self.config.num_speculative_tokens
+        decoding = [s for s in self.scheduler.running if s.output_token_ids and s.num_uncomputed_tokens == 1]
+        room = [max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1,
+                           self.max_model_len - s.num_tokens - 1)) for s in decoding]
+        for seq, (tokens, probs) in zip(decoding, self.drafter.propose(decoding, room)):
+            seq.spec_token_ids, seq.spec_probs = tokens, probs
+
+    def _forget_draft(self, seq: Sequence) -> None:
+        if self.drafter is not None:
+            self.drafter.free(seq.request_id)
+
     def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
-        """Add emitted tokens to a request, stream their text, and finish it if it should stop."""
+        """Add emitted tokens to a request, stream their text, and finish it if it should stop.
+
+        A step can emit several tokens (accepted drafts); a stop among them drops the rest.
+        """
         seq, params = req.seq, req.seq.params
         accepted = []
         status = None
@@ -243,7 +299,12 @@ class LLMEngine:
             if status:
                 delta += req.detokenizer.finish()
         if status:
+            # Drafts accepted past a stop were dropped: only tokens the sequence kept count as
+            # computed, and its full blocks are cached before they are freed.
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+            self.block_manager.cache_full_blocks(seq)
             self.scheduler.finish(seq, status)
+            self._forget_draft(seq)
             seq.times.finished_s = now
         return self.output(seq.request_id, accepted, delta)
 
@@ -301,3 +362,14 @@ def _stable_seed(engine_seed: int, request_id: str) -> int:
     """A per-request seed that is the same in every process (Python's ``hash`` of a str is not)."""
     digest = hashlib.sha256(f"{engine_seed}:{request_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise ``ValueError`` unless the draft reads and writes the target's token ids."""
+    tv, dv = target.model.config.vocab_size, draft.model.config.vocab_size
+    if tv != dv:
+        raise ValueError(f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
+                         "same family (it must share the target's tokenizer)")
+    if target.tokenizer is not None and draft.tokenizer is not None and \
+            target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError("draft_model's tokenizer differs from the target's: use a draft of the same family")

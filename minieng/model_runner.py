@@ -3,7 +3,8 @@
 The runner decides nothing: the scheduler said which sequences run with how many tokens; the
 runner lays them out (decodes first, then prefill chunks), computes slots from the block
 tables, runs one forward pass and samples one token for every sequence whose chunk reached the
-end of its known tokens. A prefill chunk that stops mid-prompt produces no token.
+end of its known tokens. A prefill chunk that stops mid-prompt produces no token. A decode that
+carries k draft tokens gets logits at all k + 1 positions and emits what verification accepts.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .attention import build_metadata
 from .block_manager import BlockManager
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
-from .sampling import sample
+from .rejection import verify_greedy, verify_sampled
+from .sampling import probabilities, sample
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 
@@ -28,35 +30,66 @@ class ModelRunner:
         self.device = device
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        """Lay out a step. ``scheduled``: (sequence, new tokens), decodes (1 token) first.
+        """Lay out a step. ``scheduled``: (sequence, new tokens): single-token decodes first, then
+        decodes with draft tokens (the newest token + its drafts), then prefill chunks.
 
-        Returns input_ids, positions, metadata, logits_indices, and the sequences that sample.
+        Returns input_ids, positions, metadata, logits_indices, and per sequence that samples
+        ``(sequence, number of logits rows)``: 1, or k + 1 for a decode verifying k drafts.
         """
         input_ids, positions, slot_mapping = [], [], []
-        decodes, prefills = [], []
-        logits_indices, sampling_seqs = [], []
+        decodes, chunks = [], []
+        logits_indices, sampling = [], []
         for seq, n in scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids.extend(seq.all_token_ids[start:end])
+            known = seq.all_token_ids[start:end]
+            input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
             positions.extend(range(start, end))
             slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
-            if not SchedulerOutput.is_prefill(seq, n):
-                assert not prefills, "decodes must come before prefill chunks"
+            if n == 1 and not SchedulerOutput.is_prefill(seq, n):
+                assert not chunks, "single-token decodes must come first"
                 decodes.append((seq.block_table, end))
-            else:
-                prefills.append((n, seq.block_table, end))
-            if end == seq.num_tokens:  # the chunk reaches the newest token: sample the next one
-                logits_indices.append(len(input_ids) - 1)
-                sampling_seqs.append(seq)
+            else:  # a prefill chunk, or a decode verifying drafts: several queries, causal
+                chunks.append((n, seq.block_table, end))
+            if end >= seq.num_tokens:  # the chunk reaches the newest token: sample after it
+                rows = end - seq.num_tokens + 1  # 1, or k + 1 when verifying k drafts
+                logits_indices.extend(range(len(input_ids) - rows, len(input_ids)))
+                sampling.append((seq, rows))
         dev = self.device
-        meta = build_metadata(slot_mapping, decodes, prefills, self.block_manager.block_size, dev)
+        meta = build_metadata(slot_mapping, decodes, chunks, self.block_manager.block_size, dev)
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev),
-                meta, torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling_seqs)
+                meta, torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling)
 
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, int]:
-        """Run one step; return the sampled token of each sequence that samples, by request id."""
-        input_ids, positions, meta, logits_indices, seqs = self.prepare(scheduled)
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """Run one step; return the tokens each sampling sequence emits, by request id: one token,
+        or, for a decode with drafts, the accepted drafts and one more (``rejection.py``)."""
+        input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
         logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return {seq.request_id: tok for seq, tok in zip(seqs, tokens)}
+        plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]
+        out: dict[str, list[int]] = {}
+        if plain:
+            rows = torch.tensor([self._row(sampling, i) for i, _ in plain], device=logits.device)
+            tokens = sample(logits[rows], [s.params for _, s in plain], [s.generator for _, s in plain])
+            out.update({seq.request_id: [tok] for (_, seq), tok in zip(plain, tokens)})
+        for i, (seq, rows) in enumerate(sampling):
+            if rows > 1:
+                first = self._row(sampling, i)
+                out[seq.request_id] = verify(seq, logits[first:first + rows])
+        return out
+
+    @staticmethod
+    def _row(sampling: list[tuple[Sequence, int]], i: int) -> int:
+        """The first logits row of the ``i``-th sampling sequence."""
+        return sum(rows for _, rows in sampling[:i])
+
+
+def verify(seq: Sequence, logits: torch.Tensor) -> list[int]:
+    """Check ``seq``'s draft tokens against the target's ``logits`` [k + 1, vocab]."""
+    drafts = seq.spec_token_ids
+    if seq.params.greedy:
+        return verify_greedy(drafts, logits)
+    p = probabilities(logits, seq.params)  # [k + 1, vocab]
+    q = seq.spec_probs
+    if q is None:  # a deterministic drafter (prompt lookup): q is one-hot on its token
+        q = torch.zeros_like(p[:-1]).scatter_(1, torch.tensor(drafts, device=p.device)[:, None], 1.0)
+    return verify_sampled(drafts, q, p, seq.generator)

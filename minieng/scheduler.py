@@ -43,9 +43,9 @@ class SchedulerOutput:
 
     @staticmethod
     def is_prefill(seq: Sequence, num_new_tokens: int) -> bool:
-        """A chunk is prefill unless it is the single newest token of a sequence with output."""
-        return not (num_new_tokens == 1 and seq.output_token_ids
-                    and seq.num_computed_tokens == seq.num_tokens - 1)
+        """A chunk is prefill unless it is a decode: the newest token of a sequence with output
+        (followed by its draft tokens under speculative decoding)."""
+        return not (seq.output_token_ids and seq.num_computed_tokens == seq.num_tokens - 1)
 
 
 class Scheduler:
@@ -67,8 +67,9 @@ class Scheduler:
             self._schedule_decode_first(out)
         elif not self._schedule_prefill_first(out):
             self._schedule_decodes(out, set())
-        # Decodes first in the batch: the model runner batches them together.
-        out.scheduled.sort(key=lambda item: SchedulerOutput.is_prefill(*item))
+        # Decodes first in the batch (the model runner batches them together), then decodes
+        # carrying draft tokens to verify, then prefill chunks.
+        out.scheduled.sort(key=lambda item: (SchedulerOutput.is_prefill(*item), item[1] > 1))
         return out
 
     # -- policies -------------------------------------------------------------------------------
@@ -99,15 +100,19 @@ class Scheduler:
         return bool(out.scheduled)
 
     def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[str]) -> int:
-        """One token for every running sequence whose prompt is fully computed; returns tokens used."""
+        """Every running sequence whose prompt is fully computed: its newest token, plus its draft
+        tokens under speculative decoding (k + 1 in all). Returns the tokens used."""
         used = 0
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
                 continue  # preempted in this loop, or still prefilling
-            if self._reserve(seq, 1, scheduled, out):
-                out.scheduled.append((seq, 1))
+            n = 1 + len(seq.spec_token_ids)
+            if used + n > self.config.max_num_batched_tokens - (len(self.running) - len(scheduled) - 1):
+                seq.spec_token_ids, seq.spec_probs, n = [], None, 1  # no budget left to verify drafts
+            if self._reserve(seq, n, scheduled, out):
+                out.scheduled.append((seq, n))
                 scheduled.add(seq.request_id)
-                used += 1
+                used += n
             else:
                 self._preempt(seq, out)
         return used
@@ -154,6 +159,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)  # num_computed_tokens -> 0: recompute on readmission
+        seq.spec_token_ids, seq.spec_probs = [], None
         seq.status = SequenceStatus.WAITING
         seq.times.num_preemptions += 1
         self.waiting.appendleft(seq)

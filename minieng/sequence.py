@@ -59,6 +59,8 @@ class Sequence:
         self.block_table: list[int] = []  # physical block ids, in token order
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (memoized)
         self.extra_keys: tuple = ()  # anything besides the tokens that changes the KV (a LoRA id)
+        self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
+        self.spec_probs = None  # [len(spec_token_ids), vocab]: the distributions they were drawn from
         self.times = RequestTimes(arrival_s=arrival_s)
 
     @property

@@ -1,0 +1,128 @@
+"""Drafters for speculative decoding: a small draft model, or prompt lookup (n-gram matching).
+
+A drafter proposes up to k tokens per running sequence before a step; the target then verifies
+them all in that one step (``rejection.py``), so one read of the target's weights can yield
+several tokens. Both drafters answer ``propose(seqs, k)`` with, per sequence, the draft tokens
+and the distribution each was drawn from (None where the draft was deterministic: greedy
+requests, or prompt lookup, whose q is one-hot on its token).
+
+The draft model keeps its own paged KV cache and block tables (``DraftSequence``). After each
+verification the engine's sequence may have dropped some drafts; the drafter compares what its
+cache holds with the sequence's tokens and rolls its cache back to their common prefix
+(freeing trailing blocks) before drafting again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .block_manager import BlockManager
+from .config import SamplingParams
+from .kv_cache import KVCache
+from .model import LlamaForCausalLM
+from .model_runner import ModelRunner
+from .sampling import probabilities
+from .sequence import Sequence
+
+GREEDY = SamplingParams(temperature=0)
+
+
+class PromptLookupDrafter:
+    """Prompt lookup decoding (Saxena 2023; vLLM's "ngram"): find the latest earlier occurrence of the
+    sequence's last n tokens (n from ``ngram_max`` down to ``ngram_min``) and propose what followed it."""
+
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError(f"ngram sizes must satisfy 1 <= ngram_min ({ngram_min}) <= ngram_max ({ngram_max})")
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+
+    def propose(self, seqs: list[Sequence], k: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
+        return [(self.lookup(s.all_token_ids, n), None) for s, n in zip(seqs, k)]
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
+                if tokens[start:start + n] == tail:
+                    return tokens[start + n:start + n + k]
+        return []
+
+    def free(self, request_id: str) -> None:
+        pass
+
+
+class DraftSequence(Sequence):
+    """The draft model's view of one request: the tokens its cache holds, in its own blocks."""
+
+    def __init__(self, request_id: str):
+        super().__init__(request_id, [], GREEDY, 0.0)
+
+
+class DraftModelDrafter:
+    """A draft model with its own paged KV cache, proposing k tokens by k batched single-token steps.
+
+    Args:
+        model: the draft (same tokenizer and vocabulary as the target; checked by the engine).
+        num_blocks, block_size: its KV pool.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
+        param = next(model.parameters())
+        self.model = model
+        self.kv_cache = KVCache(model.config, num_blocks, block_size, param.dtype, param.device)
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, param.device)
+        self.seqs: dict[str, DraftSequence] = {}
+
+    def free(self, request_id: str) -> None:
+        """Forget a finished or preempted request's draft cache."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.block_manager.free(seq)
+
+    def _sync(self, seq: Sequence) -> DraftSequence:
+        """Roll the draft cache back to the longest prefix it shares with ``seq``'s tokens."""
+        draft = self.seqs.setdefault(seq.request_id, DraftSequence(seq.request_id))
+        tokens = seq.all_token_ids
+        held = draft.prompt_token_ids
+        same = 0
+        limit = min(draft.num_computed_tokens, len(tokens))
+        while same < limit and held[same] == tokens[same]:
+            same += 1
+        self.block_manager.trim(draft, same)
+        draft.prompt_token_ids = list(tokens)
+        return draft
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], k: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Up to ``k[i]`` draft tokens for ``seqs[i]``, with their distributions q ([n, vocab]) for
+        sampled requests. A sequence whose draft cache cannot grow gets no proposal."""
+        drafts = [self._sync(s) for s in seqs]
+        tokens: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = [i for i, n in enumerate(k) if n > 0]
+        for step in range(max(k, default=0)):
+            batch = []  # (index, draft sequence, tokens to run): its catch-up, then one at a time
+            for i in active:
+                d = drafts[i]
+                n = d.num_uncomputed_tokens
+                if step < k[i] and self.block_manager.can_allocate(d, n):
+                    self.block_manager.allocate(d, n)
+                    batch.append((i, d, n))
+            if not batch:
+                break
+            input_ids, positions, meta, logits_indices, _ = self.runner.prepare([(d, n) for _, d, n in batch])
+            logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+            for row, (i, d, n) in enumerate(batch):
+                d.num_computed_tokens += n
+                params = seqs[i].params
+                if params.greedy:
+                    token = int(logits[row].argmax())
+                else:
+                    q = probabilities(logits[row], params)
+                    token = int(torch.multinomial(q, 1, generator=seqs[i].generator).item())
+                    probs[i].append(q)
+                tokens[i].append(token)
+                d.prompt_token_ids.append(token)
+            active = [i for i in active if len(tokens[i]) == step + 1]
+        return [(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
