@@ -67,6 +67,7 @@ class StepRecord:
     num_used_blocks: int
     chunks: list[tuple[int, int, bool]] = field(default_factory=list)
     num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
+    draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
 
 
 class _Request:
@@ -222,6 +223,8 @@ class LLMEngine:
         start = time.perf_counter()
         if self.drafter is not None:
             self._propose()
+            synchronize(self.device)
+        draft_s = time.perf_counter() - start
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self._forget_draft(seq)
@@ -256,7 +259,7 @@ class LLMEngine:
             start, end - start, num_prefill_tokens,
             len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
             len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks,
-            self.block_manager.num_evictions))
+            self.block_manager.num_evictions, draft_s if self.drafter is not None else 0.0))
         return outputs
 
     def _propose(self) -> None:

@@ -11,6 +11,7 @@ never correctness.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 from torch import nn
@@ -26,7 +27,11 @@ class Int8Linear(nn.Module):
         w = weight_in_out.detach().t().contiguous().float()  # [out, in], as the kernel wants
         scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
-        qw = torch.quantize_per_channel(w, scales, zero, 0, torch.qint8)
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates its quantized tensors in favour of torchao; the kernels still
+            # run, and this module is the one place to change when they go.
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+            qw = torch.quantize_per_channel(w, scales, zero, 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.detach().float())
         self.in_features, self.out_features = w.shape[1], w.shape[0]
 

@@ -1,0 +1,70 @@
+"""The speculative-decoding experiment: acceptance, tokens per step, cost ratios and speedup against k.
+
+One engine with a drafter runs the same greedy requests for every k (k = 0 is plain decoding,
+the baseline), so the ratios are measured in one run. Per k it reports:
+
+- acceptance rate a (accepted / proposed drafts) and mean acceptance length (tokens per step);
+- the expected tokens per step from a alone, (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023,
+  eq. 1), beside the measured one;
+- c = draft time per draft token / a plain target step, and v = the target's part of a
+  verification step (k + 1 tokens) / a plain target step;
+- the predicted speedup E / (k c + v) and the measured one, TPOT(k = 0) / TPOT(k).
+
+On a memory-bound GPU v stays near 1 (reading the weights costs the same for 1 or k + 1 tokens);
+on a CPU the jump from 1 to 2 tokens is in the matmuls, and v grows with k.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .config import SamplingParams
+from .engine import LLMEngine
+from .metrics import acceptance_metrics, request_metrics
+
+
+def expected_tokens_per_step(a: float, k: int) -> float:
+    """(1 - a^(k+1)) / (1 - a): tokens per verification with i.i.d. acceptance ``a`` (k + 1 at a = 1)."""
+    return k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def run_k(engine: LLMEngine, prompts: list[list[int]], k: int, output_tokens: int) -> dict:
+    """One run of ``prompts`` together at ``k`` draft tokens (greedy); its figures."""
+    engine.config.num_speculative_tokens = k
+    first_step, first_spec = len(engine.step_records), len(engine.spec_records)
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True))
+    steps = [s for s in engine.step_records[first_step:] if s.num_prefill_tokens == 0]
+    spec = engine.spec_records[first_spec:]
+    ms = [request_metrics(o) for o in outs]
+    row = {"k": k, "batch_size": len(prompts), "tpot_ms": 1e3 * statistics.median(m.tpot_s for m in ms),
+           "target_step_ms": 1e3 * statistics.median(s.duration_s - s.draft_s for s in steps),
+           "draft_step_ms": 1e3 * statistics.median(s.draft_s for s in steps),
+           "tokens_per_step": sum(o.output_tokens - 1 for o in ms) / max(1, sum(s.num_decode_seqs for s in steps))}
+    if spec:
+        acc = acceptance_metrics([r[3] for r in spec], [r[2] for r in spec])
+        row |= {"acceptance_rate": acc.acceptance_rate, "mean_acceptance_length": acc.mean_acceptance_length,
+                "acceptance_per_position": acc.acceptance_rate_per_position,
+                "expected_tokens_per_step": expected_tokens_per_step(acc.acceptance_rate, k)}
+    return row
+
+
+def k_sweep(engine: LLMEngine, prompts: list[list[int]], ks=(1, 2, 4, 8), output_tokens: int = 64,
+            progress=None) -> dict:
+    """Baseline (k = 0) then every k; adds c, v and the predicted and measured speedups."""
+    k_before = engine.config.num_speculative_tokens
+    try:
+        base = run_k(engine, prompts, 0, output_tokens)
+        rows = []
+        for k in ks:
+            if progress:
+                progress(f"speculative decoding: k = {k}")
+            row = run_k(engine, prompts, k, output_tokens)
+            row["c"] = row["draft_step_ms"] / k / base["target_step_ms"]
+            row["v"] = row["target_step_ms"] / base["target_step_ms"]
+            e = row.get("expected_tokens_per_step", 1.0)
+            row["predicted_speedup_x"] = e / (k * row["c"] + row["v"])
+            row["measured_speedup_x"] = base["tpot_ms"] / row["tpot_ms"]
+            rows.append(row)
+    finally:
+        engine.config.num_speculative_tokens = k_before
+    return {"baseline": base, "rows": rows}
