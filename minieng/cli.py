@@ -91,6 +91,8 @@ def cmd_bench(args) -> int:
                                                   progress=log)
         result["prefix_cache"]["multi_turn"] = multi_turn(engine)
         result["prefix_cache"]["zero_hit_overhead"] = zero_hit_overhead(engine)
+    if args.speculative:
+        result["speculative"] = run_speculative(engine, args, log)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
         result["figures"] = save_figures(result, args.plot, engine, run)
@@ -138,6 +140,31 @@ def run_serving(engine, args, result: dict):
     return report, run
 
 
+def run_speculative(engine, args, log) -> dict:
+    """The ``--speculative`` experiment: a second engine sharing the target's weights, with a drafter.
+
+    The default drafter on a CPU is the int8 self-draft (the target's own weights quantized); on
+    a GPU, pass ``--draft-model``. Prompts: real text, held out from nothing the draft saw.
+    """
+    from dataclasses import replace
+
+    from .engine import LLMEngine
+    from .spec_experiment import batch_sweep, k_sweep
+    from .workload import text_prompts
+
+    int8 = args.spec_method == "draft" and args.draft_model is None and engine.device.type == "cpu"
+    config = replace(engine.config, speculative_method=args.spec_method, num_speculative_tokens=1,
+                     draft_model=args.draft_model, draft_quantization="int8" if int8 else None,
+                     max_num_seqs=max(args.spec_batch_sizes + [engine.config.max_num_seqs]))
+    spec = LLMEngine(config, loaded=engine.loaded)
+    name = {"ngram": "prompt lookup"}.get(args.spec_method, "int8 self-draft" if int8 else f"draft {args.draft_model}")
+    prompts = text_prompts(engine.tokenizer, 64, 1)
+    result = {"drafter": name, **k_sweep(spec, prompts, args.spec_ks, args.spec_output_tokens, progress=log)}
+    sets = [text_prompts(engine.tokenizer, 64, b) for b in args.spec_batch_sizes]
+    result["batches"] = batch_sweep(spec, sets, args.spec_batch_k, args.spec_output_tokens, progress=log)
+    return result
+
+
 def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
     """Write the bench's figures as PNG files into ``directory``; return their paths."""
     from pathlib import Path
@@ -183,6 +210,10 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
                 "DRAM bandwidth % (GPM)": (nvml_t, [s.dram_bw_util_percent for s in run.telemetry]),
                 f"MFU % per step ({peaks[0].source} peak)": ([s.start_s - run.start_s for s in run.steps], mfu)},
                 title="What NVML reports against what the steps achieved")
+    if result.get("speculative"):
+        from .plots import speculative_sweep
+
+        figures["speculative"] = speculative_sweep(result["speculative"])
     if result.get("prefix_cache"):
         from .plots import ttft_vs_hit_rate
 
@@ -223,6 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     pc.add_argument("--prefix-cache", action="store_true", help="run the prefix-cache experiment")
     pc.add_argument("--prefix-prompt-tokens", type=int, default=1024)
     pc.add_argument("--prefix-requests", type=int, default=4, help="warm requests per hit-rate point")
+    sp = b.add_argument_group("speculative decoding: the k sweep and the batch sweep")
+    sp.add_argument("--speculative", action="store_true", help="run the speculative-decoding experiment")
+    sp.add_argument("--spec-method", choices=["draft", "ngram"], default="draft")
+    sp.add_argument("--draft-model", default=None, help="draft model (default: the int8 self-draft on CPU)")
+    sp.add_argument("--spec-ks", type=_int_list, default=[1, 2, 4, 8])
+    sp.add_argument("--spec-batch-sizes", type=_int_list, default=[1, 4, 16])
+    sp.add_argument("--spec-batch-k", type=int, default=4)
+    sp.add_argument("--spec-output-tokens", type=int, default=48)
     s = b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)")
     s.add_argument("--workload", choices=["fixed", "poisson", "trace"])
     s.add_argument("--num-requests", type=int, default=16)

@@ -182,3 +182,27 @@ def ttft_vs_hit_rate(result: dict, title: str = "Prefix caching: TTFT against hi
     ax.legend(handles[0] + seed_handles[0], handles[1] + seed_handles[1], fontsize=8, loc="lower left")
     ax.set_title(title)
     return fig
+
+
+def speculative_sweep(result: dict, title: str = "Speculative decoding against k") -> Figure:
+    """``spec_experiment.k_sweep``'s result: tokens per step (measured and expected from the
+    acceptance rate) and speedup (measured and predicted from a, c and v) against k."""
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    rows = result["rows"]
+    ks = [r["k"] for r in rows]
+    left.plot(ks, [r["tokens_per_step"] for r in rows], "o-", label="measured")
+    left.plot(ks, [r.get("expected_tokens_per_step", 1) for r in rows], "s--", label="(1 - a^(k+1)) / (1 - a)")
+    left.plot(ks, [k + 1 for k in ks], ":", color="grey", label="k + 1 (every draft accepted)")
+    left.set_xlabel("draft tokens per step, k")
+    left.set_ylabel("tokens per verification step")
+    left.legend(fontsize=8)
+    right.plot(ks, [r["measured_speedup_x"] for r in rows], "o-", label="measured TPOT(0) / TPOT(k)")
+    right.plot(ks, [r["predicted_speedup_x"] for r in rows], "s--", label="predicted E / (k c + v)")
+    right.axhline(1, color="black", lw=0.8)
+    right.set_xlabel("draft tokens per step, k")
+    right.set_ylabel("speedup over plain decoding (x)")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8)
+    fig.suptitle(f"{title} ({result.get('drafter', '')})")
+    return fig

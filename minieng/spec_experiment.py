@@ -64,7 +64,41 @@ def k_sweep(engine: LLMEngine, prompts: list[list[int]], ks=(1, 2, 4, 8), output
             e = row.get("expected_tokens_per_step", 1.0)
             row["predicted_speedup_x"] = e / (k * row["c"] + row["v"])
             row["measured_speedup_x"] = base["tpot_ms"] / row["tpot_ms"]
+            row["break_even_acceptance"] = break_even_acceptance(k, row["c"], row["v"])
             rows.append(row)
     finally:
         engine.config.num_speculative_tokens = k_before
     return {"baseline": base, "rows": rows}
+
+
+def batch_sweep(engine: LLMEngine, prompt_sets: list[list[list[int]]], k: int, output_tokens: int = 32,
+                progress=None) -> list[dict]:
+    """Speedup at a fixed ``k`` against batch size: where speculation pays (small, memory-bound
+    batches) and where it hurts (large batches, where verifying k + 1 tokens per sequence turns
+    decode compute-bound)."""
+    rows = []
+    k_before = engine.config.num_speculative_tokens
+    try:
+        for prompts in prompt_sets:
+            if progress:
+                progress(f"speculative decoding: batch {len(prompts)}, k = {k}")
+            base, spec = run_k(engine, prompts, 0, output_tokens), run_k(engine, prompts, k, output_tokens)
+            rows.append({"batch_size": len(prompts), "k": k, "tpot_ms": base["tpot_ms"], "spec_tpot_ms": spec["tpot_ms"],
+                         "acceptance_rate": spec.get("acceptance_rate"), "v": spec["target_step_ms"] / base["target_step_ms"],
+                         "measured_speedup_x": base["tpot_ms"] / spec["tpot_ms"]})
+    finally:
+        engine.config.num_speculative_tokens = k_before
+    return rows
+
+
+def break_even_acceptance(k: int, c: float, v: float) -> float | None:
+    """The acceptance rate at which speculation starts to pay: E(a, k) = k c + v, solved for a
+    (None when even a = 1 does not pay: k + 1 <= k c + v)."""
+    cost = k * c + v
+    if k + 1 <= cost:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # E(a, k) increases with a: bisect
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_step(mid, k) < cost else (lo, mid)
+    return hi
