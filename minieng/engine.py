@@ -211,6 +211,7 @@ class LLMEngine:
         req = self.requests[request_id]
         if not req.seq.is_finished:
             self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
+            self._forget_draft(req.seq)
             req.seq.times.finished_s = time.perf_counter()
 
     def has_unfinished_requests(self) -> bool:
@@ -284,23 +285,23 @@ class LLMEngine:
         seq, params = req.seq, req.seq.params
         accepted = []
         status = None
-        for tok in token_ids:
+        delta = ""
+        for tok in token_ids:  # token by token: a stop among accepted drafts drops the rest
             seq.output_token_ids.append(tok)
             accepted.append(tok)
+            if req.detokenizer is not None:
+                delta += req.detokenizer.add([tok])
             if tok in params.stop_token_ids or (not params.ignore_eos and tok in self.loaded.eos_token_ids):
                 status = SequenceStatus.FINISHED_STOPPED
+            elif req.detokenizer is not None and req.detokenizer.stopped:
+                status = SequenceStatus.FINISHED_STOPPED  # a stop string
             elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 status = SequenceStatus.FINISHED_LENGTH
             if status:
                 break
         seq.times.emissions.append((now, len(accepted)))
-        delta = ""
-        if req.detokenizer is not None:
-            delta = req.detokenizer.add(accepted)
-            if req.detokenizer.stopped:
-                status = SequenceStatus.FINISHED_STOPPED
-            if status:
-                delta += req.detokenizer.finish()
+        if status and req.detokenizer is not None:
+            delta += req.detokenizer.finish()
         if status:
             # Drafts accepted past a stop were dropped: only tokens the sequence kept count as
             # computed, and its full blocks are cached before they are freed.

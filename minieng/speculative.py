@@ -86,7 +86,7 @@ class DraftModelDrafter:
         tokens = seq.all_token_ids
         held = draft.prompt_token_ids
         same = 0
-        limit = min(draft.num_computed_tokens, len(tokens))
+        limit = min(draft.num_computed_tokens, len(tokens) - 1)  # the newest token always runs
         while same < limit and held[same] == tokens[same]:
             same += 1
         self.block_manager.trim(draft, same)
