@@ -14,7 +14,7 @@ and compares each request's ``num_cached_tokens`` with that prediction at its fi
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
@@ -72,8 +72,10 @@ class Driver:
         self.exact_hits = exact_hits
         self.computed: dict[str, list[int]] = {}  # request id -> longest computed prefix seen
         self.checked: set[str] = set()
-        self.num_steps = 0
         self.hits: dict[str, tuple[int, int]] = {}  # request id -> (expected, actual)
+        # Key -> block tokens of every full block whose KV some request computed.
+        self.valid: dict[bytes, tuple[int, ...]] = {}
+        self._keys: dict[str, list[bytes]] = {}
 
     def history(self) -> list[list[int]]:
         return list(self.computed.values())
@@ -87,13 +89,26 @@ class Driver:
                 tokens = seq.all_token_ids[:seq.num_computed_tokens]
             if len(tokens) > len(self.computed.get(rid, [])):
                 self.computed[rid] = tokens
+                bs = self.engine.block_manager.block_size
+                keys = self._keys.setdefault(rid, [])
+                while len(keys) < len(tokens) // bs:
+                    i = len(keys)
+                    block = tokens[i * bs:(i + 1) * bs]
+                    keys.append(block_hash(keys[-1] if keys else b"", block, seq.extra_keys))
+                    self.valid[keys[-1]] = tuple(block)
+
+    def check_cache_entries(self) -> None:
+        """Every cache entry is a full block whose KV was computed, holding that key's tokens."""
+        bm = self.engine.block_manager
+        for key, block in bm.cached.items():
+            assert key in self.valid, f"block {block} is in the cache but its tokens were never all computed"
+            assert bm.block_tokens[block] == self.valid[key], f"block {block} holds other tokens than its key"
 
     def step(self):
         engine, bm = self.engine, self.engine.block_manager
         self._observe()
         history = {rid: list(t) for rid, t in self.computed.items()}
         outputs = engine.step()
-        self.num_steps += 1
         running, waiting = engine.scheduler.running, engine.scheduler.waiting
         bm.check_invariants(list(running) + [s for s in waiting if s.block_table])
         for seq in waiting:
@@ -107,7 +122,7 @@ class Driver:
                 continue
             self.checked.add(seq.request_id)
             others = [t for rid, t in history.items() if rid != seq.request_id]
-            want = expected_hit(seq.prompt_token_ids, others, bm.block_size)
+            want = expected_hit(seq.prompt_token_ids, others, bm.block_size) if bm.enable_prefix_caching else 0
             got = seq.num_cached_tokens
             self.hits[seq.request_id] = (want, got)
             assert got % bm.block_size == 0 and got < seq.num_prompt_tokens
@@ -117,6 +132,7 @@ class Driver:
             else:
                 assert got <= want, f"request {seq.request_id}: {got} cached tokens, more than ever computed ({want})"
         self._observe()
+        self.check_cache_entries()
         return outputs
 
     def run(self, prompts, params, arrivals=None, max_steps: int = 5000):
@@ -156,14 +172,7 @@ def check_final_state(engine: LLMEngine, driver: Driver | None = None) -> None:
         if key is not None:
             assert bm.cached.get(key) == block, f"block {block} carries a key the cache map does not point at it for"
     if driver is not None:
-        # Every cache entry is a block some request really computed, with the tokens of that key.
-        valid = {}
-        for tokens in driver.history():
-            for i, key in enumerate(chain_keys(tokens, bm.block_size)):
-                valid[key] = tuple(tokens[i * bm.block_size:(i + 1) * bm.block_size])
-        for key, block in bm.cached.items():
-            assert key in valid, f"cache entry for block {block} matches no computed prefix"
-            assert bm.block_tokens[block] == valid[key]
+        driver.check_cache_entries()
 
 
 def check_outputs(prompts, references, outputs, next_logits, what: str) -> None:
@@ -174,7 +183,8 @@ def check_outputs(prompts, references, outputs, next_logits, what: str) -> None:
 
 
 def num_split_prompts(engine: LLMEngine) -> int:
-    return sum(1 for rec in engine.step_records for _, _, computes_logits in rec.chunks if not computes_logits)
+    """Prefill chunks that stopped before the end of their sequence (no logits rows)."""
+    return sum(1 for rec in engine.step_records for _, _, logits_rows in rec.chunks if not logits_rows)
 
 
 # -- tiny random Llama: references ----------------------------------------------------------------
@@ -515,6 +525,78 @@ def test_real_hits_with_chunked_prefill_and_preemption(default_model, real_next_
     check_final_state(engine, driver)
 
 
+# -- 5b. with speculative decoding and after a reset -------------------------------------------------
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_tiny_hits_with_speculative_decoding(tiny, method):
+    """Verified drafts are rolled back (``BlockManager.trim``) before full blocks are cached: the
+    cache only ever holds KV of tokens the sequence kept, and later requests hit it."""
+    loaded, ref, next_logits = tiny
+    motif, s1, s2, s3 = random_prompts([6, 3, 5, 2], VOCAB, seed=101)
+    prefix = motif * 3  # 18 tokens that repeat: prompt lookup finds drafts
+    prompts = [prefix + s1, prefix + s2, prefix + s3, prefix + s1]
+    # The self-draft (draft_model=None: the target's own weights) is always right under greedy.
+    engine = make_engine(loaded, block_size=4, num_kv_blocks=64, speculative_method=method, num_speculative_tokens=3)
+    driver = Driver(engine)
+    outs = driver.run(prompts[:1], greedy(16)) + driver.run(prompts[1:], greedy(16), arrivals=[0, 1, 2])
+    assert engine.spec_records and sum(acc for *_, acc in engine.spec_records) > 0, "no draft was accepted"
+    assert outs[1].num_cached_tokens >= 16 and outs[3].num_cached_tokens == 20
+    assert any(rows > 1 for rec in engine.step_records for _, _, rows in rec.chunks)
+    check_outputs(prompts, [ref(p, 16) for p in prompts], outs, next_logits, f"speculative {method}")
+    check_final_state(engine, driver)
+
+
+@pytest.mark.parametrize("trigger", ["budget", "prefill_first"])
+def test_tiny_draft_model_after_unverified_drafts(tiny, trigger):
+    """Regression, found by the randomized test below (speculative decoding, not the prefix cache:
+    it failed the same with ``enable_prefix_caching=False``; fixed in ``DraftModelDrafter._sync``,
+    which now always reruns the newest token).
+
+    The draft model computes its proposals' KV before the step is scheduled. When the step does
+    not verify them (the token budget is below k + 1, so ``Scheduler._schedule_decodes`` drops
+    them; or a prefill-first step admits a prompt and pauses the decodes), the target then emits
+    tokens the draft already holds (a self-draft always agrees). ``DraftModelDrafter._sync`` keeps
+    the draft cache's whole common prefix, i.e. every token of the sequence, so ``propose``
+    schedules a 0-token chunk: alone in the batch the model raises; beside other sequences it
+    reads another sequence's logits row as this one's draft."""
+    loaded, ref, next_logits = tiny
+    prompt, other = random_prompts([6, 9], VOCAB, seed=5)
+    if trigger == "budget":
+        engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=4, max_num_batched_tokens=4,
+                             max_num_seqs=4)
+        outs = Driver(engine).run([prompt], greedy(6))
+        prompts, refs = [prompt], [ref(prompt, 6)]
+    else:
+        engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=3,
+                             enable_chunked_prefill=False)
+        # The second prompt arrives while the first decodes with drafts, and finishes in its prefill.
+        outs = Driver(engine).run([prompt, other], [greedy(8), greedy(1)], arrivals=[0, 2])
+        prompts, refs = [prompt, other], [ref(prompt, 8), ref(other, 1)]
+    check_outputs(prompts, refs, outs, next_logits, f"unverified drafts ({trigger})")
+
+
+def test_tiny_reset_prefix_cache_forgets_every_block(tiny):
+    loaded, ref, next_logits = tiny
+    p, s1, s2 = random_prompts([24, 4, 6], VOCAB, seed=111)
+    engine = make_engine(loaded, block_size=4, num_kv_blocks=32, max_model_len=64)
+    bm = engine.block_manager
+    driver = Driver(engine)
+    first = driver.run([p + s1], greedy(TINY_OUT))[0]
+    assert bm.cached
+    bm.reset_prefix_cache()
+    assert not bm.cached and all(k is None for k in bm.block_keys)
+    evictions = bm.num_evictions
+    driver.exact_hits = False  # the driver's history predates the reset
+    second = driver.run([p + s2], greedy(TINY_OUT))[0]
+    driver.exact_hits = True
+    assert second.num_cached_tokens == 0 and bm.num_evictions == evictions
+    third = driver.run([p + s1], greedy(TINY_OUT))[0]
+    assert third.num_cached_tokens == 24
+    check_outputs([p + s1, p + s2, p + s1], [ref(p + s1), ref(p + s2), ref(p + s1)], [first, second, third],
+                  next_logits, "after reset")
+    check_final_state(engine, driver)
+
+
 # -- 6. randomized workload --------------------------------------------------------------------------
 
 SHARED_PREFIXES = random_prompts([5, 8, 13], VOCAB, seed=81)
@@ -524,22 +606,24 @@ request_st = st.tuples(
     st.integers(0, len(SHARED_PREFIXES)),  # a shared prefix, or none
     st.one_of(st.integers(0, len(SUFFIX_POOL) - 1), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)),
     st.integers(1, TINY_OUT),  # max_tokens
-    st.integers(0, 6),  # arrival step
+    st.integers(0, 4),  # arrival step
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(request_st, min_size=1, max_size=8), block_size=st.sampled_from([2, 4]),
-       spare_blocks=st.integers(0, 8), max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 24),
-       chunked=st.booleans())
+       spare_blocks=st.integers(0, 6), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 24),
+       chunked=st.booleans(), spec=st.sampled_from([None, None, "ngram", "draft"]))
 def test_tiny_random_workload_keeps_invariants_and_outputs(tiny, requests, block_size, spare_blocks, max_num_seqs,
-                                                           extra_budget, chunked):
+                                                           extra_budget, chunked, spec):
     loaded, ref, next_logits = tiny
     max_model_len = 32  # prompts <= 19 tokens, outputs <= 8
     num_blocks = max_model_len // block_size + spare_blocks
+    budget = max_num_seqs + extra_budget
     engine = make_engine(loaded, block_size=block_size, num_kv_blocks=num_blocks, max_model_len=max_model_len,
-                         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + extra_budget,
-                         enable_chunked_prefill=chunked)
+                         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                         enable_chunked_prefill=chunked, speculative_method=spec,
+                         num_speculative_tokens=3 if spec else 0)
     prompts, params, arrivals = [], [], []
     for prefix_i, suffix, max_tokens, arrival in requests:
         prefix = SHARED_PREFIXES[prefix_i] if prefix_i < len(SHARED_PREFIXES) else []
@@ -551,8 +635,13 @@ def test_tiny_random_workload_keeps_invariants_and_outputs(tiny, requests, block
     outs = driver.run(prompts, params, arrivals)
     for rec in engine.step_records:
         assert len(rec.chunks) <= max_num_seqs
+    # What the example exercised (``--hypothesis-show-statistics``).
+    event(f"prefix hits: {any(o.num_cached_tokens for o in outs)}")
+    event(f"preempted: {any(r.num_preempted for r in engine.step_records)}")
+    event(f"evicted: {engine.block_manager.num_evictions > 0}")
+    event(f"drafts accepted: {sum(a for *_, a in engine.spec_records) > 0}")
     check_final_state(engine, driver)
-    what = f"random workload bs={block_size} blocks={num_blocks} seqs={max_num_seqs} chunked={chunked}"
+    what = f"random workload bs={block_size} blocks={num_blocks} seqs={max_num_seqs} chunked={chunked} spec={spec}"
     check_outputs(prompts, [ref(p, sp.max_tokens) for p, sp in zip(prompts, params)], outs, next_logits, what)
 
 
