@@ -149,7 +149,7 @@ def run_speculative(engine, args, log) -> dict:
     from dataclasses import replace
 
     from .engine import LLMEngine
-    from .spec_experiment import batch_sweep, k_sweep
+    from .spec_experiment import batch_sweep, k_sweep, machinery_overhead
     from .workload import text_prompts
 
     int8 = args.spec_method == "draft" and args.draft_model is None and engine.device.type == "cpu"
@@ -162,6 +162,7 @@ def run_speculative(engine, args, log) -> dict:
     result = {"drafter": name, **k_sweep(spec, prompts, args.spec_ks, args.spec_output_tokens, progress=log)}
     sets = [text_prompts(engine.tokenizer, 64, b) for b in args.spec_batch_sizes]
     result["batches"] = batch_sweep(spec, sets, args.spec_batch_k, args.spec_output_tokens, progress=log)
+    result["machinery"] = [machinery_overhead(spec, prompts[0], k, args.spec_output_tokens) for k in args.spec_ks]
     return result
 
 

@@ -68,6 +68,7 @@ class StepRecord:
     chunks: list[tuple[int, int, bool]] = field(default_factory=list)
     num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
     draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
+    forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
 
 
 class _Request:
@@ -260,7 +261,8 @@ class LLMEngine:
             start, end - start, num_prefill_tokens,
             len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
             len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks,
-            self.block_manager.num_evictions, draft_s if self.drafter is not None else 0.0))
+            self.block_manager.num_evictions, draft_s if self.drafter is not None else 0.0,
+            self.runner.last_forward_s))
         return outputs
 
     def _propose(self) -> None:

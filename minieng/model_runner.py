@@ -9,9 +9,12 @@ carries k draft tokens gets logits at all k + 1 positions and emits what verific
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .attention import build_metadata
+from .hardware import synchronize
 from .block_manager import BlockManager
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
@@ -28,6 +31,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
+        self.last_forward_s = 0.0
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
         """Lay out a step. ``scheduled``: (sequence, new tokens): single-token decodes first, then
@@ -64,7 +68,10 @@ class ModelRunner:
         """Run one step; return the tokens each sampling sequence emits, by request id: one token,
         or, for a decode with drafts, the accepted drafts and one more (``rejection.py``)."""
         input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
+        start = time.perf_counter()
         logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+        synchronize(self.device)
+        self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
         plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]
         out: dict[str, list[int]] = {}
         if plain:

@@ -192,6 +192,10 @@ def format_speculative(result: dict) -> list[str]:
                      f"{'never' if be is None else f'{be:.2f}':>12}")
     lines.append("  c = draft time per draft token / plain target step; v = target part of a verification step / "
                  "plain target step; predicted = E / (k c + v), E = (1 - a^(k+1)) / (1 - a)")
+    for m in result.get("machinery", []):
+        lines.append(f"  machinery at k = {m['k']}: verification forward {m['verify_forward_ms']:.1f} ms vs a plain "
+                     f"{m['k'] + 1}-token forward {m['plain_chunk_forward_ms']:.1f} ms ({m['verify_over_plain_x']:.2f}x, "
+                     f"target <= 1.10x); bookkeeping {m['bookkeeping_percent']:.1f}% of the step (target < 5%)")
     for r in result.get("batches", []):
         lines.append(f"  batch {r['batch_size']:>3}, k = {r['k']}: TPOT {r['tpot_ms']:.1f} -> {r['spec_tpot_ms']:.1f} ms "
                      f"({r['measured_speedup_x']:.2f}x), acceptance {r['acceptance_rate'] or 0:.2f}, v {r['v']:.2f}")

@@ -102,3 +102,35 @@ def break_even_acceptance(k: int, c: float, v: float) -> float | None:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if expected_tokens_per_step(mid, k) < cost else (lo, mid)
     return hi
+
+
+def machinery_overhead(engine: LLMEngine, prompt: list[int], k: int, output_tokens: int = 32) -> dict:
+    """What speculation's machinery costs, apart from the draft model.
+
+    - verification vs a plain forward: the target forward of a verification step (the newest
+      token + k drafts) against the forward of a plain (k + 1)-token prefill chunk at a similar
+      context (the same prompt prefilled with a budget of k + 1 tokens per step);
+    - bookkeeping: the share of a verification step that is neither drafting nor the forward pass
+      (scheduling, tensors, acceptance, rollback, detokenization).
+    """
+    config, bm = engine.config, engine.block_manager
+    k_before, budget, caching = config.num_speculative_tokens, config.max_num_batched_tokens, bm.enable_prefix_caching
+    params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    bm.enable_prefix_caching = False  # the plain run must prefill every chunk, not hit the first run's blocks
+    try:
+        config.num_speculative_tokens = k
+        first = len(engine.step_records)
+        engine.generate([prompt], params)
+        verify_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
+        config.num_speculative_tokens, config.max_num_batched_tokens = 0, k + 1
+        first = len(engine.step_records)
+        engine.generate([prompt + prompt[:output_tokens]], SamplingParams(temperature=0, max_tokens=1))
+        chunk_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == k + 1]
+    finally:
+        config.num_speculative_tokens, config.max_num_batched_tokens = k_before, budget
+        bm.enable_prefix_caching = caching
+    verify_s = statistics.median(s.forward_s for s in verify_steps)
+    chunk_s = statistics.median(s.forward_s for s in chunk_steps[len(chunk_steps) // 2:])  # similar context
+    book = statistics.median((s.duration_s - s.draft_s - s.forward_s) / s.duration_s for s in verify_steps)
+    return {"k": k, "verify_forward_ms": 1e3 * verify_s, "plain_chunk_forward_ms": 1e3 * chunk_s,
+            "verify_over_plain_x": verify_s / chunk_s, "bookkeeping_percent": 100 * book}

@@ -933,3 +933,28 @@ def test_stop_string_inside_accepted_drafts_gives_the_plain_output(tiny_llama, m
         assert spec.token_ids == plain.token_ids, (
             f"stop {text[j:j + 2]!r}: speculative output kept {len(spec.token_ids) - len(plain.token_ids)} "
             f"tokens past the stop string")
+
+
+def test_spec_experiment_functions_report_consistent_figures(tiny_engine):
+    """k_sweep, batch_sweep and machinery_overhead on a tiny engine with an identical draft: every
+    draft is accepted, so the measured tokens per step match the formula at a = 1 (k + 1, cut
+    only at the end of the output), and the timing figures are positive."""
+    from helpers import random_prompts
+
+    from minieng.spec_experiment import batch_sweep, k_sweep, machinery_overhead
+
+    engine = tiny_engine(speculative_method="draft", num_speculative_tokens=1)
+    prompts = random_prompts([12], 300, seed=3)
+    res = k_sweep(engine, prompts, ks=(1, 3), output_tokens=13)
+    assert res["baseline"]["k"] == 0 and res["baseline"]["tokens_per_step"] == 1
+    for row in res["rows"]:
+        assert row["acceptance_rate"] == 1.0
+        assert row["expected_tokens_per_step"] == row["k"] + 1
+        assert 1 < row["tokens_per_step"] <= row["k"] + 1
+        assert row["c"] > 0 and row["v"] > 0 and row["predicted_speedup_x"] > 0 and row["measured_speedup_x"] > 0
+    assert engine.config.num_speculative_tokens == 1, "the sweep restores k"
+    rows = batch_sweep(engine, [prompts, random_prompts([12, 9], 300, seed=4)], k=2, output_tokens=7)
+    assert [r["batch_size"] for r in rows] == [1, 2] and all(r["acceptance_rate"] == 1.0 for r in rows)
+    m = machinery_overhead(engine, prompts[0], 2, output_tokens=9)
+    assert m["verify_forward_ms"] > 0 and m["plain_chunk_forward_ms"] > 0 and 0 <= m["bookkeeping_percent"] < 100
+    assert engine.config.max_num_batched_tokens >= engine.config.max_num_seqs, "the budget is restored"
