@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,8 @@ def convert_gguf(gguf_path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~20 s); cached in {out}")
+    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~20 s); cached in {out}",
+          file=sys.stderr)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -69,7 +69,7 @@ class Scheduler:
             self._schedule_decodes(out, set())
         # Decodes first in the batch (the model runner batches them together), then decodes
         # carrying draft tokens to verify, then prefill chunks.
-        out.scheduled.sort(key=lambda item: (SchedulerOutput.is_prefill(*item), item[1] > 1))
+        out.scheduled.sort(key=lambda item: (prefill := SchedulerOutput.is_prefill(*item), not prefill and item[1] > 1))
         return out
 
     # -- policies -------------------------------------------------------------------------------

@@ -125,11 +125,36 @@ def test_phase_costs():
     assert labels(fig) == [("prompt tokens", "TTFT (ms)"), ("output tokens", "decode time, E2EL - TTFT (ms)")]
 
 
-@pytest.mark.parametrize("name", ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve",
-                                  "phase_costs"])
+def test_ttft_vs_hit_rate():
+    point = lambda shared, hit, p50: {"shared_tokens": shared, "user_tokens": 1024 - shared, "hit_rate": hit,  # noqa: E731
+                                      "ttft_ms": {"p50": p50, "p99": p50 * 1.1}, "cache": True}
+    result = {"prompt_tokens": 1024, "block_size": 16, "cold": point(0, 0.0, 1100.0),
+              "points": [point(0, 0.0, 1100.0), point(512, 0.5, 650.0), point(928, 0.906, 170.0)],
+              "seed_points": [{"hit_rate": 0.97, "ttft_s": 0.87}, {"hit_rate": 0.855, "ttft_s": 1.72}]}
+    fig = plots.ttft_vs_hit_rate(result)
+    png(fig)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "prefix cache hit rate (% of prompt tokens)" and "TTFT (ms)" in ax.get_ylabel()
+    assert fig.axes[1].get_ylabel() == "seed article TTFT (s)"
+
+
+def test_speculative_sweep():
+    rows = [{"k": k, "tokens_per_step": 1 + 0.6 * k, "expected_tokens_per_step": 1 + 0.5 * k,
+             "measured_speedup_x": 0.9, "predicted_speedup_x": 0.8} for k in (1, 2, 4)]
+    fig = plots.speculative_sweep({"rows": rows, "drafter": "test"})
+    png(fig)
+    assert labels(fig) == [("draft tokens per step, k", "tokens per verification step"),
+                           ("draft tokens per step, k", "speedup over plain decoding (x)")]
+
+
+FIGURES = ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs",
+           "ttft_vs_hit_rate", "speculative_sweep"]
+
+
+@pytest.mark.parametrize("name", FIGURES)
 def test_every_public_figure_function_is_covered(name):
     """The list above is the module's figure functions: a new one should get a test here."""
     public = {n for n, f in vars(plots).items() if callable(f) and getattr(f, "__module__", "") == plots.__name__
               and not n.startswith("_")}
     assert name in public
-    assert public == {"roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs"}
+    assert public == set(FIGURES)
