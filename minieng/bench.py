@@ -8,9 +8,11 @@ Two sweeps on the same prompts (real text cut to exact token lengths):
 TTFT and TPOT follow DESIGN.md section 4 (vLLM's definitions): TTFT = first token - arrival,
 TPOT = (E2EL - TTFT) / (n_out - 1), taken from the engine's recorded timestamps. transformers'
 ``generate`` has no timestamps, so its TTFT is the wall time of a 1-token ``generate`` and its
-TPOT is (t(n tokens) - t(1 token)) / (n - 1) on the same prompts. Every figure is the median of
-``repeats`` runs after a warm-up; ratios are taken within this one run, since timings on a shared
-machine drift between runs.
+TPOT is (t(n tokens) - t(1 token)) / (n - 1) on the same prompts. After a warm-up, a prefill
+figure is the median over ``repeats`` distinct prompts and a decode figure the median TPOT over
+the batch's requests; ratios are taken within this one run, since timings on a shared machine
+drift between runs. MFU and MBU come from the FLOPs and bytes of the steps that ran
+(``flops.phase_utilization``) against the ceilings measured at the start.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .config import SamplingParams
 from .engine import LLMEngine, StepRecord
 from .flops import phase_utilization
 from .harness import fingerprint
-from .hardware import Peak, datasheet_peak, measure_ceilings, synchronize
+from .hardware import datasheet_peak, measure_ceilings, synchronize
 from .workload import text_prompts
 
 SEED_PANEL = {"prefill_tok_s": 12968.6, "decode_tok_s": 95.0}  # seed 000's vLLM panel (136x)
@@ -33,6 +35,8 @@ SEED_PANEL = {"prefill_tok_s": 12968.6, "decode_tok_s": 95.0}  # seed 000's vLLM
 
 @dataclass
 class BenchConfig:
+    """The sweeps: prompt lengths (tokens) for prefill, batch sizes for decode, and their sizes."""
+
     prompt_lens: list[int] = field(default_factory=lambda: [32, 128, 512, 1024])
     batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     decode_prompt_len: int = 64
