@@ -27,6 +27,7 @@ from .config import SamplingParams
 from .engine import LLMEngine, StepRecord
 from .flops import phase_utilization
 from .harness import fingerprint
+from .metrics import request_metrics
 from .hardware import datasheet_peak, measure_ceilings, synchronize
 from .workload import text_prompts
 
@@ -45,27 +46,11 @@ class BenchConfig:
     compare_transformers: bool = True
 
 
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def _dtype_bytes(engine: LLMEngine) -> int:
-    return torch.empty((), dtype=engine.dtype).element_size()
-
-
-def _ttft_tpot(out) -> tuple[float, float | None]:
-    t = out.times
-    ttft = t.emissions[0][0] - t.arrival_s
-    n = len(out.token_ids)
-    tpot = (t.emissions[-1][0] - t.emissions[0][0]) / (n - 1) if n > 1 else None
-    return ttft, tpot
-
-
 def minieng_prefill(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, list[StepRecord]]:
     """Median TTFT (s) of each prompt sent alone, and the steps that ran them (all prefill)."""
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     first = len(engine.step_records)
-    ttft = _median([_ttft_tpot(engine.generate([p], params)[0])[0] for p in prompts])
+    ttft = statistics.median(request_metrics(engine.generate([p], params)[0]).ttft_s for p in prompts)
     return ttft, engine.step_records[first:]
 
 
@@ -73,7 +58,7 @@ def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: i
     """Median TPOT (s) over a batch decoding together, and the decode-only steps of the run."""
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     first = len(engine.step_records)
-    tpot = _median([_ttft_tpot(o)[1] for o in engine.generate(prompts, params)])
+    tpot = statistics.median(request_metrics(o).tpot_s for o in engine.generate(prompts, params))
     return tpot, [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
 
 
@@ -87,7 +72,7 @@ def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float
 
 
 def hf_prefill(hf_model, prompts: list[list[int]]) -> float:
-    return _median([_hf_generate_s(hf_model, [p], 1) for p in prompts])
+    return statistics.median([_hf_generate_s(hf_model, [p], 1) for p in prompts])
 
 
 def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
@@ -114,7 +99,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
     peaks = [measured] + ([sheet] if sheet else [])
     result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
-              "peaks": [asdict(p) | {"ridge_flop_per_byte": p.ridge_flop_per_byte} for p in peaks],
+              "peaks": [p.to_dict() for p in peaks],
               "ceilings": {"matmul_flop_s": matmul.to_dict(), "copy_bytes_s": copy.to_dict()},
               "prefill": [], "decode": []}
     warm = text_prompts(tok, 16, 1)
@@ -126,7 +111,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, n, cfg.repeats)
         ttft, steps = minieng_prefill(engine, prompts)
         row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
-               "utilization": phase_utilization(engine.model_config, _dtype_bytes(engine), steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)}
         if hf is not None:
             row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
             row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
@@ -137,7 +122,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, cfg.decode_prompt_len, b)
         tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
         row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
-               "utilization": phase_utilization(engine.model_config, _dtype_bytes(engine), steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)}
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)

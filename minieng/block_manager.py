@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .sequence import Sequence
 
@@ -121,6 +123,18 @@ class BlockManager:
         self.cached.clear()
         self.block_keys = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
+
+    @contextmanager
+    def caching(self, on: bool) -> Iterator[None]:
+        """Within the block: the cache emptied and switched ``on`` (or off); the switch restored after.
+        Experiments use it to start cold and to measure with and without the cache."""
+        was = self.enable_prefix_caching
+        self.reset_prefix_cache()
+        self.enable_prefix_caching = on
+        try:
+            yield
+        finally:
+            self.enable_prefix_caching = was
 
     # -- allocation -----------------------------------------------------------------------------
 

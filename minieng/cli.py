@@ -32,6 +32,8 @@ def _engine(args, **overrides):
 
 
 def cmd_generate(args) -> int:
+    from .metrics import request_metrics
+
     engine = _engine(args)
     tok = engine.tokenizer
     if args.raw or tok is None or not tok.chat_template:
@@ -41,16 +43,13 @@ def cmd_generate(args) -> int:
                                          tokenize=False)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
-    for delta in engine.stream(prompt, params):
+    for delta in engine.stream(prompt, params, request_id="cli"):
         print(delta, end="", flush=True)
     print()
-    out = engine.output(next(reversed(engine.requests)))
-    t = out.times
-    n = len(out.token_ids)
-    ttft_ms = 1e3 * (t.emissions[0][0] - t.arrival_s)
-    summary = f"[{n} tokens, finish: {out.finish_reason}, TTFT {ttft_ms:.0f} ms"
-    if n > 1:
-        summary += f", TPOT {1e3 * (t.emissions[-1][0] - t.emissions[0][0]) / (n - 1):.1f} ms"
+    m = request_metrics(engine.output("cli"))
+    summary = f"[{m.output_tokens} tokens, finish: {m.finish_reason}, TTFT {1e3 * m.ttft_s:.0f} ms"
+    if m.tpot_s is not None:
+        summary += f", TPOT {1e3 * m.tpot_s:.1f} ms"
     print(summary + "]", file=sys.stderr)
     return 0
 
@@ -119,8 +118,6 @@ def _workload_specs(args):
 def run_serving(engine, args, result: dict):
     """The ``--workload`` run: real-time arrivals, serving metrics, goodput under the SLOs given.
     Returns the report (JSON-serializable) and the raw run (for the figures)."""
-    import torch
-
     from .hardware import Peak
     from .metrics import SLO
     from .serving import run_workload, serving_report
@@ -131,8 +128,8 @@ def run_serving(engine, args, result: dict):
     slo = SLO(**slos) if any(v is not None for v in slos.values()) else None
     sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
     run = run_workload(engine, specs, sampler=sampler)
-    peaks = [Peak(**{k: v for k, v in p.items() if k != "ridge_flop_per_byte"}) for p in result["peaks"]]
-    report = serving_report(run, engine.model_config, torch.empty((), dtype=engine.dtype).element_size(), peaks, slo)
+    peaks = [Peak.from_dict(p) for p in result["peaks"]]
+    report = serving_report(run, engine.model_config, engine.dtype.itemsize, peaks, slo)
     report["workload"] = {"kind": args.workload, "num_requests": len(specs),
                           "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
                           "output_tokens_total": sum(s.output_tokens for s in specs),
@@ -177,7 +174,7 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     figures = {}
-    peaks = [Peak(**{k: v for k, v in p.items() if k != "ridge_flop_per_byte"}) for p in result["peaks"]]
+    peaks = [Peak.from_dict(p) for p in result["peaks"]]
     points = [(f"prefill {r['prompt_tokens']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
                r["utilization"]["achieved_tflops"] * 1e12) for r in result["prefill"]]
     points += [(f"decode b{r['batch_size']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
@@ -197,12 +194,10 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
                       for (prev, _), (t, _) in zip(o.times.emissions, o.times.emissions[1:])]
         figures["step_timeline"] = step_timeline(run.steps, run.start_s, itl_points)
         if run.telemetry:
-            import torch
-
             from .flops import phase_utilization
 
             nvml_t = [s.time_s - run.start_s for s in run.telemetry]
-            dtype_bytes = torch.empty((), dtype=engine.dtype).element_size()
+            dtype_bytes = engine.dtype.itemsize
             mfu = [phase_utilization(engine.model_config, dtype_bytes, [s], peaks[:1])[peaks[0].source]["mfu_percent"]
                    for s in run.steps]
             figures["utilization"] = utilization_trace({

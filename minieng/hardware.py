@@ -50,6 +50,15 @@ class Peak:
     bandwidth_gbps: float
     source: str
 
+    def to_dict(self) -> dict:
+        """JSON form, with the ridge point (``from_dict`` reads it back)."""
+        return {"name": self.name, "peak_tflops": self.peak_tflops, "bandwidth_gbps": self.bandwidth_gbps,
+                "source": self.source, "ridge_flop_per_byte": self.ridge_flop_per_byte}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Peak":
+        return cls(d["name"], d["peak_tflops"], d["bandwidth_gbps"], d["source"])
+
     @property
     def ridge_flop_per_byte(self) -> float:
         """Arithmetic intensity where the roofline turns: peak FLOP/s / bytes/s."""

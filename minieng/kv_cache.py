@@ -16,7 +16,7 @@ GIB = 1024**3
 
 def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of K and V that one token occupies across all layers (GQA-aware)."""
-    return model_config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+    return model_config.kv_bytes_per_token(dtype.itemsize)
 
 
 def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_size: int,

@@ -79,7 +79,7 @@ def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: in
     """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on ``device``."""
     from .hardware import host_memory_bytes
 
-    dtype_bytes = torch.empty((), dtype=dtype).element_size()
+    dtype_bytes = dtype.itemsize
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     return MemoryPlan(model_config.num_params * dtype_bytes, model_config.kv_bytes_per_token(dtype_bytes),
                       num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])

@@ -12,8 +12,6 @@ The seed article's panel (000): 97% hit rate next to 0.87 s TTFT, 85.5% next to 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from .config import SamplingParams
@@ -41,26 +39,13 @@ def _prompts(engine: LLMEngine, shared: int, user: int, count: int) -> list[list
     return [texts[0][:shared] + t[shared:] for t in texts]
 
 
-@contextmanager
-def prefix_cache(engine: LLMEngine, on: bool) -> Iterator[None]:
-    """Run a block with the prefix cache emptied and switched ``on`` (or off), then restore the switch."""
-    bm = engine.block_manager
-    was = bm.enable_prefix_caching
-    bm.reset_prefix_cache()
-    bm.enable_prefix_caching = on
-    try:
-        yield
-    finally:
-        bm.enable_prefix_caching = was
-
-
 def measure_point(engine: LLMEngine, shared: int, user: int, requests: int, cache: bool = True) -> HitRatePoint:
     """TTFT of ``requests`` warm requests sharing ``shared`` tokens, after one that fills the cache.
 
     The cache is emptied first, so a point never hits what an earlier one left behind;
     ``cache=False`` switches the prefix cache off for this point (the cold baseline).
     """
-    with prefix_cache(engine, cache):
+    with engine.block_manager.caching(cache):
         prompts = _prompts(engine, shared, user, requests + 1)
         params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         engine.generate([prompts[0]], params)  # the first request computes the shared prefix
@@ -102,7 +87,7 @@ def multi_turn(engine: LLMEngine, turns: int = 4, user_tokens: int = 64, output_
     users = text_prompts(engine.tokenizer, user_tokens, turns)
     history: list[int] = []
     rows = []
-    with prefix_cache(engine, True):
+    with engine.block_manager.caching(True):
         for t in range(turns):
             prompt = history + users[t]
             out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=output_tokens,
@@ -128,7 +113,7 @@ def zero_hit_overhead(engine: LLMEngine, num_requests: int = 8, prompt_tokens: i
     tok_s = {True: [], False: []}
     for _ in range(rounds):
         for cache in (True, False):
-            with prefix_cache(engine, cache):
+            with engine.block_manager.caching(cache):
                 first = len(engine.step_records)
                 outs = engine.generate(prompts, params)
             steps = engine.step_records[first:]

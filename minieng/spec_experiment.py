@@ -113,22 +113,22 @@ def machinery_overhead(engine: LLMEngine, prompt: list[int], k: int, output_toke
     - bookkeeping: the share of a verification step that is neither drafting nor the forward pass
       (scheduling, tensors, acceptance, rollback, detokenization).
     """
-    config, bm = engine.config, engine.block_manager
-    k_before, budget, caching = config.num_speculative_tokens, config.max_num_batched_tokens, bm.enable_prefix_caching
+    config = engine.config
+    k_before, budget = config.num_speculative_tokens, config.max_num_batched_tokens
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
-    bm.enable_prefix_caching = False  # the plain run must prefill every chunk, not hit the first run's blocks
-    try:
-        config.num_speculative_tokens = k
-        first = len(engine.step_records)
-        engine.generate([prompt], params)
-        verify_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
-        config.num_speculative_tokens, config.max_num_batched_tokens = 0, k + 1
-        first = len(engine.step_records)
-        engine.generate([prompt + prompt[:output_tokens]], SamplingParams(temperature=0, max_tokens=1))
-        chunk_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == k + 1]
-    finally:
-        config.num_speculative_tokens, config.max_num_batched_tokens = k_before, budget
-        bm.enable_prefix_caching = caching
+    # Cache off: the plain run must prefill every chunk, not hit the first run's blocks.
+    with engine.block_manager.caching(False):
+        try:
+            config.num_speculative_tokens = k
+            first = len(engine.step_records)
+            engine.generate([prompt], params)
+            verify_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
+            config.num_speculative_tokens, config.max_num_batched_tokens = 0, k + 1
+            first = len(engine.step_records)
+            engine.generate([prompt + prompt[:output_tokens]], SamplingParams(temperature=0, max_tokens=1))
+            chunk_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == k + 1]
+        finally:
+            config.num_speculative_tokens, config.max_num_batched_tokens = k_before, budget
     verify_s = statistics.median(s.forward_s for s in verify_steps)
     chunk_s = statistics.median(s.forward_s for s in chunk_steps[len(chunk_steps) // 2:])  # similar context
     book = statistics.median((s.duration_s - s.draft_s - s.forward_s) / s.duration_s for s in verify_steps)
