@@ -110,7 +110,11 @@ class EngineConfig:
         dtype: ``"auto"`` is float32 on CPU, bfloat16 on CUDA (float16 where the GPU lacks bf16).
         device: ``"auto"`` picks CUDA when available.
         block_size: tokens per KV block.
-        kv_cache_memory_gib: the KV pool's budget; the number of blocks is derived from it.
+        kv_cache_memory_gib: the KV pool's budget in GiB; the number of blocks is derived from it.
+            None (default) is 1 GiB on a CPU and, on CUDA, ``gpu_memory_utilization`` of the
+            device's memory less the weights and a measured activation peak (as vLLM sizes it).
+        gpu_memory_utilization: on CUDA, the fraction of the device's memory the engine may use
+            (weights + activations + KV pool) when ``kv_cache_memory_gib`` is None.
         num_kv_blocks: overrides the budget with an exact block count (tests, tiny pools).
         max_model_len: longest sequence (prompt + output); defaults to the model's context.
         max_num_seqs: most sequences in one step.
@@ -127,6 +131,8 @@ class EngineConfig:
         draft_quantization: None or "int8" (per-channel dynamic int8 linear layers).
         ngram_max: longest n-gram prompt lookup tries.
         seed: seeds requests that do not carry their own seed.
+        enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
+            captured as CUDA graphs by default, one per batch-size bucket; a CPU always runs eager.
     """
 
     model: str | None = None
@@ -134,7 +140,8 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     block_size: int = 16
-    kv_cache_memory_gib: float = 1.0
+    kv_cache_memory_gib: float | None = None
+    gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -147,6 +154,7 @@ class EngineConfig:
     draft_quantization: str | None = None
     ngram_max: int = 3
     seed: int = 0
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
@@ -155,7 +163,10 @@ class EngineConfig:
         _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
                  self.device, "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        _require(self.kv_cache_memory_gib > 0, "kv_cache_memory_gib", self.kv_cache_memory_gib, "must be > 0")
+        _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0, "kv_cache_memory_gib",
+                 self.kv_cache_memory_gib, "must be > 0 (or None to size the pool from the device)")
+        _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
+                 "must be in (0, 1]")
         _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks,
                  "must be >= 1 (or None to derive it from kv_cache_memory_gib)")
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len,

@@ -107,7 +107,7 @@ class LLMEngine:
         self.model_config = model_config
         self.max_model_len = self._check_max_model_len(config.max_model_len, max_position)
         num_blocks = config.num_kv_blocks or num_blocks_for_budget(
-            model_config, self.dtype, config.block_size, config.kv_cache_memory_gib)
+            model_config, self.dtype, config.block_size, config.kv_cache_memory_gib or 1.0)
         self._check_kv_pool(num_blocks)
         self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device)
         if loaded is None:
