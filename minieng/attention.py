@@ -4,12 +4,23 @@ It runs everywhere (CPU, any CUDA GPU). The batch of a step is flattened to ``nu
 decodes first. Decodes are attended together: their K/V blocks are gathered (one
 ``index_select`` over whole blocks per layer, ~3x faster on CPU than indexing single slots)
 into a padded ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor, and a mask hides
-the padding. Prefill chunks are attended one by one, each over its cached context plus itself,
-causally.
+the padding. Prefill chunks (and decodes verifying draft tokens) are attended one by one, each
+over its cached context plus itself, causally: plain ``is_causal`` when nothing was cached
+before the chunk, ``causal_lower_right`` (the last query sees every key) when something was.
 
 GQA without copies: a decode query ``[batch, heads, head_dim]`` is viewed as ``[batch, kv_heads,
 group, head_dim]`` (query head h reads KV head h // group, as transformers' ``repeat_kv``), so
 every KV head meets its ``group`` query heads in one matrix product and K/V are never repeated.
+
+Masked slots must not reach the output: a -inf score times a NaN value is still NaN. So
+padding entries of a block table point at the pool's null block (``KVCache.null_block``), and
+the model runner zeroes every block the moment it is allocated (``KVCache.zero_blocks``): the
+slots a mask hides always hold finite values, whatever the pool held before.
+
+On CUDA the SDPA backend is pinned (``sdpa_backends``): cuDNN attention builds a plan for every
+new shape, which on an H200 cost 63-1,274 ms on the first call of each new context length
+(DESIGN.md section 13), and every request meets new shapes. Flash (cold causal prefill) and
+memory-efficient attention (masks, ``causal_lower_right``) have no such per-shape cost.
 
 Everything that depends only on the batch (block tables, masks) is built once per step in
 ``AttentionMetadata`` and reused by every layer.
@@ -17,26 +28,26 @@ Everything that depends only on the batch (block tables, masks) is built once pe
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 
 @dataclass
 class PrefillChunk:
-    """One sequence's prefill chunk: query rows ``[q_start, q_start + q_len)`` of the batch.
+    """One sequence's multi-token chunk: query rows ``[q_start, q_start + q_len)`` of the batch.
 
     ``block_table``: [num_blocks] int64, the blocks holding its keys (cached + new tokens);
-    ``context_len``: how many keys it attends; ``mask``: [q_len, context_len] bool (True =
-    attend), or None when nothing was cached before the chunk (plain causal attention).
+    ``context_len``: how many keys it attends (its new tokens are the last ``q_len``).
     """
 
     q_start: int
     q_len: int
     block_table: torch.Tensor
     context_len: int
-    mask: torch.Tensor | None
 
 
 @dataclass
@@ -46,9 +57,9 @@ class AttentionMetadata:
     Attributes:
         slot_mapping: [num_tokens] int64, the cache slot each new token's K/V is written to.
         num_decodes: the first ``num_decodes`` rows are decodes, one token each.
-        decode_block_tables: [num_decodes, max_blocks] int64 (padded with block 0).
+        decode_block_tables: [num_decodes, max_blocks] int64, padded with the null block.
         decode_mask: [num_decodes, 1, 1, max_blocks * block_size] bool, False past each context.
-        prefills: the prefill chunks, in row order after the decodes.
+        prefills: the multi-token chunks, in row order after the decodes.
     """
 
     slot_mapping: torch.Tensor
@@ -58,8 +69,21 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
 
 
+def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """[batch, 1, 1, num_slots] bool: True where slot i < the row's context length.
+
+    Built from a tensor on the device, so a captured CUDA graph recomputes it on replay.
+    """
+    return (torch.arange(num_slots, device=context_lens.device)[None, :] < context_lens[:, None])[:, None, None, :]
+
+
+def pad_block_tables(tables: list[list[int]], width: int, null_block: int) -> list[list[int]]:
+    """Each table padded to ``width`` entries with ``null_block``."""
+    return [table + [null_block] * (width - len(table)) for table in tables]
+
+
 def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]],
-                   prefills: list[tuple[int, list[int], int]], block_size: int,
+                   prefills: list[tuple[int, list[int], int]], block_size: int, null_block: int,
                    device: torch.device) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
@@ -68,25 +92,34 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
         decodes: per decode, ``(block_table, context_len)``; its new token is the last key.
         prefills: per prefill chunk, ``(q_len, block_table, context_len)``; its new tokens are
             the last ``q_len`` keys.
+        null_block: the block that pads decode block tables (``KVCache.null_block``).
     """
-    decode_tables = decode_mask = None
+    decode_tables = mask = None
     if decodes:
         width = max(len(table) for table, _ in decodes)
-        decode_tables = torch.tensor([table + [0] * (width - len(table)) for table, _ in decodes],
+        decode_tables = torch.tensor(pad_block_tables([t for t, _ in decodes], width, null_block),
                                      dtype=torch.long, device=device)
         lens = torch.tensor([n for _, n in decodes], device=device)
-        decode_mask = (torch.arange(width * block_size, device=device)[None, :] < lens[:, None])[:, None, None, :]
+        mask = decode_mask(lens, width * block_size)
     chunks, q_start = [], len(decodes)
     for q_len, table, context_len in prefills:
-        mask = None
-        if context_len > q_len:  # cached context before the chunk: causal with an offset
-            rows = torch.arange(q_len, device=device)[:, None] + (context_len - q_len)
-            mask = torch.arange(context_len, device=device)[None, :] <= rows
-        chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device),
-                                   context_len, mask))
+        chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device), context_len))
         q_start += q_len
     return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                             len(decodes), decode_tables, decode_mask, chunks)
+                             len(decodes), decode_tables, mask, chunks)
+
+
+def sdpa_backends(device: torch.device):
+    """A context that pins SDPA to backends without per-shape planning on CUDA; a no-op elsewhere.
+
+    Flash first (bf16/fp16, no mask), then memory-efficient (masks, ``causal_lower_right``, fp32),
+    then the math path as the last resort (e.g. a head_dim the fused kernels refuse).
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -120,7 +153,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         k = gather_blocks(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, kv_heads, max_context, D]
         v = gather_blocks(v_cache, meta.decode_block_tables).transpose(1, 2)
         od = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
-        out[:b] = od.view(b, num_heads, head_dim)
+        # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
+        out[:b] = od.reshape(b, num_heads, head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         # SDPA's fused CPU kernel wants 4-D [batch, heads, len, D] and equal head counts: with
@@ -131,6 +165,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v = gather_blocks(v_cache, chunk.block_table)[: chunk.context_len]
         k = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)  # [1, heads, context, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(qp, k, v, attn_mask=chunk.mask, is_causal=chunk.mask is None)
+        if chunk.context_len == chunk.q_len:  # nothing cached before the chunk: plain causal
+            op = F.scaled_dot_product_attention(qp, k, v, is_causal=True)
+        else:  # causal with an offset: query i sees keys up to context_len - q_len + i
+            op = F.scaled_dot_product_attention(qp, k, v, attn_mask=causal_lower_right(chunk.q_len, chunk.context_len))
         out[rows] = op[0].transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)

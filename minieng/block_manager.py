@@ -58,6 +58,8 @@ class BlockManager:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # key -> block id
         self.num_evictions = 0  # cached blocks handed out for new tokens (cumulative)
+        # Blocks handed out since the model runner last asked (it zeroes their KV before use).
+        self.fresh_blocks: list[int] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -166,6 +168,12 @@ class BlockManager:
                 self.num_evictions += 1
             self.ref_counts[block] = 1
             seq.block_table.append(block)
+            self.fresh_blocks.append(block)
+
+    def take_fresh_blocks(self) -> list[int]:
+        """The blocks allocated since the last call (whose KV slots hold stale values), once."""
+        fresh, self.fresh_blocks = self.fresh_blocks, []
+        return fresh
 
     def free(self, seq: Sequence) -> None:
         """Release every block of ``seq`` (finish or preemption) and reset its computed tokens.

@@ -1,8 +1,15 @@
 """The paged KV cache: per-layer K and V tensors cut into fixed-size blocks.
 
-Layout, per layer: ``k[layer]`` and ``v[layer]`` are ``[num_blocks, block_size, num_kv_heads,
+Layout, per layer: ``k[layer]`` and ``v[layer]`` are ``[num_blocks + 1, block_size, num_kv_heads,
 head_dim]``. A token's K/V row lives at one flat *slot* (``block_id * block_size + offset``);
 which blocks a sequence owns is the block manager's business, not this module's.
+
+The extra block at index ``num_blocks`` is the *null block*, never handed to a sequence: padded
+block-table entries point at it, and padded rows of a CUDA-graph batch write their K/V into it,
+so padding never touches a slot that a real sequence reads. Every slot a mask hides must hold a
+finite value (a masked score is -inf, but 0 x NaN is NaN): the pool starts zeroed, and the
+model runner zeroes each block when it is allocated (``zero_blocks``), so neither a freshly
+allocated pool nor stale values of a freed block can leak into attention.
 """
 
 from __future__ import annotations
@@ -26,16 +33,38 @@ def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_s
 
 
 class KVCache:
-    """K and V for every layer, allocated once. ``k``/``v``: [layers, blocks, block_size, kv_heads, head_dim]."""
+    """K and V for every layer, allocated once.
+
+    ``k``/``v``: [layers, num_blocks + 1, block_size, kv_heads, head_dim]; the last block is the
+    null block (padding), outside the ``num_blocks`` the block manager hands out.
+    """
 
     def __init__(self, model_config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (model_config.num_hidden_layers, num_blocks, block_size,
+        shape = (model_config.num_hidden_layers, num_blocks + 1, block_size,
                  model_config.num_key_value_heads, model_config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks = num_blocks
         self.block_size = block_size
+
+    @property
+    def null_block(self) -> int:
+        """The padding block: never allocated to a sequence."""
+        return self.num_blocks
+
+    @property
+    def null_slot(self) -> int:
+        """A slot of the null block, where padded rows write their K/V."""
+        return self.num_blocks * self.block_size
+
+    def zero_blocks(self, blocks: list[int]) -> None:
+        """Zero the K/V of ``blocks`` in every layer (blocks just allocated: stale or
+        uninitialised values must not reach a masked product)."""
+        if blocks:
+            index = torch.tensor(blocks, dtype=torch.long, device=self.k.device)
+            self.k.index_fill_(1, index, 0)
+            self.v.index_fill_(1, index, 0)
 
     @property
     def nbytes(self) -> int:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMetadata, paged_attention
+from .attention import AttentionMetadata, paged_attention, sdpa_backends
 from .config import ModelConfig
 from .kv_cache import KVCache, write_kv
 
@@ -190,8 +190,9 @@ class LlamaForCausalLM(nn.Module):
         """
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rope.tables(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
+        with sdpa_backends(x.device):
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
         return self.lm_head(x).float()
 

@@ -1,75 +1,141 @@
 """From a scheduled batch to sampled tokens: builds the step's tensors, runs the model, samples.
 
 The runner decides nothing: the scheduler said which sequences run with how many tokens; the
-runner lays them out (decodes first, then prefill chunks), computes slots from the block
-tables, runs one forward pass and samples one token for every sequence whose chunk reached the
-end of its known tokens. A prefill chunk that stops mid-prompt produces no token. A decode that
-carries k draft tokens gets logits at all k + 1 positions and emits what verification accepts.
+runner lays them out (single-token rows first, then multi-token chunks), computes slots from
+the block tables, runs one forward pass and samples one token for every sequence whose chunk
+reached the end of its known tokens. A prefill chunk that stops mid-prompt produces no token. A
+decode that carries k draft tokens gets logits at all k + 1 positions and emits what
+verification accepts.
+
+A single-token row is attended the same way whether it is a decode or the last token of a
+prompt: one query over its whole context, itself included. So every step made only of
+single-token rows is a *decode step*, and on CUDA it replays a captured graph
+(``cuda_graph.DecodeGraphs``) instead of launching each kernel from Python. Prefill and mixed
+steps run eagerly.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from .attention import build_metadata
-from .hardware import synchronize
 from .block_manager import BlockManager
+from .hardware import synchronize
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
 from .rejection import verify_greedy, verify_sampled
 from .sampling import probabilities, sample
-from .scheduler import SchedulerOutput
 from .sequence import Sequence
 
 
+@dataclass
+class StepLayout:
+    """A step laid out as plain lists (before any tensor is made).
+
+    Rows: every single-token row first (``decodes``), then multi-token chunks (``chunks``).
+    ``sampling`` lists, per sequence that samples, ``(sequence, number of logits rows)``: 1, or
+    k + 1 for a decode verifying k drafts; ``logits_indices`` are those rows, in that order.
+    """
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    decodes: list[tuple[list[int], int]] = field(default_factory=list)  # (block_table, context_len)
+    chunks: list[tuple[int, list[int], int]] = field(default_factory=list)  # (q_len, block_table, context_len)
+    logits_indices: list[int] = field(default_factory=list)
+    sampling: list[tuple[Sequence, int]] = field(default_factory=list)
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The forward pass produced NaN or inf logits (an activation overflowed the dtype)."""
+
+
 class ModelRunner:
+    """Runs scheduled batches through ``model`` over ``kv_cache``.
+
+    ``graphs``: a ``cuda_graph.DecodeGraphs`` that decode steps replay, or None (always eager).
+    """
+
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager,
-                 device: torch.device):
+                 device: torch.device, graphs=None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
+        self.graphs = graphs
         self.last_forward_s = 0.0
+        self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        """Lay out a step. ``scheduled``: (sequence, new tokens): single-token decodes first, then
-        decodes with draft tokens (the newest token + its drafts), then prefill chunks.
-
-        Returns input_ids, positions, metadata, logits_indices, and per sequence that samples
-        ``(sequence, number of logits rows)``: 1, or k + 1 for a decode verifying k drafts.
-        """
-        input_ids, positions, slot_mapping = [], [], []
-        decodes, chunks = [], []
-        logits_indices, sampling = [], []
-        for seq, n in scheduled:
+    def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
+        """Lay out a step. ``scheduled``: (sequence, new tokens) in any order."""
+        out = StepLayout()
+        ordered = [item for item in scheduled if item[1] == 1] + [item for item in scheduled if item[1] != 1]
+        for seq, n in ordered:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             known = seq.all_token_ids[start:end]
-            input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
-            positions.extend(range(start, end))
-            slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
-            if n == 1 and not SchedulerOutput.is_prefill(seq, n):
-                assert not chunks, "single-token decodes must come first"
-                decodes.append((seq.block_table, end))
+            out.input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
+            out.positions.extend(range(start, end))
+            out.slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
+            if n == 1:
+                out.decodes.append((seq.block_table, end))
             else:  # a prefill chunk, or a decode verifying drafts: several queries, causal
-                chunks.append((n, seq.block_table, end))
+                out.chunks.append((n, seq.block_table, end))
             if end >= seq.num_tokens:  # the chunk reaches the newest token: sample after it
                 rows = end - seq.num_tokens + 1  # 1, or k + 1 when verifying k drafts
-                logits_indices.extend(range(len(input_ids) - rows, len(input_ids)))
-                sampling.append((seq, rows))
+                out.logits_indices.extend(range(len(out.input_ids) - rows, len(out.input_ids)))
+                out.sampling.append((seq, rows))
+        return out
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]):
+        """Lay out a step as tensors for an eager forward; zero the blocks allocated since the last step.
+
+        Returns input_ids, positions, metadata, logits_indices, and ``StepLayout.sampling``.
+        """
+        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+        lay = self.layout(scheduled)
         dev = self.device
-        meta = build_metadata(slot_mapping, decodes, chunks, self.block_manager.block_size, dev)
-        return (torch.tensor(input_ids, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev),
-                meta, torch.tensor(logits_indices, dtype=torch.long, device=dev), sampling)
+        meta = build_metadata(lay.slot_mapping, lay.decodes, lay.chunks, self.block_manager.block_size,
+                              self.kv_cache.null_block, dev)
+        return (torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
+                torch.tensor(lay.positions, dtype=torch.long, device=dev),
+                meta, torch.tensor(lay.logits_indices, dtype=torch.long, device=dev), lay.sampling)
+
+    def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
+        """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
+
+        A decode step replays a CUDA graph when one fits it; anything else runs eagerly.
+        Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
+        """
+        self.last_step_graphed = False
+        if self.graphs is not None and all(n == 1 for _, n in scheduled):
+            self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+            lay = self.layout(scheduled)
+            logits = self.graphs.run(lay.input_ids, lay.positions, lay.slot_mapping, lay.decodes)
+            if logits is not None:
+                self.last_step_graphed = True
+                return self._check(logits[torch.tensor(lay.logits_indices, device=logits.device)]), lay.sampling
+        input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
+        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+        return self._check(logits), sampling
+
+    def _check(self, logits: torch.Tensor) -> torch.Tensor:
+        if not bool(torch.isfinite(logits).all()):
+            dtype = next(self.model.parameters()).dtype
+            hint = (" float16's largest value is 65,504, and some models' activations exceed it: "
+                    "use dtype='bfloat16' where the GPU has it, or 'float32'."
+                    if dtype == torch.float16 else " Check the weights (load_format, checkpoint).")
+            raise NonFiniteLogitsError(f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}."
+                                       + hint)
+        return logits
 
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """Run one step; return the tokens each sampling sequence emits, by request id: one token,
         or, for a decode with drafts, the accepted drafts and one more (``rejection.py``)."""
-        input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
         start = time.perf_counter()
-        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+        logits, sampling = self.forward(scheduled)
         synchronize(self.device)
         self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
         plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]

@@ -111,9 +111,10 @@ class DraftModelDrafter:
                     batch.append((i, d, n))
             if not batch:
                 break
-            input_ids, positions, meta, logits_indices, _ = self.runner.prepare([(d, n) for _, d, n in batch])
-            logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
-            for row, (i, d, n) in enumerate(batch):
+            logits, sampling = self.runner.forward([(d, n) for _, d, n in batch])
+            row_of = {id(d): row for row, (d, _) in enumerate(sampling)}  # the runner's row order
+            for i, d, n in batch:
+                row = row_of[id(d)]
                 d.num_computed_tokens += n
                 params = seqs[i].params
                 if params.greedy:
