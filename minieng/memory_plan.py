@@ -83,3 +83,70 @@ def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: in
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     return MemoryPlan(model_config.num_params * dtype_bytes, model_config.kv_bytes_per_token(dtype_bytes),
                       num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])
+
+
+# -- sizing the KV pool from the device (CUDA), as vLLM does ---------------------------------------
+
+def kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, peak_torch_bytes: int,
+                    non_torch_bytes: int) -> int:
+    """Bytes left for the KV pool: vLLM's rule (``gpu_memory_utilization``, ``determine_num_available_blocks``).
+
+    total x utilization, less the peak torch allocated in a profile forward (weights plus the
+    activations of the largest step) and memory outside torch's allocator (the CUDA context,
+    cuBLAS workspaces, other processes). Can be negative: the caller refuses it.
+    """
+    return int(total_bytes * gpu_memory_utilization) - peak_torch_bytes - non_torch_bytes
+
+
+def kv_blocks_for_bytes(budget_bytes: int, block_size: int, kv_bytes_per_token: list[int]) -> int:
+    """Blocks that fit ``budget_bytes`` when every block holds ``block_size`` tokens in each pool
+    (the target's and, with speculative decoding, the draft's: one entry per pool)."""
+    return max(0, budget_bytes // (block_size * sum(kv_bytes_per_token)))
+
+
+@torch.inference_mode()
+def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
+    """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
+    prompt tokens (the largest step ``max_num_batched_tokens`` allows), weights included, the
+    throwaway KV pool of that forward excluded."""
+    from .attention import build_metadata
+    from .kv_cache import KVCache
+
+    device = next(model.parameters()).device
+    blocks = -(-num_tokens // block_size)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    cache = KVCache(model.config, blocks, block_size, next(model.parameters()).dtype, device)
+    meta = build_metadata(list(range(num_tokens)), [], [(num_tokens, list(range(blocks)), num_tokens)],
+                          block_size, cache.null_block, device)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    model(ids, torch.arange(num_tokens, device=device), cache, meta, torch.tensor([num_tokens - 1], device=device))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - cache.nbytes
+    del cache
+    torch.cuda.empty_cache()
+    return peak
+
+
+def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float) -> int:
+    """KV blocks for ``models`` (the target, then the draft if any) on their CUDA device.
+
+    Each model gets a pool of the same number of blocks. Raises ``ValueError`` when the weights
+    and activations leave no room.
+    """
+    device = next(models[0].parameters()).device
+    # Every model's weights are resident during each profile; their activations never coexist.
+    peak = max(profile_peak_bytes(m, num_tokens, block_size) for m in models)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)
+    budget = kv_budget_bytes(total, gpu_memory_utilization, peak, max(0, non_torch))
+    per_token = [m.config.kv_bytes_per_token(next(m.parameters()).dtype.itemsize) for m in models]
+    blocks = kv_blocks_for_bytes(budget, block_size, per_token)
+    if blocks < 1:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {total / GIB:.1f} GiB x gpu_memory_utilization="
+            f"{gpu_memory_utilization} leaves {budget / GIB:.2f} GiB after the weights and activations "
+            f"({peak / GIB:.2f} GiB) and other allocations ({non_torch / GIB:.2f} GiB); raise "
+            "gpu_memory_utilization, lower max_num_batched_tokens, or use a smaller model")
+    return blocks

@@ -1,0 +1,156 @@
+"""CUDA graphs for the decode step: the whole forward launched as one replay.
+
+Why: a decode step of a small model is hundreds of tiny kernels, and launching them one by one
+from Python costs more than running them. On an H200 an eager step took ~14 ms for a 135M, a
+1.7B and a 7.4B model alike; the same forward captured in a CUDA graph replayed in 2.2 / 2.6 /
+5.7 ms at batch 1 (DESIGN.md section 13). A graph replays fixed kernels on fixed addresses, so
+everything that varies between steps must live in *static buffers* that the step overwrites
+before the replay (as nano-vllm's and gpt-fast's capture do):
+
+- ``input_ids``, ``positions``, ``slot_mapping``, ``context_lens``: [max batch];
+- ``block_tables``: [max batch, max width in blocks], padded with the null block.
+
+Shapes are fixed too, so graphs are captured for *buckets*, once, at start-up: batch sizes 1, 2,
+4, 8, ... up to ``max_num_seqs`` (always included, so 12, 100 or 600 are covered), times block-table
+widths 8, 16, 32, ... blocks up to ``max_model_len`` (attention gathers a bucket's whole width,
+so a short context should not pay for the longest one). A step of ``n`` decodes whose widest
+block table has ``w`` blocks replays the smallest bucket that holds both. The ``n`` real rows are
+followed by padding rows: token 0 at position 0, attending one key, writing their K/V into the
+null block's slot (``KVCache.null_slot``), which no real sequence reads unmasked. A bucket whose
+gathered K/V would exceed ``max_gather_tokens`` is not captured; steps that need it, or a width
+beyond the largest bucket, run eagerly.
+
+Only decode steps are captured: prefill and mixed steps vary in token count and stay eager.
+On a CPU (tests) ``capture=False`` keeps the buckets and static buffers and runs the forward
+eagerly on them, so the bucketing and padding logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .attention import AttentionMetadata, decode_mask, pad_block_tables
+from .kv_cache import KVCache
+from .model import LlamaForCausalLM
+
+MIN_WIDTH_BLOCKS = 8
+
+
+def capture_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, ... below ``max_num_seqs``, then ``max_num_seqs`` itself: every batch has a bucket."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs={max_num_seqs} must be >= 1")
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_num_seqs]
+
+
+def capture_widths(max_blocks: int, min_blocks: int = MIN_WIDTH_BLOCKS) -> list[int]:
+    """Block-table widths ``min_blocks``, 2 x, 4 x, ... below ``max_blocks``, then ``max_blocks``."""
+    if max_blocks < 1:
+        raise ValueError(f"max_blocks={max_blocks} must be >= 1")
+    widths, w = [], min_blocks
+    while w < max_blocks:
+        widths.append(w)
+        w *= 2
+    return widths + [max_blocks]
+
+
+def smallest_at_least(sizes: list[int], n: int) -> int | None:
+    """The smallest of the sorted ``sizes`` that is >= ``n``, or None."""
+    return next((s for s in sizes if s >= n), None)
+
+
+class DecodeGraphs:
+    """Static decode buffers and one captured graph per (batch, width) bucket.
+
+    Args:
+        model, kv_cache: what the graphs run; the cache's tensors must never be reallocated.
+        max_num_seqs: the largest batch a decode step can have.
+        max_model_len: the longest sequence, which sets the widest block table.
+        max_gather_tokens: buckets whose batch x width x block_size exceeds it are not captured.
+        capture: False runs the forward eagerly on the static buffers (CPU tests).
+    Attributes:
+        capture_s: seconds the capture took at start-up; ``num_graphs``: buckets captured.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, max_num_seqs: int, max_model_len: int,
+                 max_gather_tokens: int, capture: bool = True):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.batch_sizes = capture_batch_sizes(max_num_seqs)
+        self.widths = capture_widths(-(-max_model_len // self.block_size))
+        self.buckets = [(b, w) for b in self.batch_sizes for w in self.widths
+                        if b * w * self.block_size <= max_gather_tokens]
+        device = kv_cache.k.device
+        rows, width = self.batch_sizes[-1], self.widths[-1]
+        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((rows,), kv_cache.null_slot, dtype=torch.long, device=device)
+        self.context_lens = torch.ones(rows, dtype=torch.long, device=device)
+        self.block_tables = torch.full((rows, width), kv_cache.null_block, dtype=torch.long, device=device)
+        self.logits_indices = torch.arange(rows, device=device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.captured = capture
+        self.capture_s = self._capture() if capture else 0.0
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.graphs)
+
+    def _forward(self, b: int, w: int) -> torch.Tensor:
+        """The decode forward of bucket (b, w) on the static buffers: logits [b, vocab]."""
+        meta = AttentionMetadata(self.slot_mapping[:b], b, self.block_tables[:b, :w],
+                                 decode_mask(self.context_lens[:b], w * self.block_size), [])
+        return self.model(self.input_ids[:b], self.positions[:b], self.kv_cache, meta, self.logits_indices[:b])
+
+    @torch.inference_mode()
+    def _capture(self) -> float:
+        """Capture every bucket, largest first (later graphs reuse the first one's memory pool)."""
+        start = time.perf_counter()
+        pool = None
+        for b, w in sorted(self.buckets, reverse=True):
+            self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, kernels) outside capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[(b, w)] = self._forward(b, w)
+            pool = graph.pool()
+            self.graphs[(b, w)] = graph
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def bucket(self, batch: int, width: int) -> tuple[int, int] | None:
+        """The captured bucket for ``batch`` decodes with block tables up to ``width`` blocks, or None."""
+        b, w = smallest_at_least(self.batch_sizes, batch), smallest_at_least(self.widths, width)
+        return (b, w) if b is not None and w is not None and (b, w) in self.buckets else None
+
+    def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
+            decodes: list[tuple[list[int], int]]) -> torch.Tensor | None:
+        """Logits [len(decodes), vocab] of one decode step, or None when no bucket fits it (run eagerly).
+
+        Args: one entry per decode row (``model_runner.StepLayout``'s lists); ``decodes`` holds
+        each row's ``(block_table, context_len)``.
+        """
+        n = len(decodes)
+        key = self.bucket(n, max(len(table) for table, _ in decodes))
+        if key is None:
+            return None
+        b, w = key
+        pad = b - n
+        self.input_ids[:b].copy_(torch.tensor(input_ids + [0] * pad))
+        self.positions[:b].copy_(torch.tensor(positions + [0] * pad))
+        self.slot_mapping[:b].copy_(torch.tensor(slot_mapping + [self.kv_cache.null_slot] * pad))
+        self.context_lens[:b].copy_(torch.tensor([c for _, c in decodes] + [1] * pad))
+        tables = pad_block_tables([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
+        self.block_tables[:b, :w].copy_(torch.tensor(tables))
+        if self.captured:
+            self.graphs[key].replay()
+            return self.outputs[key][:n]
+        return self._forward(b, w)[:n]

@@ -1,0 +1,246 @@
+"""The GPU path's machinery, tested on a CPU: CUDA-graph buckets, static buffers and padding,
+masked KV slots that cannot poison attention, non-contiguous attention outputs, non-finite
+logits, and a KV pool sized from the device.
+
+``DecodeGraphs(capture=False)`` keeps every bucket and static buffer and runs the forward eagerly
+on them, so its bucketing and padding give the same tokens as the plain path here; only the
+capture itself needs CUDA (the last test, skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from helpers import make_engine, random_prompts
+from minieng import EngineConfig, LLMEngine, SamplingParams
+from minieng import attention
+from minieng.cuda_graph import DecodeGraphs, capture_batch_sizes, capture_widths, smallest_at_least
+from minieng.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
+from minieng.model_runner import NonFiniteLogitsError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def install_graphs(engine: LLMEngine, max_gather_tokens: int = 1 << 30) -> DecodeGraphs:
+    graphs = DecodeGraphs(engine.model, engine.kv_cache, engine.config.max_num_seqs, engine.max_model_len,
+                          max_gather_tokens, capture=False)
+    engine.runner.graphs = graphs
+    return graphs
+
+
+def graphed_steps(engine: LLMEngine) -> list[bool]:
+    """Run the engine's queue to completion; whether each step replayed a graph."""
+    flags = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        flags.append(engine.runner.last_step_graphed)
+    return flags
+
+
+# -- buckets --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_num_seqs", [1, 2, 12, 64, 100, 600])
+def test_every_batch_size_has_a_bucket_at_least_as_large(max_num_seqs):
+    sizes = capture_batch_sizes(max_num_seqs)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == max_num_seqs
+    for b in range(1, max_num_seqs + 1):
+        bucket = smallest_at_least(sizes, b)
+        assert bucket is not None and b <= bucket <= max(2 * b - 1, 1) or bucket == max_num_seqs
+    assert smallest_at_least(sizes, max_num_seqs + 1) is None
+
+
+@pytest.mark.parametrize("max_blocks", [1, 5, 8, 9, 64, 513])
+def test_every_width_has_a_bucket(max_blocks):
+    widths = capture_widths(max_blocks)
+    assert widths == sorted(set(widths)) and widths[-1] == max_blocks
+    assert all(smallest_at_least(widths, w) >= w for w in range(1, max_blocks + 1))
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_bucket_helpers_refuse_empty_ranges(bad):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        capture_batch_sizes(bad)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        capture_widths(bad)
+
+
+def test_buckets_beyond_the_gather_budget_are_not_captured(tiny_llama):
+    engine = make_engine(tiny_llama[1], max_num_seqs=12)  # block_size 4, max_model_len 256: 64 blocks
+    graphs = install_graphs(engine, max_gather_tokens=4 * 16 * 4)
+    assert (4, 16) in graphs.buckets and (8, 16) not in graphs.buckets and (4, 32) not in graphs.buckets
+    assert graphs.bucket(3, 10) == (4, 16)
+    assert graphs.bucket(5, 2) == (8, 8) and graphs.bucket(5, 10) is None
+    assert graphs.bucket(13, 1) is None  # more rows than max_num_seqs
+
+
+# -- replays on static buffers give the plain path's tokens ---------------------------------------
+
+@pytest.mark.parametrize("max_num_seqs,lengths", [(12, [5, 9, 17, 30, 3, 11, 40]), (3, [7, 20, 2]),
+                                                  (12, [60] * 12)])
+def test_static_buffer_decode_equals_the_plain_path(tiny_llama, max_num_seqs, lengths):
+    loaded = tiny_llama[1]
+    prompts = random_prompts(lengths, loaded.model.config.vocab_size, seed=3)
+    plain = make_engine(loaded, max_num_seqs=max_num_seqs).generate(prompts, GREEDY)
+    engine = make_engine(loaded, max_num_seqs=max_num_seqs)
+    install_graphs(engine)
+    for p in prompts:
+        engine.add_request(p, GREEDY)
+    flags = graphed_steps(engine)
+    assert sum(flags) >= GREEDY.max_tokens - 2, "decode steps should replay the static-buffer forward"
+    for i, out in enumerate(plain):
+        assert engine.output(str(i)).token_ids == out.token_ids
+
+
+def test_blocks_wider_than_any_bucket_fall_back_to_eager(tiny_llama):
+    loaded = tiny_llama[1]
+    prompts = random_prompts([6, 70], loaded.model.config.vocab_size, seed=4)
+    plain = make_engine(loaded).generate(prompts, GREEDY)
+    engine = make_engine(loaded)
+    graphs = install_graphs(engine, max_gather_tokens=2 * 8 * 4)  # 64 tokens: (1, 16) and (2, 8) at most
+    assert max(w for _, w in graphs.buckets) == 16 and max(b for b, _ in graphs.buckets) == 2
+    for p in prompts:
+        engine.add_request(p, GREEDY)
+    assert not any(graphed_steps(engine)), "the 70-token prompt needs more than 8 blocks"
+    assert [engine.output(str(i)).token_ids for i in range(2)] == [o.token_ids for o in plain]
+    engine.add_request(prompts[0], GREEDY, request_id="short")
+    assert any(graphed_steps(engine))
+    assert engine.output("short").token_ids == plain[0].token_ids
+
+
+def test_padded_rows_write_only_the_null_slot(tiny_llama):
+    """Three decodes in a bucket of four: the step changes the real rows' slots and the null slot,
+    nothing else."""
+    loaded = tiny_llama[1]
+    engine = make_engine(loaded, max_num_seqs=4)
+    install_graphs(engine)
+    for p in random_prompts([5, 9, 13], loaded.model.config.vocab_size, seed=5):
+        engine.add_request(p, GREEDY)
+    engine.step()  # prefill: eager
+    running = list(engine.scheduler.running)
+    k_before = engine.kv_cache.k.clone()
+    engine.step()  # three decodes, padded to four
+    assert engine.runner.last_step_graphed
+    bs = engine.kv_cache.block_size
+    changed = (engine.kv_cache.k != k_before).any(dim=(0, 3, 4)).flatten().nonzero().flatten().tolist()
+    real = {seq.block_table[p // bs] * bs + p % bs for seq in running for p in [seq.num_computed_tokens - 1]}
+    assert set(changed) <= real | {engine.kv_cache.null_slot}
+    assert real <= set(changed) and engine.kv_cache.null_slot in changed
+
+
+# -- masked slots never reach the output (issue 8, item 5) ----------------------------------------
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+@pytest.mark.parametrize("graphed", [False, True])
+def test_poisoned_free_blocks_and_tails_do_not_change_outputs(tiny_llama, poison, graphed):
+    """Every block the manager can hand out starts as NaN or inf: padding of decode block tables,
+    the never-written tail of each last block, and blocks reused after others finish must all be
+    masked or zeroed before they meet a product."""
+    loaded = tiny_llama[1]
+    prompts = random_prompts([3, 14, 6, 21], loaded.model.config.vocab_size, seed=6)
+    reference = make_engine(loaded).generate(prompts, GREEDY)
+    engine = make_engine(loaded, num_kv_blocks=64)
+    if graphed:
+        install_graphs(engine)
+    pool = slice(0, engine.kv_cache.num_blocks)  # every block but the null block
+    engine.kv_cache.k[:, pool] = poison
+    engine.kv_cache.v[:, pool] = poison
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    # Free blocks poisoned again (those the prefix cache keeps hold real KV), then reused by a
+    # second wave.
+    bm = engine.block_manager
+    for block in range(engine.kv_cache.num_blocks):
+        if bm.ref_counts[block] == 0 and bm.block_keys[block] is None:
+            engine.kv_cache.v[:, block] = poison
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+
+
+# -- attention outputs that are not contiguous (fp32 on CUDA) --------------------------------------
+
+def test_non_contiguous_sdpa_output_is_handled(tiny_llama, monkeypatch):
+    loaded = tiny_llama[1]
+    prompts = random_prompts([5, 12, 8], loaded.model.config.vocab_size, seed=7)
+    reference = make_engine(loaded).generate(prompts, GREEDY)
+    original = attention.F.scaled_dot_product_attention
+    seen = []
+
+    def strided(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out = out.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, not contiguous
+        seen.append(out.is_contiguous())
+        return out
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", strided)
+    outs = make_engine(loaded).generate(prompts, GREEDY)
+    assert seen and not any(seen)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+
+
+# -- non-finite logits stop with the dtype's name -------------------------------------------------
+
+def test_overflowing_float16_stops_with_a_clear_error(tiny_llama):
+    import copy
+
+    from minieng.loader import LoadedModel
+
+    loaded = tiny_llama[1]
+    model = copy.deepcopy(loaded.model).half()
+    with torch.no_grad():
+        model.norm.weight.fill_(3e4)  # the final hidden state overflows float16 in the LM head
+    engine = make_engine(LoadedModel(model, None, loaded.hf_config, set(), None))
+    engine.add_request([1, 2, 3], GREEDY)
+    with pytest.raises(NonFiniteLogitsError, match=r"float16.*bfloat16"):
+        engine.step()
+
+
+# -- the KV pool -----------------------------------------------------------------------------------
+
+def test_kv_budget_arithmetic():
+    gib = 1024**3
+    # 80 GiB x 0.9 = 72; less 20 GiB of weights and activations and 1 GiB outside torch.
+    assert kv_budget_bytes(80 * gib, 0.9, 20 * gib, gib) == int(72 * gib) - 21 * gib
+    assert kv_budget_bytes(8 * gib, 0.5, 5 * gib, 0) < 0
+    # A draft's pool has as many blocks as the target's: both per-token sizes share the budget.
+    assert kv_blocks_for_bytes(16 * 1000 * 30, 16, [1000]) == 30
+    assert kv_blocks_for_bytes(16 * 1000 * 30, 16, [1000, 500]) == 20
+    assert kv_blocks_for_bytes(-5, 16, [1000]) == 0
+
+
+def test_default_max_model_len_is_capped_to_the_pool(tiny_llama):
+    loaded = tiny_llama[1]  # a context of 256 tokens
+    with pytest.warns(UserWarning, match=r"capped to 48"):
+        engine = LLMEngine(EngineConfig(device="cpu", block_size=16, num_kv_blocks=3), loaded=loaded)
+    assert engine.max_model_len == 48
+    out = engine.generate([[1] * 40], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))[0]
+    assert len(out.token_ids) == 8 and out.finish_reason == "length"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LLMEngine(EngineConfig(device="cpu", block_size=16, num_kv_blocks=16), loaded=loaded)  # fits: no warning
+
+
+# -- the capture itself (a GPU only) ----------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA GPU")
+def test_captured_graphs_equal_eager_on_cuda(tiny_llama):
+    import copy
+
+    from minieng.loader import LoadedModel
+
+    loaded = tiny_llama[1]
+    model = copy.deepcopy(loaded.model).cuda()
+    cuda_loaded = LoadedModel(model, None, loaded.hf_config, set(), None)
+    prompts = random_prompts([5, 9, 17, 30, 3], loaded.model.config.vocab_size, seed=8)
+    fields = dict(device="cuda", block_size=4, num_kv_blocks=256, max_model_len=256, max_num_seqs=12)
+    eager = LLMEngine(EngineConfig(**fields, enforce_eager=True), loaded=cuda_loaded).generate(prompts, GREEDY)
+    engine = LLMEngine(EngineConfig(**fields), loaded=cuda_loaded)
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_graphs > 0
+    for p in prompts:
+        engine.add_request(p, GREEDY)
+    assert any(graphed_steps(engine))
+    for i, out in enumerate(eager):
+        assert engine.output(str(i)).token_ids == out.token_ids
