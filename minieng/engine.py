@@ -71,6 +71,7 @@ class StepRecord:
     num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
     draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
     forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
+    graphed: bool = False  # the forward replayed a captured CUDA graph
 
 
 class _Request:
@@ -303,7 +304,7 @@ class LLMEngine:
             len(plan.scheduled) - num_decode_seqs, num_decode_seqs, len(plan.preempted),
             len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.num_used_blocks, chunks,
             self.block_manager.num_evictions, draft_s if self.drafter is not None else 0.0,
-            self.runner.last_forward_s))
+            self.runner.last_forward_s, self.runner.last_step_graphed))
         return outputs
 
     def _propose(self) -> None:

@@ -180,14 +180,19 @@ def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.dev
 
 
 def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
-    """Dummy weights: N(0, 0.02) matrices, unit norms (vLLM's ``load_format="dummy"``)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    """Dummy weights: N(0, 0.02) matrices, unit norms (vLLM's ``load_format="dummy"``).
+
+    Drawn on the model's device (an 8B model's weights take seconds on a GPU, minutes on a CPU
+    generator), so the values differ between devices for the same seed.
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                p.normal_(0.0, 0.02, generator=gen)
 
 
 def load_config(model: str | None) -> tuple[Path, Any, ModelConfig]:
