@@ -153,10 +153,15 @@ def environment(engine: LLMEngine) -> dict:
     """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
     import transformers
 
+    graphs = engine.runner.graphs
     return fingerprint(engine.device, engine.dtype) | {
         "transformers_version": transformers.__version__,
         "model": str(engine.config.model or "SmolLM2-135M-Instruct (embedded default)"),
         "model_params": engine.model_config.num_params,
+        "kv_pool_tokens": engine.memory_plan.kv_tokens,
+        "max_model_len": engine.max_model_len,
+        "cuda_graphs": graphs.num_graphs if graphs else 0,  # decode buckets captured (0: eager)
+        "cuda_graph_capture_s": graphs.capture_s if graphs else None,
     }
 
 

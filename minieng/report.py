@@ -35,6 +35,9 @@ def format_table(result: dict) -> str:
              f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"]
     if result.get("load_s") is not None:
         lines.append(f"model load: {result['load_s']:.2f} s")
+    if env.get("cuda_graphs"):
+        lines.append(f"decode steps replay CUDA graphs: {env['cuda_graphs']} batch/width buckets captured in "
+                     f"{env['cuda_graph_capture_s']:.1f} s at start-up (enforce_eager=True to compare)")
     if result["prefill"] or result["decode"]:
         lines += _sweeps(result) + _utilization(result) + _phase_ratio(result["phase_ratio"])
     if result.get("serving"):
