@@ -244,3 +244,19 @@ def test_captured_graphs_equal_eager_on_cuda(tiny_llama):
     assert any(graphed_steps(engine))
     for i, out in enumerate(eager):
         assert engine.output(str(i)).token_ids == out.token_ids
+
+
+def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_llama):
+    """Target verification steps stay eager (k + 1 tokens); the draft model's single-token steps
+    replay the static-buffer forward. Greedy output must still equal plain greedy output."""
+    loaded = tiny_llama[1]
+    prompts = random_prompts([7, 19, 4], loaded.model.config.vocab_size, seed=9)
+    plain = make_engine(loaded, max_num_seqs=4).generate(prompts, GREEDY)
+    engine = make_engine(loaded, max_num_seqs=4, speculative_method="draft", num_speculative_tokens=3)
+    install_graphs(engine)
+    drafter = engine.drafter
+    drafter.runner.graphs = DecodeGraphs(drafter.model, drafter.kv_cache, 4, engine.max_model_len, 1 << 30,
+                                         capture=False)
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert drafter.runner.last_step_graphed
