@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test notebooks lab clean
+.PHONY: setup run bench test notebooks lab gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -33,6 +33,10 @@ run bench: setup
 # The test suite, then every notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them).
 test: setup
 	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q --nbmake tests notebooks
+
+# The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json.
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu_check.py
 
 lab: setup
 	$(BIN)/jupyter lab notebooks/
