@@ -112,7 +112,8 @@ class EngineConfig:
         block_size: tokens per KV block.
         kv_cache_memory_gib: the KV pool's budget in GiB; the number of blocks is derived from it.
             None (default) is 1 GiB on a CPU and, on CUDA, ``gpu_memory_utilization`` of the
-            device's memory less the weights and a measured activation peak (as vLLM sizes it).
+            device's memory less the weights and a measured activation peak (as vLLM sizes it),
+            but never more than ``max_num_seqs`` sequences of ``max_model_len`` tokens need.
         gpu_memory_utilization: on CUDA, the fraction of the device's memory the engine may use
             (weights + activations + KV pool) when ``kv_cache_memory_gib`` is None.
         num_kv_blocks: overrides the budget with an exact block count (tests, tiny pools).

@@ -124,8 +124,12 @@ class LLMEngine:
         draft_model = self._load_draft() if config.num_speculative_tokens else None
         if num_blocks is None:
             models = [self.model] + ([draft_model] if draft_model is not None else [])
-            num_blocks = device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
-                                          config.gpu_memory_utilization)
+            # Never more than a full batch of the longest sequences can use: a larger pool would
+            # only keep more prefix-cache blocks, and would leave no room for a second engine
+            # (notebooks compare engines side by side on one GPU).
+            useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
+            num_blocks = min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
+                                                      config.gpu_memory_utilization))
         self.max_model_len = self._fit_max_model_len(num_blocks)
         self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device)
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
