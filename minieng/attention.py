@@ -6,7 +6,8 @@ decodes first. Decodes are attended together: their K/V blocks are gathered (one
 into a padded ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor, and a mask hides
 the padding. Prefill chunks (and decodes verifying draft tokens) are attended one by one, each
 over its cached context plus itself, causally: plain ``is_causal`` when nothing was cached
-before the chunk, ``causal_lower_right`` (the last query sees every key) when something was.
+before the chunk, causal aligned to the lower right (the last query sees every key) when
+something was (``offset_causal_mask``).
 
 GQA without copies: a decode query ``[batch, heads, head_dim]`` is viewed as ``[batch, kv_heads,
 group, head_dim]`` (query head h reads KV head h // group, as transformers' ``repeat_kv``), so
@@ -122,6 +123,21 @@ def sdpa_backends(device: torch.device):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+def offset_causal_mask(q_len: int, context_len: int, device: torch.device):
+    """The mask of a chunk of ``q_len`` queries that are the last of ``context_len`` keys: query i
+    sees keys ``0 .. context_len - q_len + i``.
+
+    On CUDA, torch's ``causal_lower_right`` bias: SDPA runs it in the memory-efficient kernel
+    without materializing a mask or planning per shape. Elsewhere a [q_len, context_len] bool
+    tensor: the CPU kernels materialize the bias anyway, and a tensor subclass cannot be created
+    under a dispatch mode such as ``FlopCounterMode``, which the FLOP cross-checks run on a CPU.
+    """
+    if device.type == "cuda":
+        return causal_lower_right(q_len, context_len)
+    rows = torch.arange(q_len, device=device)[:, None] + (context_len - q_len)
+    return torch.arange(context_len, device=device)[None, :] <= rows
+
+
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """Keys (or values) of the blocks in ``block_table``, in order.
 
@@ -168,6 +184,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if chunk.context_len == chunk.q_len:  # nothing cached before the chunk: plain causal
             op = F.scaled_dot_product_attention(qp, k, v, is_causal=True)
         else:  # causal with an offset: query i sees keys up to context_len - q_len + i
-            op = F.scaled_dot_product_attention(qp, k, v, attn_mask=causal_lower_right(chunk.q_len, chunk.context_len))
+            mask = offset_causal_mask(chunk.q_len, chunk.context_len, q.device)
+            op = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask)
         out[rows] = op[0].transpose(0, 1)
     return out.view(num_tokens, num_heads * head_dim)

@@ -260,3 +260,19 @@ def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_ll
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert drafter.runner.last_step_graphed
+
+
+@pytest.mark.parametrize("q_len,context_len", [(1, 5), (3, 7), (4, 4), (6, 30)])
+def test_causal_lower_right_equals_the_explicit_offset_mask(q_len, context_len):
+    """CUDA runs chunks over cached context with torch's ``causal_lower_right``; CPUs with the
+    explicit mask. Both must select the same keys."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    gen = torch.Generator().manual_seed(q_len * 100 + context_len)
+    q = torch.randn(1, 4, q_len, 8, generator=gen)
+    k, v = torch.randn(2, 1, 4, context_len, 8, generator=gen)
+    explicit = attention.offset_causal_mask(q_len, context_len, torch.device("cpu"))
+    assert explicit.shape == (q_len, context_len) and bool(explicit[-1].all())
+    a = attention.F.scaled_dot_product_attention(q, k, v, attn_mask=explicit)
+    b = attention.F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q_len, context_len))
+    assert torch.allclose(a, b, atol=1e-6)
