@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from .attention import AttentionMetadata, decode_mask, pad_block_tables
+from .attention import AttentionMetadata, block_table_tensor, decode_mask
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
 
@@ -148,8 +148,8 @@ class DecodeGraphs:
         self.positions[:b].copy_(torch.tensor(positions + [0] * pad))
         self.slot_mapping[:b].copy_(torch.tensor(slot_mapping + [self.kv_cache.null_slot] * pad))
         self.context_lens[:b].copy_(torch.tensor([c for _, c in decodes] + [1] * pad))
-        tables = pad_block_tables([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
-        self.block_tables[:b, :w].copy_(torch.tensor(tables))
+        tables = block_table_tensor([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
+        self.block_tables[:b, :w].copy_(tables)
         if self.captured:
             self.graphs[key].replay()
             return self.outputs[key][:n]

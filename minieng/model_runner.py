@@ -75,7 +75,7 @@ class ModelRunner:
         ordered = [item for item in scheduled if item[1] == 1] + [item for item in scheduled if item[1] != 1]
         for seq, n in ordered:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            known = seq.all_token_ids[start:end]
+            known = seq.token_ids(start, end)
             out.input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
             out.positions.extend(range(start, end))
             out.slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))

@@ -75,6 +75,16 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids ``[start, end)`` of prompt + output, without building the whole list (a decode
+        step reads one token per sequence; ``all_token_ids`` would copy the whole context)."""
+        p = len(self.prompt_token_ids)
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to be run through the model: the prompt at first, 1 when decoding."""

@@ -276,3 +276,22 @@ def test_causal_lower_right_equals_the_explicit_offset_mask(q_len, context_len):
     a = attention.F.scaled_dot_product_attention(q, k, v, attn_mask=explicit)
     b = attention.F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q_len, context_len))
     assert torch.allclose(a, b, atol=1e-6)
+
+
+# -- the step's layout ------------------------------------------------------------------------------
+
+def test_block_table_tensor_pads_with_the_null_block():
+    from minieng.attention import block_table_tensor
+
+    t = block_table_tensor([[3, 7, 1], [], [5]], 4, null_block=99)
+    assert t.tolist() == [[3, 7, 1, 99], [99, 99, 99, 99], [5, 99, 99, 99]] and t.dtype == torch.long
+
+
+def test_sequence_token_ids_slices_prompt_and_output():
+    from minieng.sequence import Sequence
+
+    seq = Sequence("s", [10, 11, 12], SamplingParams(), 0.0)
+    seq.output_token_ids += [20, 21]
+    for start in range(6):
+        for end in range(start, 6):
+            assert seq.token_ids(start, end) == seq.all_token_ids[start:end]
