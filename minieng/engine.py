@@ -180,12 +180,23 @@ class LLMEngine:
 
         Args:
             prompt: text (tokenized without a chat template) or token ids.
+            params: how it samples and stops (default ``SamplingParams()``).
+            request_id: its id (default: the next free number, as a str).
             arrival_s: ``time.perf_counter()`` time it arrived (default: now); TTFT counts from it.
         Raises:
             ValueError: empty prompt, prompt too long for ``max_model_len``, an id outside the
-                vocabulary, or a request id already in use.
+                vocabulary, params that are not a ``SamplingParams``, or a request id already in
+                use. Nothing is queued then.
         """
-        params = params or SamplingParams()
+        ids, params = self._check_request(prompt, params, request_id)
+        return self._queue(ids, params, request_id, arrival_s)
+
+    def _check_request(self, prompt: Prompt, params: SamplingParams | None,
+                       request_id: str | None) -> tuple[list[int], SamplingParams]:
+        """Validate a request without changing anything: its token ids and its params, or a ValueError."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError("prompt is empty (0 tokens): give at least one token")
@@ -195,9 +206,15 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {min(ids)}..{max(ids)}")
-        request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
+        if request_id is not None and request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
+        return ids, params
+
+    def _queue(self, ids: list[int], params: SamplingParams, request_id: str | None,
+               arrival_s: float | None) -> str:
+        """Queue a request ``_check_request`` accepted; this part cannot fail."""
+        while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
+            request_id = str(next(self._ids))
         generator = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
@@ -327,14 +344,26 @@ class LLMEngine:
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run prompts to completion together (continuous batching); outputs in prompt order."""
+        """Run prompts to completion together (continuous batching); outputs in prompt order.
+
+        Raises:
+            ValueError: for any bad prompt or params (as ``add_request``), or as many params as
+                prompts missing. Every prompt is checked before any is queued, so a call that
+                raises leaves the engine as it found it.
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        checked = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            try:
+                checked.append(self._check_request(prompt, sp, None))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e} (nothing was queued)") from None
+        ids = [self._queue(tokens, sp, None, None) for tokens, sp in checked]
         pending = set(ids)
         progress = None
         if use_tqdm:
@@ -352,12 +381,17 @@ class LLMEngine:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                request_id: str | None = None) -> Iterator[str]:
-        """Yield text deltas of one request as they become safe to show.
+        """Queue one request now and return an iterator of its text deltas, as they become safe to show.
 
         Their concatenation equals the final text; other queued requests advance meanwhile.
         ``engine.output(request_id)`` has the request's timestamps afterwards.
+        Raises:
+            ValueError: at the call (not at the first ``next``), for the input ``add_request`` refuses.
         """
         request_id = self.add_request(prompt, params, request_id)
+        return self._deltas(request_id)
+
+    def _deltas(self, request_id: str) -> Iterator[str]:
         while not self.requests[request_id].seq.is_finished:
             for out in self.step():
                 if out.request_id == request_id and out.delta:

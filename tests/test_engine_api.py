@@ -115,6 +115,54 @@ def test_generate_with_mismatched_params(tiny_engine):
         tiny_engine().generate([[1], [2], [3]], [greedy(2), greedy(2)])
 
 
+def engine_state(engine: LLMEngine) -> tuple:
+    """What a failed call must leave unchanged: requests, queues, blocks."""
+    bm = engine.block_manager
+    return (list(engine.requests), list(engine.scheduler.waiting), list(engine.scheduler.running),
+            engine.has_unfinished_requests(), bm.num_free_blocks, len(engine.step_records))
+
+
+@pytest.mark.parametrize("bad", [
+    ([[1, 2, 3], []], None, r"prompt 1: prompt is empty"),
+    ([[1, 2, 3], [4, 5], [1, VOCAB]], None, r"prompt 2: .*\[0, 300\)"),
+    ([[1, 2, 3], [4] * 40], None, r"prompt 1: .*max_model_len=32"),
+    ([[1, 2, 3], [4, 5]], [greedy(2), "greedy"], r"prompt 1: params must be a SamplingParams"),
+])
+def test_a_failed_generate_queues_nothing(tiny_engine, bad):
+    """A batch with one bad prompt raises before any prompt is queued: the good ones must not run
+    later among another call's requests (issue 8)."""
+    prompts, params, message = bad
+    engine = tiny_engine(max_model_len=32)
+    before = engine_state(engine)
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, params or greedy(2))
+    assert engine_state(engine) == before and not engine.has_unfinished_requests()
+    outs = engine.generate([[7, 8, 9]], greedy(3))
+    assert [o.prompt_token_ids for o in outs] == [[7, 8, 9]] and list(engine.requests) == ["0"]
+    assert engine_state(engine)[3:5] == (False, engine.block_manager.num_blocks)
+
+
+def test_stream_refuses_bad_input_at_the_call(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1, 2], request_id="taken")
+    before = engine_state(engine)
+    with pytest.raises(ValueError, match="0 tokens"):
+        engine.stream([], greedy(2))  # no next(): the call itself raises
+    with pytest.raises(ValueError, match="request_id='taken'"):
+        engine.stream([3], greedy(2), request_id="taken")
+    assert engine_state(engine) == before
+    deltas = engine.stream([3, 4], greedy(2), request_id="s")
+    assert "s" in engine.requests, "stream queues its request at the call"
+    assert list(deltas) == [] and engine.output("s").finished  # no tokenizer: no text, but it ran
+
+
+def test_automatic_ids_skip_ids_in_use(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1], request_id="0")
+    assert engine.add_request([2]) == "1"
+    assert engine.generate([[3]], greedy(1))[0].request_id == "2"
+
+
 # -- accepted input never crashes later ---------------------------------------------------------------
 
 def test_tiny_positive_temperature_does_not_crash(tiny_engine):
