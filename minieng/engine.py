@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .block_manager import BlockManager
+from .chat import EMPTY_PROMPT, Message, chat_token_ids
 from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
@@ -167,6 +168,13 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def chat_prompt(self, messages: str | list[Message]) -> list[int]:
+        """Token ids of a conversation through the model's chat template, the generation prompt
+        added, for ``add_request``/``generate``/``stream`` (``chat.chat_token_ids``: tokenized once,
+        so no second BOS). ``messages``: ``[{"role": "user", "content": ...}, ...]`` or a str
+        (one user message). Raises ``ValueError`` without a chat template or for an empty user message."""
+        return chat_token_ids(self.tokenizer, messages)
+
     def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -179,7 +187,8 @@ class LLMEngine:
         """Queue a request; it joins the running batch at a later step. Returns its id.
 
         Args:
-            prompt: text (tokenized without a chat template) or token ids.
+            prompt: text (tokenized as is, with the tokenizer's special tokens: for a chat, use
+                ``chat_prompt``) or token ids.
             params: how it samples and stops (default ``SamplingParams()``).
             request_id: its id (default: the next free number, as a str).
             arrival_s: ``time.perf_counter()`` time it arrived (default: now); TTFT counts from it.
@@ -199,7 +208,7 @@ class LLMEngine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
-            raise ValueError("prompt is empty (0 tokens): give at least one token")
+            raise ValueError(EMPTY_PROMPT)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
                              "room for at least one output token: shorten the prompt")

@@ -163,6 +163,32 @@ def test_automatic_ids_skip_ids_in_use(tiny_engine):
     assert engine.generate([[3]], greedy(1))[0].request_id == "2"
 
 
+# -- chat prompts ------------------------------------------------------------------------------------
+
+def test_a_chat_prompt_starts_with_one_bos(tiny_llama):
+    """A tokenizer that adds BOS (as Llama 3's) and a chat template that writes it too: rendering the
+    template to text and encoding that text gives [bos, bos, ...]; ``chat_prompt`` gives one."""
+    from helpers import BOS_ID, bos_tokenizer
+
+    tok = bos_tokenizer()
+    loaded = tiny_llama[1]
+    engine = make_engine(LoadedModel(loaded.model, tok, loaded.hf_config, {2}, None))
+    messages = [{"role": "user", "content": "w7 w8 w9"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert engine.tokenize(text)[:2] == [BOS_ID, BOS_ID], "the test tokenizer should show the double BOS"
+    ids = engine.chat_prompt(messages)
+    assert ids[0] == BOS_ID and ids[1] != BOS_ID and ids.count(BOS_ID) == 1
+    assert ids == tok.encode(text, add_special_tokens=False) == engine.chat_prompt("w7 w8 w9")
+    out = engine.generate([ids], greedy(3))[0]
+    assert out.prompt_token_ids == ids and len(out.token_ids) == 3
+    for empty in ("", "  \n"):
+        with pytest.raises(ValueError, match="prompt is empty"):
+            engine.chat_prompt(empty)
+    no_tokenizer = make_engine(loaded)
+    with pytest.raises(ValueError, match="no chat template"):
+        no_tokenizer.chat_prompt("w7")
+
+
 # -- accepted input never crashes later ---------------------------------------------------------------
 
 def test_tiny_positive_temperature_does_not_crash(tiny_engine):
