@@ -25,6 +25,7 @@ from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load_config, load_model
 from .memory_plan import plan_memory
 from .model_runner import ModelRunner
+from .sampling import KeyedRandom
 from .scheduler import Scheduler
 from .sequence import RequestTimes, Sequence, SequenceStatus
 
@@ -224,11 +225,11 @@ class LLMEngine:
         """Queue a request ``_check_request`` accepted; this part cannot fail."""
         while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
             request_id = str(next(self._ids))
-        generator = None
+        rng = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, generator)
+            rng = KeyedRandom(seed, self.device)
+        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, rng)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         self.requests[request_id] = _Request(seq, detok)
         self.scheduler.add(seq)
@@ -276,7 +277,7 @@ class LLMEngine:
                 self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
                 seq.num_computed_tokens += 1 + accepted
                 self.block_manager.trim(seq, seq.num_computed_tokens)  # drop the rejected drafts' KV
-                seq.spec_token_ids, seq.spec_probs = [], None
+                seq.spec_token_ids = []
             else:
                 seq.num_computed_tokens += n
         outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
@@ -298,8 +299,8 @@ class LLMEngine:
         decoding = [s for s in self.scheduler.running if s.output_token_ids and s.num_uncomputed_tokens == 1]
         room = [max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1,
                            self.max_model_len - s.num_tokens - 1)) for s in decoding]
-        for seq, (tokens, probs) in zip(decoding, self.drafter.propose(decoding, room)):
-            seq.spec_token_ids, seq.spec_probs = tokens, probs
+        for seq, tokens in zip(decoding, self.drafter.propose(decoding, room)):
+            seq.spec_token_ids = tokens
 
     def _forget_draft(self, seq: Sequence) -> None:
         if self.drafter is not None:

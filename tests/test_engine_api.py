@@ -20,7 +20,7 @@ from helpers import chat_ids, make_engine, random_prompts
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.detokenizer import IncrementalDetokenizer
 from minieng.loader import LoadedModel
-from minieng.sampling import probabilities, sample
+from minieng.sampling import KeyedRandom, probabilities, race, sample
 
 VOCAB = 300  # the tiny Llama's
 
@@ -429,14 +429,40 @@ def test_sample_frequencies_follow_the_distribution():
     deterministic."""
     logits = torch.log(torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05]))
     params = SamplingParams(temperature=1.0, seed=0)
-    gen = torch.Generator().manual_seed(1234)
+    rng = KeyedRandom(1234)
     n = 4000
-    draws = sample(logits.repeat(n, 1), [params] * n, [gen] * n)
+    draws = sample(logits.repeat(n, 1), [params] * n, [rng] * n, list(range(n)))  # n output positions
     counts = torch.bincount(torch.tensor(draws), minlength=5).float()
     expected = n * torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])
     chi2 = (((counts - expected) ** 2) / expected).sum().item()
     assert chi2 < 18.47, f"chi2={chi2:.1f}, counts {counts.tolist()}"
-    assert sample(logits[None], [SamplingParams(temperature=0)], [None]) == [0]
+    assert sample(logits[None], [SamplingParams(temperature=0)], [None], [0]) == [0]
+
+
+def test_keyed_draws_depend_on_seed_and_position_only():
+    """A row's token is a function of its logits, its seed and its output position: not of the
+    other rows, their order, or how many draws came before (what makes seeds reproducible)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=gen) * 2
+    params = [SamplingParams(temperature=1.0, top_p=0.9)] * 6
+    rngs = [KeyedRandom(seed) for seed in (1, 2, 3, 1, 2, 3)]
+    positions = [0, 0, 0, 5, 5, 5]
+    tokens = sample(logits, params, rngs, positions)
+    order = [4, 2, 0, 5, 1, 3]
+    shuffled = sample(logits[order], [params[i] for i in order], [rngs[i] for i in order], [positions[i] for i in order])
+    assert shuffled == [tokens[i] for i in order]
+    for i in range(6):  # alone, after unrelated draws from the same request's KeyedRandom
+        rngs[i].exponentials(99, 50)
+        assert sample(logits[i:i + 1], params[:1], [KeyedRandom(rngs[i].seed)], [positions[i]]) == [tokens[i]]
+    assert torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(3, 10))
+    assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(4, 10))
+    assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(8).exponentials(3, 10))
+
+
+def test_the_race_never_picks_a_token_of_probability_zero():
+    probs = torch.tensor([[0.0, 0.7, 0.0, 0.3]] * 3)
+    noise = torch.tensor([[0.0, 1.0, 1e-300, 5.0], [1.0, 0.0, 1.0, 1.0], [1e-9, 2.0, 1e-9, 1e-9]], dtype=torch.float64)
+    assert race(probs, noise).tolist() == [1, 1, 3]
 
 
 # -- streaming and the detokenizer --------------------------------------------------------------------
