@@ -449,7 +449,8 @@ def test_keyed_draws_depend_on_seed_and_position_only():
     positions = [0, 0, 0, 5, 5, 5]
     tokens = sample(logits, params, rngs, positions)
     order = [4, 2, 0, 5, 1, 3]
-    shuffled = sample(logits[order], [params[i] for i in order], [rngs[i] for i in order], [positions[i] for i in order])
+    shuffled = sample(logits[order], [params[i] for i in order], [rngs[i] for i in order],
+                      [positions[i] for i in order])
     assert shuffled == [tokens[i] for i in order]
     for i in range(6):  # alone, after unrelated draws from the same request's KeyedRandom
         rngs[i].exponentials(99, 50)

@@ -953,7 +953,8 @@ def test_seeded_speculative_output_with_preemption_and_batch_mates(tiny_llama, m
     among others in a pool of 12 blocks of 4, against it alone without speculation."""
     loaded = tiny_llama[1]
     motif = random_prompts([4], VOCAB, seed=43)[0]
-    prompts = [motif * 4, random_prompts([17], VOCAB, seed=44)[0], motif * 2 + [9], random_prompts([5], VOCAB, seed=45)[0]]
+    other, short = random_prompts([17, 5], VOCAB, seed=44)
+    prompts = [motif * 4, other, motif * 2 + [9], short]
     params = [SamplingParams(temperature=1.0, top_k=3, seed=10 + i, max_tokens=20, ignore_eos=True) for i in range(4)]
     alone = [make_engine(loaded).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
     engine = spec_engine(loaded, method, 4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=12,
