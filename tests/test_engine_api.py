@@ -399,20 +399,18 @@ def test_probabilities_temperature_top_k_top_p():
     assert batch.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("probs,top_p,kept", [
-    ([0.3, 0.1, 0.1, 0.5], 0.8, {0, 3}),  # 0.5 + 0.3 reaches 0.8 exactly: nothing more is needed
-    ([0.3, 0.1, 0.1, 0.5], 0.81, 3),  # just past it: one of the two 0.1 joins
-    ([0.25] * 4, 0.5, 2), ([0.25] * 4, 0.75, 3), ([0.25] * 4, 0.7500001, 4),
-    ([0.125] * 8, 0.375, 3), ([0.125] * 8, 0.5, 4),
-    ([0.5, 0.5], 0.5, 1), ([0.5, 0.5], 0.51, 2),
-])
+# log(0.3) and log(0.1) are not exact in bfloat16 (0.5 + 0.3 rounds to 0.4997 + 0.2996 < 0.8):
+# that boundary exists in float32 only. Uniform distributions are exact in both dtypes.
+INEXACT_IN_BF16 = [([0.3, 0.1, 0.1, 0.5], 0.8, {0, 3}),  # 0.5 + 0.3 reaches 0.8: nothing more is needed
+                   ([0.3, 0.1, 0.1, 0.5], 0.81, 3)]  # just past it: one of the two 0.1 joins
+EXACT = [([0.25] * 4, 0.5, 2), ([0.25] * 4, 0.75, 3), ([0.25] * 4, 0.7500001, 4),
+         ([0.125] * 8, 0.375, 3), ([0.125] * 8, 0.5, 4), ([0.5, 0.5], 0.5, 1), ([0.5, 0.5], 0.51, 2)]
+
+
+@pytest.mark.parametrize("dtype,probs,top_p,kept", [(torch.float32, *case) for case in INEXACT_IN_BF16 + EXACT]
+                         + [(torch.bfloat16, *case) for case in EXACT])
 def test_top_p_at_an_exact_boundary(dtype, probs, top_p, kept):
-    """A token is kept only while the mass before it is strictly below top_p. Uniform
-    distributions are exact in both dtypes; log([0.3, 0.1, 0.1, 0.5]) is not exact in bfloat16
-    (it rounds to 0.4997 + 0.2996 < 0.8), so there only the float32 boundary is tested."""
-    if dtype is torch.bfloat16 and probs[0] == 0.3:
-        pytest.skip("log(0.3) and log(0.1) are not exact in bfloat16: no exact boundary to test")
+    """A token is kept only while the mass before it is strictly below top_p."""
     logits = torch.log(torch.tensor(probs)).to(dtype)
     p = probabilities(logits, SamplingParams(top_p=top_p))
     nonzero = set(torch.nonzero(p).flatten().tolist())
