@@ -11,9 +11,19 @@ keys that change the KV, such as a LoRA id), so equal keys mean equal prefixes, 
 blocks. The block keeps its key and token ids after its sequence frees it: with ref count 0 it
 waits on the free list, least recently freed first, and a later request whose prompt starts with
 the same tokens takes it back instead of recomputing it. Only when the free list hands it out for
-new tokens is it evicted from the cache. A hit compares the stored token ids too, so a hash
-collision can never serve wrong KV. Only full blocks are shared, so a shared prefix shorter than
-one block is never a hit (the block-size floor).
+new tokens is it evicted from the cache. Only full blocks are shared, so a shared prefix shorter
+than one block is never a hit (the block-size floor).
+
+The key finds a candidate; it does not decide the hit. A block's KV depends on every token
+before it, so a hit requires the block's own token ids *and* its parent to match: each cached
+block records its parent's serial number (a number given to a block each time it enters the
+cache, never reused) and its extra keys, and ``match_prefix`` accepts block i only if its tokens
+are the prompt's block i and its parent is the block it accepted at i - 1. Any other case is a
+miss. So a hash collision, even a hash that returns one value for every block, can cost hits
+(the first entry of a key stays until it is evicted) but never serve KV computed for another
+prefix; the tests run the cache with such a hash. A block whose parent was evicted can no longer
+be reached, since its parent's serial is gone; that is rare, as a sequence frees its tail first,
+so a child is evicted before its parent.
 """
 
 from __future__ import annotations
@@ -56,6 +66,11 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_keys: list[bytes | None] = [None] * num_blocks  # key of a full, cached block
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        # What else a cached block's KV depends on: (its parent's serial, 0 for a first block;
+        # the extra keys). Serials number cache entries, 1, 2, ..., and are never reused.
+        self.block_parents: list[tuple[int, tuple] | None] = [None] * num_blocks
+        self.block_serials: list[int] = [0] * num_blocks  # 0: not cached
+        self._next_serial = 1
         self.cached: dict[bytes, int] = {}  # key -> block id
         self.num_evictions = 0  # cached blocks handed out for new tokens (cumulative)
         # Blocks handed out since the model runner last asked (it zeroes their KV before use).
@@ -89,13 +104,19 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         bs, tokens = self.block_size, seq.all_token_ids
-        hits = []
+        hits, parent = [], 0
         for i, key in enumerate(self._keys(seq, (len(tokens) - 1) // bs)):
             block = self.cached.get(key)
-            if block is None or self.block_tokens[block] != tuple(tokens[i * bs:(i + 1) * bs]):
+            if block is None or not self._holds(block, tokens[i * bs:(i + 1) * bs], parent, seq.extra_keys):
                 break
             hits.append(block)
+            parent = self.block_serials[block]
         return hits
+
+    def _holds(self, block: int, token_ids: list[int], parent: int, extra_keys: tuple) -> bool:
+        """Whether cached ``block`` holds the KV of ``token_ids`` after the prefix whose last block
+        has serial ``parent`` (0: at the start), with ``extra_keys``: the hit check, hash aside."""
+        return self.block_tokens[block] == tuple(token_ids) and self.block_parents[block] == (parent, extra_keys)
 
     def take_prefix(self, seq: Sequence, hits: list[int]) -> None:
         """Give a sequence with nothing computed the cached blocks ``hits`` (from ``match_prefix``)."""
@@ -113,18 +134,37 @@ class BlockManager:
             return
         full = seq.num_computed_tokens // self.block_size
         tokens, bs = seq.all_token_ids, self.block_size
+        parent = 0  # serial of the cached block that stands for the prefix before block i
         for i, key in enumerate(self._keys(seq, full)):
-            block = seq.block_table[i]
-            if self.block_keys[block] is None and key not in self.cached:
-                self.block_keys[block] = key
-                self.block_tokens[block] = tuple(tokens[i * bs:(i + 1) * bs])
-                self.cached[key] = block
+            block, block_tokens = seq.block_table[i], tokens[i * bs:(i + 1) * bs]
+            if self.block_keys[block] is None:  # computed by this sequence, not taken from the cache
+                entry = self.cached.get(key)
+                if entry is None:
+                    self.block_keys[block] = key
+                    self.block_tokens[block] = tuple(block_tokens)
+                    self.block_parents[block] = (parent, seq.extra_keys)
+                    self.block_serials[block], self._next_serial = self._next_serial, self._next_serial + 1
+                    self.cached[key] = block
+                elif self._holds(entry, block_tokens, parent, seq.extra_keys):
+                    block = entry  # an equal block was cached first: the next block chains to it
+                else:
+                    break  # the key serves another prefix (a collision): the first entry stays
+            parent = self.block_serials[block]
+
+    def _uncache(self, block: int) -> None:
+        """Drop ``block``'s cache entry (its KV stays valid for the sequences holding it)."""
+        if self.cached.get(self.block_keys[block]) == block:
+            del self.cached[self.block_keys[block]]
+        self.block_keys[block] = self.block_tokens[block] = self.block_parents[block] = None
+        self.block_serials[block] = 0
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (as vLLM's ``reset_prefix_cache``): experiments start cold."""
         self.cached.clear()
         self.block_keys = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
+        self.block_parents = [None] * self.num_blocks
+        self.block_serials = [0] * self.num_blocks
 
     @contextmanager
     def caching(self, on: bool) -> Iterator[None]:
@@ -160,11 +200,8 @@ class BlockManager:
         for _ in range(needed):
             block, _ = self.free_blocks.popitem(last=False)  # least recently freed
             assert self.ref_counts[block] == 0, f"free block {block} has refs"
-            key = self.block_keys[block]
-            if key is not None:  # evict: its KV is about to be overwritten
-                if self.cached.get(key) == block:
-                    del self.cached[key]
-                self.block_keys[block] = self.block_tokens[block] = None
+            if self.block_keys[block] is not None:  # evict: its KV is about to be overwritten
+                self._uncache(block)
                 self.num_evictions += 1
             self.ref_counts[block] = 1
             seq.block_table.append(block)
@@ -221,3 +258,5 @@ class BlockManager:
             assert (block in self.free_blocks) == (holders[block] == 0), f"block {block} free/used mismatch"
         for key, block in self.cached.items():
             assert self.block_keys[block] == key, f"cache entry points at block {block}, which was reallocated"
+            assert self.block_serials[block] > 0 and self.block_parents[block] is not None, (
+                f"cached block {block} has no serial or parent")

@@ -1,9 +1,16 @@
-"""Command line: ``python -m minieng generate "prompt"`` and ``python -m minieng bench``."""
+"""minieng on the command line.
+
+  python -m minieng generate "prompt"   stream a reply (through the chat template unless --raw)
+  python -m minieng bench               prefill and decode sweeps, serving runs, experiments
+
+Run a command with --help for its options.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -32,17 +39,20 @@ def _engine(args, **overrides):
 
 
 def cmd_generate(args) -> int:
+    from .chat import EMPTY_PROMPT
     from .metrics import request_metrics
 
+    # Everything that can be checked is checked before the model loads (seconds).
+    if not args.prompt.strip():
+        raise ValueError(EMPTY_PROMPT)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            max_tokens=args.max_tokens)
     engine = _engine(args)
     tok = engine.tokenizer
     if args.raw or tok is None or not tok.chat_template:
         prompt = args.prompt
     else:
-        prompt = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                         tokenize=False)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            max_tokens=args.max_tokens)
+        prompt = engine.chat_prompt(args.prompt)  # token ids: the template's special tokens, once
     for delta in engine.stream(prompt, params, request_id="cli"):
         print(delta, end="", flush=True)
     print()
@@ -60,6 +70,7 @@ def cmd_bench(args) -> int:
 
     if args.output_tokens < 2:
         raise ValueError(f"--output-tokens={args.output_tokens}: TPOT needs at least 2 output tokens")
+    specs = _workload_specs(args) if args.workload else None  # checked before the model loads
     cfg = BenchConfig(prompt_lens=args.prompt_lens, batch_sizes=args.batch_sizes, output_tokens=args.output_tokens,
                       decode_prompt_len=args.decode_prompt_len, repeats=args.repeats,
                       compare_transformers=not args.no_transformers)
@@ -81,7 +92,7 @@ def cmd_bench(args) -> int:
     run = None
     if args.workload:
         log(f"serving: {args.workload} workload")
-        result["serving"], run = run_serving(engine, args, result)
+        result["serving"], run = run_serving(engine, args, result, specs)
     if args.prefix_cache:
         from .prefix_experiment import multi_turn, ttft_vs_hit_rate, zero_hit_overhead
 
@@ -115,15 +126,16 @@ def _workload_specs(args):
     return w.scale_workload(specs, args.time_scale, args.length_scale, args.max_prompt_tokens, args.max_output_tokens)
 
 
-def run_serving(engine, args, result: dict):
+def run_serving(engine, args, result: dict, specs=None):
     """The ``--workload`` run: real-time arrivals, serving metrics, goodput under the SLOs given.
-    Returns the report (JSON-serializable) and the raw run (for the figures)."""
+    ``specs``: the workload (default: built from ``args``). Returns the report (JSON-serializable)
+    and the raw run (for the figures)."""
     from .hardware import Peak
     from .metrics import SLO
     from .serving import run_workload, serving_report
     from .telemetry import TelemetrySampler
 
-    specs = _workload_specs(args)
+    specs = specs if specs is not None else _workload_specs(args)
     slos = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2el_ms": args.slo_e2el_ms}
     slo = SLO(**slos) if any(v is not None for v in slos.values()) else None
     sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
@@ -222,8 +234,21 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
     return paths
 
 
+def cli_wording(message: str, flags: dict[str, str]) -> str:
+    """An error in the Python API's words, in the command line's. ``flags``: field name -> option
+    (``{"max_tokens": "--max-tokens"}``). ``max_tokens=-3`` becomes ``--max-tokens=-3``,
+    ``model=None`` becomes ``omit --model`` and "point model= at" becomes "point --model at"."""
+    for dest, flag in flags.items():
+        name = rf"(?<![\w-]){dest}="  # the whole field name, not the end of another one
+        message = re.sub(name + r"None\b", f"omit {flag}", message)
+        message = re.sub(name + r"(?=\s)", flag, message)
+        message = re.sub(name, f"{flag}=", message)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minieng", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m minieng", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="stream a reply from the model")
     g.add_argument("prompt")
@@ -275,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--slo-e2el-ms", type=float, default=None)
     b.set_defaults(func=cmd_bench)
     args = parser.parse_args(argv)
+    # argparse lists a parser's options only in its private ``_actions``.
+    flags = {a.dest: a.option_strings[-1] for p in (g, b) for a in p._actions if a.option_strings and a.dest != "help"}
     try:
         return args.func(args)
     except ValueError as e:  # bad input: say what to do, without a traceback
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {cli_wording(str(e), flags)}", file=sys.stderr)
         return 2

@@ -196,7 +196,9 @@ class SamplingParams:
         temperature: 0 (or anything below 1e-5) is greedy; higher flattens the distribution.
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set whose probability reaches top_p; 1.0 keeps all.
-        seed: seeds this request's own ``torch.Generator``; None draws one from the engine seed.
+        seed: seeds this request's random draws, each keyed by output position (``sampling.py``):
+            the same tokens whatever the batch, pool, preemption or speculation. None derives one
+            from the engine seed and the request id.
         max_tokens: most output tokens.
         stop: strings that end the output (excluded from the text).
         stop_token_ids: token ids that end the output, beside the model's EOS/end-of-turn ids.

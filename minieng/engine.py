@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .block_manager import BlockManager
+from .chat import EMPTY_PROMPT, Message, chat_token_ids
 from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
@@ -25,6 +26,7 @@ from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from .loader import LoadedModel, load_config, load_model
 from .memory_plan import device_kv_blocks, plan_memory
 from .model_runner import ModelRunner
+from .sampling import KeyedRandom
 from .scheduler import Scheduler
 from .sequence import RequestTimes, Sequence, SequenceStatus
 
@@ -213,6 +215,13 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def chat_prompt(self, messages: str | list[Message]) -> list[int]:
+        """Token ids of a conversation through the model's chat template, the generation prompt
+        added, for ``add_request``/``generate``/``stream`` (``chat.chat_token_ids``: tokenized once,
+        so no second BOS). ``messages``: ``[{"role": "user", "content": ...}, ...]`` or a str
+        (one user message). Raises ``ValueError`` without a chat template or for an empty user message."""
+        return chat_token_ids(self.tokenizer, messages)
+
     def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -225,30 +234,48 @@ class LLMEngine:
         """Queue a request; it joins the running batch at a later step. Returns its id.
 
         Args:
-            prompt: text (tokenized without a chat template) or token ids.
+            prompt: text (tokenized as is, with the tokenizer's special tokens: for a chat, use
+                ``chat_prompt``) or token ids.
+            params: how it samples and stops (default ``SamplingParams()``).
+            request_id: its id (default: the next free number, as a str).
             arrival_s: ``time.perf_counter()`` time it arrived (default: now); TTFT counts from it.
         Raises:
             ValueError: empty prompt, prompt too long for ``max_model_len``, an id outside the
-                vocabulary, or a request id already in use.
+                vocabulary, params that are not a ``SamplingParams``, or a request id already in
+                use. Nothing is queued then.
         """
-        params = params or SamplingParams()
+        ids, params = self._check_request(prompt, params, request_id)
+        return self._queue(ids, params, request_id, arrival_s)
+
+    def _check_request(self, prompt: Prompt, params: SamplingParams | None,
+                       request_id: str | None) -> tuple[list[int], SamplingParams]:
+        """Validate a request without changing anything: its token ids and its params, or a ValueError."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         ids = self.tokenize(prompt)
         if not ids:
-            raise ValueError("prompt is empty (0 tokens): give at least one token")
+            raise ValueError(EMPTY_PROMPT)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
                              "room for at least one output token: shorten the prompt")
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {min(ids)}..{max(ids)}")
-        request_id = str(next(self._ids)) if request_id is None else request_id
-        if request_id in self.requests:
+        if request_id is not None and request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in use")
-        generator = None
+        return ids, params
+
+    def _queue(self, ids: list[int], params: SamplingParams, request_id: str | None,
+               arrival_s: float | None) -> str:
+        """Queue a request ``_check_request`` accepted; this part cannot fail."""
+        while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
+            request_id = str(next(self._ids))
+        rng = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, generator)
+            rng = KeyedRandom(seed, self.device)
+        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, rng)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         self.requests[request_id] = _Request(seq, detok)
         self.scheduler.add(seq)
@@ -296,7 +323,7 @@ class LLMEngine:
                 self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
                 seq.num_computed_tokens += 1 + accepted
                 self.block_manager.trim(seq, seq.num_computed_tokens)  # drop the rejected drafts' KV
-                seq.spec_token_ids, seq.spec_probs = [], None
+                seq.spec_token_ids = []
             else:
                 seq.num_computed_tokens += n
         outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
@@ -318,8 +345,8 @@ class LLMEngine:
         decoding = [s for s in self.scheduler.running if s.output_token_ids and s.num_uncomputed_tokens == 1]
         room = [max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1,
                            self.max_model_len - s.num_tokens - 1)) for s in decoding]
-        for seq, (tokens, probs) in zip(decoding, self.drafter.propose(decoding, room)):
-            seq.spec_token_ids, seq.spec_probs = tokens, probs
+        for seq, tokens in zip(decoding, self.drafter.propose(decoding, room)):
+            seq.spec_token_ids = tokens
 
     def _forget_draft(self, seq: Sequence) -> None:
         if self.drafter is not None:
@@ -373,14 +400,26 @@ class LLMEngine:
 
     def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run prompts to completion together (continuous batching); outputs in prompt order."""
+        """Run prompts to completion together (continuous batching); outputs in prompt order.
+
+        Raises:
+            ValueError: for any bad prompt or params (as ``add_request``), or as many params as
+                prompts missing. Every prompt is checked before any is queued, so a call that
+                raises leaves the engine as it found it.
+        """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        checked = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            try:
+                checked.append(self._check_request(prompt, sp, None))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e} (nothing was queued)") from None
+        ids = [self._queue(tokens, sp, None, None) for tokens, sp in checked]
         pending = set(ids)
         progress = None
         if use_tqdm:
@@ -398,12 +437,17 @@ class LLMEngine:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                request_id: str | None = None) -> Iterator[str]:
-        """Yield text deltas of one request as they become safe to show.
+        """Queue one request now and return an iterator of its text deltas, as they become safe to show.
 
         Their concatenation equals the final text; other queued requests advance meanwhile.
         ``engine.output(request_id)`` has the request's timestamps afterwards.
+        Raises:
+            ValueError: at the call (not at the first ``next``), for the input ``add_request`` refuses.
         """
         request_id = self.add_request(prompt, params, request_id)
+        return self._deltas(request_id)
+
+    def _deltas(self, request_id: str) -> Iterator[str]:
         while not self.requests[request_id].seq.is_finished:
             for out in self.step():
                 if out.request_id == request_id and out.delta:

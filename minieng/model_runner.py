@@ -26,7 +26,7 @@ from .block_manager import BlockManager
 from .hardware import synchronize
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
-from .rejection import verify_greedy, verify_sampled
+from .rejection import verify_coupled, verify_greedy
 from .sampling import probabilities, sample
 from .sequence import Sequence
 
@@ -142,7 +142,8 @@ class ModelRunner:
         out: dict[str, list[int]] = {}
         if plain:
             rows = torch.tensor([self._row(sampling, i) for i, _ in plain], device=logits.device)
-            tokens = sample(logits[rows], [s.params for _, s in plain], [s.generator for _, s in plain])
+            tokens = sample(logits[rows], [s.params for _, s in plain], [s.rng for _, s in plain],
+                            [len(s.output_token_ids) for _, s in plain])
             out.update({seq.request_id: [tok] for (_, seq), tok in zip(plain, tokens)})
         for i, (seq, rows) in enumerate(sampling):
             if rows > 1:
@@ -157,12 +158,11 @@ class ModelRunner:
 
 
 def verify(seq: Sequence, logits: torch.Tensor) -> list[int]:
-    """Check ``seq``'s draft tokens against the target's ``logits`` [k + 1, vocab]."""
+    """Check ``seq``'s draft tokens against the target's ``logits`` [k + 1, vocab]: greedy, or
+    coupled with the request's keyed noise (``rejection.py`` says why not the rejection rule)."""
     drafts = seq.spec_token_ids
     if seq.params.greedy:
         return verify_greedy(drafts, logits)
-    p = probabilities(logits, seq.params)  # [k + 1, vocab]
-    q = seq.spec_probs
-    if q is None:  # a deterministic drafter (prompt lookup): q is one-hot on its token
-        q = torch.zeros_like(p[:-1]).scatter_(1, torch.tensor(drafts, device=p.device)[:, None], 1.0)
-    return verify_sampled(drafts, q, p, seq.generator)
+    first = len(seq.output_token_ids)  # the output position the first draft stands at
+    noise = torch.stack([seq.rng.exponentials(first + i, logits.shape[-1]) for i in range(len(drafts) + 1)])
+    return verify_coupled(drafts, probabilities(logits, seq.params), noise)

@@ -15,6 +15,13 @@ from .hardware import Peak
 PHASE_COLORS = {"prefill": "tab:orange", "decode": "tab:blue"}
 
 
+def _legend(ax, **kwargs) -> None:
+    """A legend only where something labelled was drawn: a figure of no data asks for none
+    (matplotlib warns "No artists with labels found to put in legend")."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
              title: str = "Roofline") -> Figure:
     """Attainable FLOP/s = min(peak, intensity x bandwidth) for each ``Peak``, with measured points.
@@ -44,7 +51,7 @@ def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
+    _legend(ax, fontsize=7, loc="lower right")
     return fig
 
 
@@ -65,7 +72,7 @@ def latency_cdfs(series: dict[str, Sequence[float]], slos_ms: dict[str, float] |
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("fraction of requests" if name != "ITL" else "fraction of gaps")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
     fig.suptitle(title)
     return fig
 
@@ -89,14 +96,14 @@ def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float
     twin = top.twinx()
     twin.step(t, [s.num_decode_seqs for s in steps], where="post", color=PHASE_COLORS["decode"], label="decode seqs")
     twin.set_ylabel("decode sequences / step", color=PHASE_COLORS["decode"])
-    top.legend(loc="upper left", fontsize=8)
+    _legend(top, loc="upper left", fontsize=8)
     bottom.plot(t, 1e3 * width, ".-", color="black", lw=0.8, ms=3, label="step time")
     if len(itl_points):
         it = np.array(itl_points, dtype=float)
         bottom.scatter(it[:, 0] - start_s, it[:, 1], s=6, color="tab:red", alpha=0.6, label="ITL")
     bottom.set_ylabel("ms")
     bottom.set_xlabel("time since start (s)")
-    bottom.legend(loc="upper left", fontsize=8)
+    _legend(bottom, loc="upper left", fontsize=8)
     fig.suptitle(title)
     return fig
 
@@ -114,7 +121,7 @@ def utilization_trace(series: dict[str, tuple[Sequence[float], Sequence[float | 
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("percent")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     ax.set_title(title)
     return fig
 
@@ -131,7 +138,7 @@ def curve(xs: Sequence[float], ys: dict[str, Sequence[float]], xlabel: str, ylab
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return fig
 
 
@@ -196,13 +203,13 @@ def speculative_sweep(result: dict, title: str = "Speculative decoding against k
     left.plot(ks, [k + 1 for k in ks], ":", color="grey", label="k + 1 (every draft accepted)")
     left.set_xlabel("draft tokens per step, k")
     left.set_ylabel("tokens per verification step")
-    left.legend(fontsize=8)
+    _legend(left, fontsize=8)
     right.plot(ks, [r["measured_speedup_x"] for r in rows], "o-", label="measured TPOT(0) / TPOT(k)")
     right.plot(ks, [r["predicted_speedup_x"] for r in rows], "s--", label="predicted E / (k c + v)")
     right.axhline(1, color="black", lw=0.8)
     right.set_xlabel("draft tokens per step, k")
     right.set_ylabel("speedup over plain decoding (x)")
     right.set_ylim(bottom=0)
-    right.legend(fontsize=8)
+    _legend(right, fontsize=8)
     fig.suptitle(f"{title} ({result.get('drafter', '')})")
     return fig

@@ -108,7 +108,7 @@ class Scheduler:
                 continue  # preempted in this loop, or still prefilling
             n = 1 + len(seq.spec_token_ids)
             if used + n > self.config.max_num_batched_tokens - (len(self.running) - len(scheduled) - 1):
-                seq.spec_token_ids, seq.spec_probs, n = [], None, 1  # no budget left to verify drafts
+                seq.spec_token_ids, n = [], 1  # no budget left to verify drafts
             if self._reserve(seq, n, scheduled, out):
                 out.scheduled.append((seq, n))
                 scheduled.add(seq.request_id)
@@ -159,7 +159,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)  # num_computed_tokens -> 0: recompute on readmission
-        seq.spec_token_ids, seq.spec_probs = [], None
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.times.num_preemptions += 1
         self.waiting.appendleft(seq)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from .config import SamplingParams
+from .sampling import KeyedRandom
 
 
 class SequenceStatus(enum.Enum):
@@ -47,12 +46,12 @@ class Sequence:
     """One request: prompt, output so far, KV placement and timestamps."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_s: float, generator: torch.Generator | None = None):
+                 arrival_s: float, rng: KeyedRandom | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.params = params
-        self.generator = generator  # None for greedy requests
+        self.rng = rng  # its random numbers, keyed by output position; None for greedy requests
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
@@ -60,7 +59,6 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (memoized)
         self.extra_keys: tuple = ()  # anything besides the tokens that changes the KV (a LoRA id)
         self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
-        self.spec_probs = None  # [len(spec_token_ids), vocab]: the distributions they were drawn from
         self.times = RequestTimes(arrival_s=arrival_s)
 
     @property

@@ -2,9 +2,14 @@
 
 A drafter proposes up to k tokens per running sequence before a step; the target then verifies
 them all in that one step (``rejection.py``), so one read of the target's weights can yield
-several tokens. Both drafters answer ``propose(seqs, k)`` with, per sequence, the draft tokens
-and the distribution each was drawn from (None where the draft was deterministic: greedy
-requests, or prompt lookup, whose q is one-hot on its token).
+several tokens. Both drafters answer ``propose(seqs, k)`` with the draft tokens of each sequence.
+
+For a sampled request the draft model draws its token at output position j as the race
+argmax q_j / E_j with the request's own keyed noise E_j (``sampling.KeyedRandom``), the noise the
+target's draw at j uses too: the draft is right as often as the two races agree, and the
+verification (``rejection.verify_coupled``) emits the target's draw either way. So what a seed
+promises holds under speculation: a seeded request's tokens do not depend on how many drafts
+were proposed, which varies with free draft blocks, the step budget and preemption.
 
 The draft model keeps its own paged KV cache and block tables (``DraftSequence``). After each
 verification the engine's sequence may have dropped some drafts; the drafter compares what its
@@ -21,7 +26,7 @@ from .config import SamplingParams
 from .kv_cache import KVCache
 from .model import LlamaForCausalLM
 from .model_runner import ModelRunner
-from .sampling import probabilities
+from .sampling import probabilities, race
 from .sequence import Sequence
 
 GREEDY = SamplingParams(temperature=0)
@@ -36,8 +41,8 @@ class PromptLookupDrafter:
             raise ValueError(f"ngram sizes must satisfy 1 <= ngram_min ({ngram_min}) <= ngram_max ({ngram_max})")
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
 
-    def propose(self, seqs: list[Sequence], k: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
-        return [(self.lookup(s.all_token_ids, n), None) for s, n in zip(seqs, k)]
+    def propose(self, seqs: list[Sequence], k: list[int]) -> list[list[int]]:
+        return [self.lookup(s.all_token_ids, n) for s, n in zip(seqs, k)]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
@@ -94,12 +99,12 @@ class DraftModelDrafter:
         return draft
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], k: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
-        """Up to ``k[i]`` draft tokens for ``seqs[i]``, with their distributions q ([n, vocab]) for
-        sampled requests. A sequence whose draft cache cannot grow gets no proposal."""
+    def propose(self, seqs: list[Sequence], k: list[int]) -> list[list[int]]:
+        """Up to ``k[i]`` draft tokens for ``seqs[i]``: greedy, or for a sampled request the race of
+        its draft distribution q against the request's keyed noise. A sequence whose draft cache
+        cannot grow gets fewer (or no) proposals, which changes the speed, not the output."""
         drafts = [self._sync(s) for s in seqs]
         tokens: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[torch.Tensor]] = [[] for _ in seqs]
         active = [i for i, n in enumerate(k) if n > 0]
         for step in range(max(k, default=0)):
             batch = []  # (index, draft sequence, tokens to run): its catch-up, then one at a time
@@ -116,14 +121,14 @@ class DraftModelDrafter:
             for i, d, n in batch:
                 row = row_of[id(d)]
                 d.num_computed_tokens += n
-                params = seqs[i].params
-                if params.greedy:
+                seq = seqs[i]
+                if seq.params.greedy:
                     token = int(logits[row].argmax())
-                else:
-                    q = probabilities(logits[row], params)
-                    token = int(torch.multinomial(q, 1, generator=seqs[i].generator).item())
-                    probs[i].append(q)
+                else:  # the output position this draft stands at: the target races there too
+                    position = len(seq.output_token_ids) + step
+                    token = int(race(probabilities(logits[row], seq.params),
+                                     seq.rng.exponentials(position, logits.shape[-1])))
                 tokens[i].append(token)
                 d.prompt_token_ids.append(token)
             active = [i for i in active if len(tokens[i]) == step + 1]
-        return [(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+        return tokens

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence as Seq
 import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, SamplingParams
+from minieng.chat import chat_token_ids
 from minieng.loader import LoadedModel, build_model
 from minieng.sequence import Sequence, SequenceStatus
 
@@ -109,12 +110,28 @@ def hf_greedy(hf_model, prompt: Seq[int], max_new_tokens: int) -> list[int]:
 
 def chat_ids(tokenizer, text: str) -> list[int]:
     """A user turn through the chat template, generation prompt added, as a list of ids."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    if not isinstance(ids, list):  # transformers 5 may return a BatchEncoding
-        ids = ids["input_ids"]
-    if ids and isinstance(ids[0], list):
-        ids = ids[0]
-    return list(ids)
+    return chat_token_ids(tokenizer, text)
+
+
+BOS_ID = 1
+
+
+def bos_tokenizer():
+    """A tiny offline tokenizer that adds BOS, as Llama 3's does: a word-level vocabulary of 300
+    (the tiny models' size; ids 5.. are "w5", "w6", ...), a post-processor putting ``<s>`` (id 1)
+    in front of every encoded text, and a chat template that starts with ``<s>`` as well."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"] + [f"w{i}" for i in range(5, 300)]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    return tok
 
 
 def assert_same_or_near_tie(expected: Seq[int], actual: Seq[int], prompt: Seq[int],

@@ -8,6 +8,7 @@ small sizes, to keep the suite short; everything else in the command runs as it 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,72 @@ def test_malformed_list_is_an_argparse_error(capsys):
         cli.main(["bench", "--batch-sizes", "1,two"])
     assert exit_.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_help_reads_as_plain_text(capsys):
+    for argv in (["--help"], ["generate", "--help"], ["bench", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == 0
+        out = capsys.readouterr().out
+        assert "``" not in out and "usage:" in out
+    assert "python -m minieng generate" in cli.__doc__ and "``" not in cli.__doc__
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """``cli._engine`` failing the test: the command must refuse its input before loading a model."""
+    def engine(args, **overrides):
+        raise AssertionError("the model was loaded before the arguments were checked")
+    monkeypatch.setattr(cli, "_engine", engine)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["generate", "hi", "--max-tokens", "-3"], "--max-tokens=-3 is invalid"),
+    (["generate", "hi", "--temperature", "-1"], "--temperature=-1.0 is invalid"),
+    (["generate", "hi", "--top-p", "0"], "--top-p=0.0 is invalid"),
+    (["generate", "hi", "--top-k", "-2"], "--top-k=-2 is invalid"),
+    (["generate", ""], "prompt is empty"),
+    (["generate", "  \n "], "prompt is empty"),
+    (["generate", "", "--raw"], "prompt is empty"),
+    (["bench", "--output-tokens", "1"], "--output-tokens=1"),
+    (["bench", "--workload", "trace"], "--workload trace needs --trace"),
+])
+def test_bad_arguments_are_refused_before_the_model_loads(capsys, no_model_load, argv, expected):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error:") and expected in err, err
+    assert not re.search(r"(?<![\w-])(max_tokens|temperature|top_p|top_k)=", err), "API wording on the command line"
+
+
+def test_errors_use_the_command_line_words(capsys):
+    code, _, err = run_cli(capsys, "generate", "x", "--model", "no-such-org/no-such-model")
+    assert code == 2 and "omit --model" in err and "model=None" not in err and "--model=" in err
+    flags = {"model": "--model", "max_tokens": "--max-tokens"}
+    assert cli.cli_wording("use the default (model=None); max_tokens=0 is invalid; draft_max_tokens=1", flags) == \
+        "use the default (omit --model); --max-tokens=0 is invalid; draft_max_tokens=1"
+    assert cli.cli_wording("point model= at a directory", flags) == "point --model at a directory"
+
+
+def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, tiny_llama):
+    """The chat template's BOS and the tokenizer's are not both sent (a tokenizer that adds BOS)."""
+    from helpers import BOS_ID, bos_tokenizer, make_engine
+    from minieng.loader import LoadedModel
+
+    loaded = tiny_llama[1]
+    engines = []
+
+    def engine(args, **overrides):
+        engines.append(make_engine(LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, {2}, None)))
+        return engines[-1]
+
+    monkeypatch.setattr(cli, "_engine", engine)
+    code, out, err = run_cli(capsys, "generate", "w7 w8", "--max-tokens", "3")
+    assert code == 0 and "3 tokens" in err
+    prompt = engines[0].output("cli").prompt_token_ids
+    assert prompt == [BOS_ID, 3, 7, 8, 4] and prompt.count(BOS_ID) == 1
+    code, _, _ = run_cli(capsys, "generate", "w7 w8", "--max-tokens", "3", "--raw")
+    assert code == 0 and engines[1].output("cli").prompt_token_ids == [BOS_ID, 7, 8]
 
 
 # -- the bench on the real model --------------------------------------------------------------------

@@ -20,7 +20,7 @@ from helpers import chat_ids, make_engine, random_prompts
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.detokenizer import IncrementalDetokenizer
 from minieng.loader import LoadedModel
-from minieng.sampling import probabilities, sample
+from minieng.sampling import KeyedRandom, probabilities, race, sample
 
 VOCAB = 300  # the tiny Llama's
 
@@ -113,6 +113,80 @@ def test_max_model_len_beyond_the_model(tiny_llama):
 def test_generate_with_mismatched_params(tiny_engine):
     with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
         tiny_engine().generate([[1], [2], [3]], [greedy(2), greedy(2)])
+
+
+def engine_state(engine: LLMEngine) -> tuple:
+    """What a failed call must leave unchanged: requests, queues, blocks."""
+    bm = engine.block_manager
+    return (list(engine.requests), list(engine.scheduler.waiting), list(engine.scheduler.running),
+            engine.has_unfinished_requests(), bm.num_free_blocks, len(engine.step_records))
+
+
+@pytest.mark.parametrize("bad", [
+    ([[1, 2, 3], []], None, r"prompt 1: prompt is empty"),
+    ([[1, 2, 3], [4, 5], [1, VOCAB]], None, r"prompt 2: .*\[0, 300\)"),
+    ([[1, 2, 3], [4] * 40], None, r"prompt 1: .*max_model_len=32"),
+    ([[1, 2, 3], [4, 5]], [greedy(2), "greedy"], r"prompt 1: params must be a SamplingParams"),
+])
+def test_a_failed_generate_queues_nothing(tiny_engine, bad):
+    """A batch with one bad prompt raises before any prompt is queued: the good ones must not run
+    later among another call's requests (issue 8)."""
+    prompts, params, message = bad
+    engine = tiny_engine(max_model_len=32)
+    before = engine_state(engine)
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, params or greedy(2))
+    assert engine_state(engine) == before and not engine.has_unfinished_requests()
+    outs = engine.generate([[7, 8, 9]], greedy(3))
+    assert [o.prompt_token_ids for o in outs] == [[7, 8, 9]] and list(engine.requests) == ["0"]
+    assert engine_state(engine)[3:5] == (False, engine.block_manager.num_blocks)
+
+
+def test_stream_refuses_bad_input_at_the_call(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1, 2], request_id="taken")
+    before = engine_state(engine)
+    with pytest.raises(ValueError, match="0 tokens"):
+        engine.stream([], greedy(2))  # no next(): the call itself raises
+    with pytest.raises(ValueError, match="request_id='taken'"):
+        engine.stream([3], greedy(2), request_id="taken")
+    assert engine_state(engine) == before
+    deltas = engine.stream([3, 4], greedy(2), request_id="s")
+    assert "s" in engine.requests, "stream queues its request at the call"
+    assert list(deltas) == [] and engine.output("s").finished  # no tokenizer: no text, but it ran
+
+
+def test_automatic_ids_skip_ids_in_use(tiny_engine):
+    engine = tiny_engine()
+    engine.add_request([1], request_id="0")
+    assert engine.add_request([2]) == "1"
+    assert engine.generate([[3]], greedy(1))[0].request_id == "2"
+
+
+# -- chat prompts ------------------------------------------------------------------------------------
+
+def test_a_chat_prompt_starts_with_one_bos(tiny_llama):
+    """A tokenizer that adds BOS (as Llama 3's) and a chat template that writes it too: rendering the
+    template to text and encoding that text gives [bos, bos, ...]; ``chat_prompt`` gives one."""
+    from helpers import BOS_ID, bos_tokenizer
+
+    tok = bos_tokenizer()
+    loaded = tiny_llama[1]
+    engine = make_engine(LoadedModel(loaded.model, tok, loaded.hf_config, {2}, None))
+    messages = [{"role": "user", "content": "w7 w8 w9"}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert engine.tokenize(text)[:2] == [BOS_ID, BOS_ID], "the test tokenizer should show the double BOS"
+    ids = engine.chat_prompt(messages)
+    assert ids[0] == BOS_ID and ids[1] != BOS_ID and ids.count(BOS_ID) == 1
+    assert ids == tok.encode(text, add_special_tokens=False) == engine.chat_prompt("w7 w8 w9")
+    out = engine.generate([ids], greedy(3))[0]
+    assert out.prompt_token_ids == ids and len(out.token_ids) == 3
+    for empty in ("", "  \n"):
+        with pytest.raises(ValueError, match="prompt is empty"):
+            engine.chat_prompt(empty)
+    no_tokenizer = make_engine(loaded)
+    with pytest.raises(ValueError, match="no chat template"):
+        no_tokenizer.chat_prompt("w7")
 
 
 # -- accepted input never crashes later ---------------------------------------------------------------
@@ -325,20 +399,69 @@ def test_probabilities_temperature_top_k_top_p():
     assert batch.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
 
 
+# log(0.3) and log(0.1) are not exact in bfloat16 (0.5 + 0.3 rounds to 0.4997 + 0.2996 < 0.8):
+# that boundary exists in float32 only. Uniform distributions are exact in both dtypes.
+INEXACT_IN_BF16 = [([0.3, 0.1, 0.1, 0.5], 0.8, {0, 3}),  # 0.5 + 0.3 reaches 0.8: nothing more is needed
+                   ([0.3, 0.1, 0.1, 0.5], 0.81, 3)]  # just past it: one of the two 0.1 joins
+EXACT = [([0.25] * 4, 0.5, 2), ([0.25] * 4, 0.75, 3), ([0.25] * 4, 0.7500001, 4),
+         ([0.125] * 8, 0.375, 3), ([0.125] * 8, 0.5, 4), ([0.5, 0.5], 0.5, 1), ([0.5, 0.5], 0.51, 2)]
+
+
+@pytest.mark.parametrize("dtype,probs,top_p,kept", [(torch.float32, *case) for case in INEXACT_IN_BF16 + EXACT]
+                         + [(torch.bfloat16, *case) for case in EXACT])
+def test_top_p_at_an_exact_boundary(dtype, probs, top_p, kept):
+    """A token is kept only while the mass before it is strictly below top_p."""
+    logits = torch.log(torch.tensor(probs)).to(dtype)
+    p = probabilities(logits, SamplingParams(top_p=top_p))
+    nonzero = set(torch.nonzero(p).flatten().tolist())
+    if isinstance(kept, int):  # ties: which of the equal tokens stays does not matter
+        assert len(nonzero) == kept, f"top_p={top_p} kept {sorted(nonzero)}"
+    else:
+        assert nonzero == kept, f"top_p={top_p} kept {sorted(nonzero)}"
+    assert p.dtype == torch.float32 and abs(p.sum().item() - 1) < 1e-6
+
+
 def test_sample_frequencies_follow_the_distribution():
     """Chi-square goodness of fit, 4 degrees of freedom: a correct sampler exceeds the critical
     value 18.47 with probability 0.001 for a random seed; this seed is fixed, so the test is
     deterministic."""
     logits = torch.log(torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05]))
     params = SamplingParams(temperature=1.0, seed=0)
-    gen = torch.Generator().manual_seed(1234)
+    rng = KeyedRandom(1234)
     n = 4000
-    draws = sample(logits.repeat(n, 1), [params] * n, [gen] * n)
+    draws = sample(logits.repeat(n, 1), [params] * n, [rng] * n, list(range(n)))  # n output positions
     counts = torch.bincount(torch.tensor(draws), minlength=5).float()
     expected = n * torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])
     chi2 = (((counts - expected) ** 2) / expected).sum().item()
     assert chi2 < 18.47, f"chi2={chi2:.1f}, counts {counts.tolist()}"
-    assert sample(logits[None], [SamplingParams(temperature=0)], [None]) == [0]
+    assert sample(logits[None], [SamplingParams(temperature=0)], [None], [0]) == [0]
+
+
+def test_keyed_draws_depend_on_seed_and_position_only():
+    """A row's token is a function of its logits, its seed and its output position: not of the
+    other rows, their order, or how many draws came before (what makes seeds reproducible)."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=gen) * 2
+    params = [SamplingParams(temperature=1.0, top_p=0.9)] * 6
+    rngs = [KeyedRandom(seed) for seed in (1, 2, 3, 1, 2, 3)]
+    positions = [0, 0, 0, 5, 5, 5]
+    tokens = sample(logits, params, rngs, positions)
+    order = [4, 2, 0, 5, 1, 3]
+    shuffled = sample(logits[order], [params[i] for i in order], [rngs[i] for i in order],
+                      [positions[i] for i in order])
+    assert shuffled == [tokens[i] for i in order]
+    for i in range(6):  # alone, after unrelated draws from the same request's KeyedRandom
+        rngs[i].exponentials(99, 50)
+        assert sample(logits[i:i + 1], params[:1], [KeyedRandom(rngs[i].seed)], [positions[i]]) == [tokens[i]]
+    assert torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(3, 10))
+    assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(4, 10))
+    assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(8).exponentials(3, 10))
+
+
+def test_the_race_never_picks_a_token_of_probability_zero():
+    probs = torch.tensor([[0.0, 0.7, 0.0, 0.3]] * 3)
+    noise = torch.tensor([[0.0, 1.0, 1e-300, 5.0], [1.0, 0.0, 1.0, 1.0], [1e-9, 2.0, 1e-9, 1e-9]], dtype=torch.float64)
+    assert race(probs, noise).tolist() == [1, 1, 3]
 
 
 # -- streaming and the detokenizer --------------------------------------------------------------------

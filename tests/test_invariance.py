@@ -19,6 +19,7 @@ from helpers import assert_same_or_near_tie, chat_ids, hf_next_logits, make_engi
 from minieng import EngineConfig, LLMEngine, SamplingParams
 
 TINY_OUT = 24
+VOCAB_TINY = 300
 REAL_OUT = 24
 GREEDY_TINY = SamplingParams(temperature=0, max_tokens=TINY_OUT, ignore_eos=True)
 GREEDY_REAL = SamplingParams(temperature=0, max_tokens=REAL_OUT, ignore_eos=True)
@@ -93,6 +94,40 @@ def test_tiny_preemption_invariance(tiny_setup):
     assert any(o.times.num_preemptions for o in outputs)
     assert engine.block_manager.num_free_blocks == 12
     check_all(chosen, [alone[tuple(p)] for p in chosen], outputs, hf_next_logits(hf), "preemption")
+
+
+def test_tiny_preempted_requests_keep_every_token_once(tiny_llama):
+    """Preemption recomputes a request's tokens; it must not lose or redo any. Under greedy
+    decoding a dropped newest token would be regenerated identically, so outputs alone cannot
+    tell; what does: the streamed deltas concatenate to the final text (a redone token streams
+    twice), the emissions count exactly the tokens, and a seeded sampled request gives, token for
+    token, its unpreempted output (its draws are keyed by output position)."""
+    from helpers import bos_tokenizer
+
+    from minieng.loader import LoadedModel
+
+    loaded = LoadedModel(tiny_llama[1].model, bos_tokenizer(), tiny_llama[1].hf_config, set(), None)
+    prompts = random_prompts([3, 17, 9, 25, 5, 11], VOCAB_TINY, seed=13)
+    params = [SamplingParams(temperature=0.9 if i % 2 else 0, seed=i, max_tokens=20, ignore_eos=True)
+              for i in range(len(prompts))]
+    alone = [make_engine(loaded).generate([p], sp)[0] for p, sp in zip(prompts, params)]
+    # 12 blocks of 4 tokens: one sequence of max_model_len 48 fits, six do not.
+    engine = make_engine(loaded, num_kv_blocks=12, max_model_len=48)
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    deltas = {rid: [] for rid in ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            deltas[out.request_id].append(out.delta)
+    outs = [engine.output(rid) for rid in ids]
+    preempted = [i for i, o in enumerate(outs) if o.times.num_preemptions]
+    assert any(params[i].temperature > 0 for i in preempted), "no sampled request was preempted"
+    assert any(params[i].temperature == 0 for i in preempted), "no greedy request was preempted"
+    for i, (out, ref) in enumerate(zip(outs, alone)):
+        streamed = "".join(deltas[out.request_id])
+        decoded = loaded.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert streamed == out.text == decoded, f"request {i}: the stream repeats or loses text"
+        assert sum(n for _, n in out.times.emissions) == len(out.token_ids) == 20, f"request {i}: emissions"
+        assert out.text == ref.text and out.token_ids == ref.token_ids, f"request {i}: tokens changed"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import pytest
@@ -62,8 +63,12 @@ def test_latency_cdfs_with_an_empty_series_and_slos():
 
 
 def test_latency_cdfs_of_nothing():
-    png(plots.latency_cdfs({}))
-    png(plots.latency_cdfs({"TTFT": []}))
+    """A figure that draws nothing asks for no legend (matplotlib would warn "No artists with labels")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fig in (plots.latency_cdfs({}), plots.latency_cdfs({"TTFT": []})):
+            png(fig)
+            assert all(ax.get_legend() is None for ax in fig.axes)
 
 
 def _steps(start: float) -> list[StepRecord]:
@@ -106,7 +111,11 @@ def test_utilization_trace_leaves_na_as_gaps():
 
 
 def test_utilization_trace_of_nothing():
-    png(plots.utilization_trace({}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plots.utilization_trace({})
+        png(fig)
+    assert fig.axes[0].get_legend() is None
 
 
 def test_curve():

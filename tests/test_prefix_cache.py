@@ -58,6 +58,11 @@ def chain_keys(tokens, block_size: int, extra_keys: tuple = ()) -> list[bytes]:
     return keys
 
 
+def constant_hash(parent: bytes, token_ids, extra_keys: tuple = ()) -> bytes:
+    """A hash under which every block collides: to test the hit check independently of the hash."""
+    return b"same"
+
+
 class Driver:
     """Steps an engine by hand: adds requests at given steps, checks the block manager after every
     step, and checks each request's hit count at its first admission.
@@ -98,9 +103,14 @@ class Driver:
                     self.valid[keys[-1]] = tuple(block)
 
     def check_cache_entries(self) -> None:
-        """Every cache entry is a full block whose KV was computed, holding that key's tokens."""
+        """Every cache entry is a full block whose KV was computed, holding that key's tokens (under
+        a constant hash, where keys say nothing: the tokens of some computed block)."""
         bm = self.engine.block_manager
+        computed_blocks = set(self.valid.values())
         for key, block in bm.cached.items():
+            if bm_module.block_hash is not block_hash:  # the hash is replaced (a constant)
+                assert bm.block_tokens[block] in computed_blocks, f"block {block} holds tokens never computed"
+                continue
             assert key in self.valid, f"block {block} is in the cache but its tokens were never all computed"
             assert bm.block_tokens[block] == self.valid[key], f"block {block} holds other tokens than its key"
 
@@ -111,6 +121,8 @@ class Driver:
         outputs = engine.step()
         running, waiting = engine.scheduler.running, engine.scheduler.waiting
         bm.check_invariants(list(running) + [s for s in waiting if s.block_table])
+        for seq in running:  # one physical block holds one position of a sequence
+            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq}: a block at two positions"
         for seq in waiting:
             if seq.times.num_preemptions:
                 assert not seq.block_table and seq.num_computed_tokens == 0
@@ -295,6 +307,85 @@ def test_tiny_sharing_running_blocks_raises_ref_counts(tiny):
     driver.run([], [])
     outs = [engine.output(a), engine.output(b)]
     check_outputs([p + sa, p + sb], [ref(p + sa, 20), ref(p + sb, 20)], outs, next_logits, "shared running blocks")
+    check_final_state(engine, driver)
+
+
+# -- 1b. a hash that collides on every block ---------------------------------------------------------
+
+@pytest.mark.parametrize("hash_kind", ["sha256", "constant"])
+def test_tiny_a_block_repeated_at_another_position_is_not_its_own_parent(tiny, monkeypatch, hash_kind):
+    """P = X + X + t, sent twice (issue 8): both 16-token blocks hold X. Under a constant hash the
+    second block's key finds the first block, whose tokens match: only its parent (none, where the
+    prompt's second block needs the block holding X at 0-15) tells them apart. At most the first
+    block may be a hit there; with the real hash both are, in two distinct blocks."""
+    loaded, ref, next_logits = tiny
+    if hash_kind == "constant":
+        monkeypatch.setattr(bm_module, "block_hash", constant_hash)
+    x, t = random_prompts([16, 1], VOCAB, seed=12)
+    prompt = x + x + t
+    engine = make_engine(loaded, block_size=16, num_kv_blocks=64)
+    driver = Driver(engine, exact_hits=hash_kind == "sha256")
+    first, second = driver.run_each([prompt, prompt], greedy(16))
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == (32 if hash_kind == "sha256" else 16)
+    check_outputs([prompt] * 2, [ref(prompt, 16)] * 2, [first, second], next_logits, f"X + X + t, {hash_kind}")
+    check_final_state(engine, driver)
+
+
+def test_block_manager_checks_the_parent_not_only_the_tokens(monkeypatch):
+    """The same at the block manager: under a constant hash a block matching a prompt's tokens at
+    another position, or after another parent, or with other extra keys, is a miss."""
+    monkeypatch.setattr(bm_module, "block_hash", constant_hash)
+    x, y = [1, 2, 3, 4], [5, 6, 7, 8]
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    first = seq_of(x + x + [0])
+    compute(bm, first)
+    assert len(bm.cached) == 1  # every key collides: the first block's entry stays
+    assert bm.match_prefix(seq_of(x + x + [9])) == first.block_table[:1]  # not [b0, b0]
+    assert bm.match_prefix(seq_of(y + x + [9])) == []
+    assert bm.match_prefix(seq_of(x + [9], extra_keys=("lora-1",))) == []
+    # Another sequence computing X + X caches nothing more, and still gets one hit, not two.
+    again = seq_of(x + x + [5], "again")
+    compute(bm, again)
+    assert again.block_table[0] == first.block_table[0] and again.block_table[1] != first.block_table[0]
+    assert len(bm.cached) == 1
+    bm.check_invariants([first, again])
+
+
+@pytest.mark.parametrize("case", ["boundaries", "staggered", "twice", "conversation", "preemption", "ngram"])
+def test_tiny_constant_hash_gives_the_cache_off_outputs(tiny, monkeypatch, case):
+    """Workloads of the sections below, rerun with a hash that collides on every block: the hit
+    counts change (fewer hits), the outputs must not (cache-off references, near-ties aside)."""
+    loaded, ref, next_logits = tiny
+    monkeypatch.setattr(bm_module, "block_hash", constant_hash)
+    prefix_prompts, seed, shared, distinct = tiny_prefix_length_prompts(seed=3)
+    motif = random_prompts([4], VOCAB, seed=13)[0]
+    arrivals, n_out, overrides = None, TINY_OUT, dict(block_size=16, num_kv_blocks=64)
+    if case == "boundaries":
+        prompts = prefix_prompts + [seed] + shared + [distinct]
+    elif case == "staggered":
+        prompts, arrivals, n_out = [seed] + prefix_prompts + shared + [distinct], list(range(11)), 24
+    elif case == "twice":  # repeated blocks at every position, block size 4
+        prompts = [motif * 5 + [1], motif * 3 + [2], motif * 5 + [1], motif * 4]
+        overrides = dict(block_size=4, num_kv_blocks=64)
+    elif case == "conversation":
+        p, more = random_prompts([10, 6], VOCAB, seed=31)
+        prompts = [p, p + ref(p, 14) + more, motif * 2 + p, p]
+        overrides = dict(block_size=4, num_kv_blocks=64)
+    elif case == "preemption":
+        prompts = [motif * 3 + s for s in random_prompts([4] * 6, VOCAB, seed=71)]
+        arrivals, n_out, overrides = [0] * 6, 16, dict(block_size=4, num_kv_blocks=12, max_model_len=48)
+    else:  # prompt lookup drafts, rolled back before blocks are cached
+        prompts = [motif * 4 + [3], motif * 4 + [3], motif * 2 + [7]]
+        arrivals, n_out = [0, 2, 4], 16
+        overrides = dict(block_size=4, num_kv_blocks=64, speculative_method="ngram", num_speculative_tokens=3)
+    engine = make_engine(loaded, **overrides)
+    driver = Driver(engine, exact_hits=False)
+    params = greedy(n_out)
+    outs = driver.run(prompts, params, arrivals) if arrivals else driver.run_each(prompts, params)
+    if case == "preemption":
+        assert sum(r.num_preempted for r in engine.step_records) > 0, "the tiny pool never preempted"
+    check_outputs(prompts, [ref(p, n_out) for p in prompts], outs, next_logits, f"constant hash, {case}")
     check_final_state(engine, driver)
 
 
@@ -599,7 +690,9 @@ def test_tiny_reset_prefix_cache_forgets_every_block(tiny):
 
 # -- 6. randomized workload --------------------------------------------------------------------------
 
-SHARED_PREFIXES = random_prompts([5, 8, 13], VOCAB, seed=81)
+# The last one repeats a 4-token motif: equal blocks at different positions (block size 2 or 4),
+# which only the parent check tells apart under a constant hash.
+SHARED_PREFIXES = random_prompts([5, 8, 13], VOCAB, seed=81) + [random_prompts([4], VOCAB, seed=83)[0] * 3]
 SUFFIX_POOL = random_prompts([1, 3, 4, 6], VOCAB, seed=82)
 
 request_st = st.tuples(
@@ -613,9 +706,21 @@ request_st = st.tuples(
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(request_st, min_size=1, max_size=8), block_size=st.sampled_from([2, 4]),
        spare_blocks=st.integers(0, 6), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 24),
-       chunked=st.booleans(), spec=st.sampled_from([None, None, "ngram", "draft"]))
+       chunked=st.booleans(), spec=st.sampled_from([None, None, "ngram", "draft"]),
+       hash_kind=st.sampled_from(["sha256", "constant"]))
 def test_tiny_random_workload_keeps_invariants_and_outputs(tiny, requests, block_size, spare_blocks, max_num_seqs,
-                                                           extra_budget, chunked, spec):
+                                                           extra_budget, chunked, spec, hash_kind):
+    """Random workloads, with the real hash and with a constant one (every key collides: only the
+    block manager's token and parent checks stand between a request and another prefix's KV)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if hash_kind == "constant":
+            mp.setattr(bm_module, "block_hash", constant_hash)
+        run_random_workload(tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec,
+                            exact_hits=hash_kind == "sha256")
+
+
+def run_random_workload(tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec,
+                        exact_hits):
     loaded, ref, next_logits = tiny
     max_model_len = 32  # prompts <= 19 tokens, outputs <= 8
     num_blocks = max_model_len // block_size + spare_blocks
@@ -631,7 +736,7 @@ def test_tiny_random_workload_keeps_invariants_and_outputs(tiny, requests, block
         prompts.append(prefix + suffix)
         params.append(greedy(max_tokens))
         arrivals.append(arrival)
-    driver = Driver(engine)
+    driver = Driver(engine, exact_hits=exact_hits)
     outs = driver.run(prompts, params, arrivals)
     for rec in engine.step_records:
         assert len(rec.chunks) <= max_num_seqs

@@ -81,6 +81,9 @@ def simulate(config: EngineConfig, num_blocks: int, requests: list[tuple[int, in
                 assert seq.request_id in scheduled or seq in out.preempted, "a running decode was skipped"
         admitted = [s for s, _, _ in plan if s in waiting_before]
         assert admitted == waiting_before[:len(admitted)], "admission is first come, first served"
+        # Preempted sequences go back to the front of the queue, ahead of newer requests (the
+        # last preempted, the earliest admitted, first), so they are readmitted before them.
+        assert list(sched.waiting)[:len(out.preempted)] == out.preempted[::-1], "preempted not re-queued first"
         for seq in out.preempted:
             assert seq.status is SequenceStatus.WAITING and seq in sched.waiting
             assert seq.block_table == [] and seq.num_computed_tokens == 0
@@ -159,6 +162,28 @@ def test_preemption_takes_the_most_recently_admitted_first():
     assert [s for s, _ in out.scheduled] == [a, b]
     assert sched.waiting[0] is c and c.num_computed_tokens == 0 and c.times.num_preemptions == 1
     bm.check_invariants([a, b, c])
+
+
+def test_a_preempted_sequence_is_readmitted_before_newer_requests():
+    """Preemption re-queues at the front: a request that arrived later must not overtake it."""
+    cfg = config(block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+    bm = BlockManager(num_blocks=4, block_size=4)
+    sched = Scheduler(cfg, bm)
+    a, b, c, d = (Sequence(n, [1] * 4, SamplingParams(max_tokens=8), 0.0) for n in "abcd")
+    for seq in (a, b, c):
+        sched.add(seq)
+    sched.schedule()
+    for seq in (a, b, c):
+        seq.num_computed_tokens += 4
+        seq.output_token_ids.append(FAKE_TOKEN)
+    sched.add(d)  # arrives after c was admitted: it waits (a single free block, kept for the decodes)
+    out = sched.schedule()
+    assert out.preempted == [c] and list(sched.waiting) == [c, d]
+    sched.finish(a, SequenceStatus.FINISHED_LENGTH)  # room again: 2 blocks free
+    out = sched.schedule()
+    admitted = [s for s, n in out.scheduled if SchedulerOutput.is_prefill(s, n)]
+    assert admitted[:1] == [c] and list(sched.waiting) == ([d] if d not in admitted else [])
+    bm.check_invariants([a, b, c, d])
 
 
 def test_finish_of_a_waiting_request_removes_it():

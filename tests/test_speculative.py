@@ -8,6 +8,9 @@
   max_tokens or max_model_len cuts it.
 - The rejection sampler reproduces the target distribution (chi-square tests on a toy
   vocabulary), and the engine's sampled speculative output follows the target's joint law.
+- Coupled verification (what the engine runs for sampled requests) emits the target's keyed
+  draws: a seeded request gives plain seeded sampling's tokens, whatever the pool, preemption or
+  batch-mates, with prompt lookup and with the int8 self-draft.
 - Acceptance figures and the serving figures of multi-token emissions (TPOT < ITL).
 - KV rollback keeps the block accounting intact after every step, for the target and for the
   draft model's own cache, under preemption, chunked prefill, prefix caching and sampling.
@@ -38,8 +41,8 @@ from minieng.metrics import acceptance_metrics, request_metrics, serving_metrics
 from minieng.model import Linear
 from minieng.model_runner import verify
 from minieng.quantization import quantize_int8
-from minieng.rejection import verify_greedy, verify_sampled
-from minieng.sampling import probabilities
+from minieng.rejection import verify_coupled, verify_greedy, verify_sampled
+from minieng.sampling import KeyedRandom, probabilities, race
 from minieng.sequence import Sequence
 from minieng.spec_experiment import expected_tokens_per_step
 from minieng.speculative import DraftModelDrafter, PromptLookupDrafter
@@ -216,17 +219,18 @@ def test_rejection_sampling_q_equal_p_accepts_all_and_bonus_follows_last_p():
 
 
 def test_prompt_lookup_verification_through_the_runner_emits_the_target_distribution():
-    """Prompt lookup's q is one-hot on its token (``model_runner.verify`` builds it): the draft is
-    accepted with probability p(x), otherwise the residual p without x is sampled, so the first
-    token follows p. False failure for a random seed: 1e-4 (chi-square) + 7e-6 (z-test)."""
+    """Prompt lookup proposes a fixed token x; ``model_runner.verify`` (coupled) accepts it when the
+    target's keyed draw is x, with probability p(x), else emits that draw: the first token follows
+    p, one request seed per verification. False failure for a random seed: 1e-4 (chi-square) +
+    7e-6 (z-test)."""
     p = toy_dists(6, 2)
     logits = p.log()  # probabilities(logits, temperature 1) == p
     params = SamplingParams(temperature=1.0)
-    seq = Sequence("r", [0], params, 0.0, torch.Generator().manual_seed(5))
     n, draft = 20_000, 2
     first = []
-    for _ in range(n):
-        seq.spec_token_ids, seq.spec_probs = [draft], None
+    for i in range(n):
+        seq = Sequence("r", [0], params, 0.0, KeyedRandom(5_000 + i))
+        seq.spec_token_ids = [draft]
         out = verify(seq, logits)
         assert 1 <= len(out) <= 2 and (len(out) == 2) == (out[0] == draft)
         first.append(out[0])
@@ -253,6 +257,27 @@ def test_one_hot_target_makes_sampled_verification_greedy():
         p = torch.nn.functional.one_hot(best, TOY_V).float()
         q = toy_dists(int(torch.randint(0, 1000, (), generator=g)), k)
         assert verify_sampled(drafts.tolist(), q, p, g) == verify_greedy(drafts.tolist(), p)
+
+
+def test_coupled_verification_emits_the_target_draws():
+    """``verify_coupled`` emits the target's keyed draws race(p_i, E_i) themselves: the drafts up to
+    the first that differs from the draw at its position, then that draw. So a draft model racing
+    q_i with the same noise, any fixed draft (prompt lookup) or no draft at all give the tokens
+    plain sampling gives."""
+    g = torch.Generator().manual_seed(1)
+    agreed = 0
+    for trial in range(300):
+        k = int(torch.randint(0, 6, (), generator=g))
+        p, q = toy_dists(2 * trial, k + 1), toy_dists(2 * trial + 1, k)
+        rng = KeyedRandom(trial)
+        noise = torch.stack([rng.exponentials(j, TOY_V) for j in range(k + 1)])
+        draws = race(p, noise).tolist()
+        for drafts in (race(q, noise[:k]).tolist(), torch.randint(0, TOY_V, (k,), generator=g).tolist(), draws[:k]):
+            out = verify_coupled(drafts, p, noise)
+            n = next((i for i, (d, t) in enumerate(zip(drafts, draws)) if d != t), k)
+            assert out == draws[:n + 1], (drafts, draws, out)
+        agreed += sum(a == b for a, b in zip(race(q, noise[:k]).tolist(), draws))
+    assert agreed > 0
 
 
 def greedy_logits(best: list[int]) -> torch.Tensor:
@@ -314,7 +339,7 @@ def test_prompt_lookup_propose_batches():
     a = Sequence("a", [1, 2, 3, 1], greedy(4), 0.0)
     b = Sequence("b", [4, 5, 6], greedy(4), 0.0)
     b.output_token_ids = [4]  # the lookup covers output tokens too
-    assert d.propose([a, b], [2, 3]) == [([2, 3], None), ([5, 6, 4], None)]
+    assert d.propose([a, b], [2, 3]) == [[2, 3], [5, 6, 4]]
 
 
 # -- 6. bad input ---------------------------------------------------------------------------------------
@@ -681,7 +706,6 @@ def check_step_invariants(engine: LLMEngine) -> None:
             assert not s.block_table and not s.spec_token_ids, s
         if s.spec_token_ids:  # proposed but not verified (a step that paused decodes): harmless
             assert s.num_uncomputed_tokens == 1 and s.request_id in running
-            assert s.spec_probs is None or len(s.spec_probs) == len(s.spec_token_ids)
     drafter = engine.drafter
     if isinstance(drafter, DraftModelDrafter):
         dseqs = list(drafter.seqs.values())
@@ -888,6 +912,57 @@ def test_engine_sampled_speculation_follows_the_target_joint_distribution(tiny_l
     counts = count(tuple(o.token_ids[:2]) for o in outs)
     pval, stat, df = chi_square_p(counts, joint_reference(hf, prompt, params))
     assert pval > ALPHA, f"(t1, t2) do not follow the target: chi2={stat:.1f}, df={df}, counts {counts}"
+
+
+# -- what a seed promises under speculation -------------------------------------------------------
+
+# top_k=3: the tiny random model then repeats itself enough for prompt lookup to be accepted at times
+SEEDED = [SamplingParams(temperature=1.0, top_k=3, seed=seed, max_tokens=32, ignore_eos=True) for seed in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("method,tight_blocks", [("ngram", 3), ("int8", 6)])
+def test_seeded_speculative_output_does_not_depend_on_the_pool(tiny_llama, method, tight_blocks):
+    """Issue 8: three prompts seeded 1, 2 and 3, k = 3, blocks of 16 and max_model_len 48, in a
+    tight pool (preemption; the int8 draft's own pool of the same size runs full, so fewer drafts
+    are proposed) and in a roomy one. Every request must give, token for token, what plain
+    (non-speculative) seeded sampling gives, tight pool or roomy: draws are keyed by seed and
+    output position, and verification emits the target's keyed draws (``verify_coupled``).
+    The seeds are fixed, so the test is deterministic; a correct engine could only fail it at a
+    draw within float rounding of a tie (odds ~1e-6 per token)."""
+    loaded = tiny_llama[1]
+    motif = random_prompts([5], VOCAB, seed=41)[0]
+    prompts = [motif * 3, motif * 2 + [7, 8], random_prompts([9], VOCAB, seed=42)[0]]
+    fields = dict(block_size=16, max_model_len=48)
+    plain = make_engine(loaded, **fields, num_kv_blocks=64).generate(prompts, SEEDED)
+    runs = {}
+    for pool in (tight_blocks, 64):
+        engine = spec_engine(loaded, method, 3, **fields, num_kv_blocks=pool)
+        runs[pool] = (engine.generate(prompts, SEEDED), accepted_and_proposed(engine),
+                      sum(r.num_preempted for r in engine.step_records))
+    (tight, (acc_t, prop_t), preempted_t), (roomy, (acc_r, prop_r), _) = runs[tight_blocks], runs[64]
+    assert acc_t > 0 and acc_r > 0, "no draft was accepted: the test proves nothing"
+    assert preempted_t > 0 or prop_t < prop_r, "the tight pool changed nothing in the schedule"
+    for i, (p, t, r) in enumerate(zip(plain, tight, roomy)):
+        assert len(p.token_ids) == 32
+        assert t.token_ids == r.token_ids == p.token_ids, f"request seeded {i + 1}: the pool changed its tokens"
+
+
+@pytest.mark.parametrize("method", ["ngram", "int8"])
+def test_seeded_speculative_output_with_preemption_and_batch_mates(tiny_llama, method):
+    """The same promise against batch-mates, chunked prefill and preemption: a seeded request
+    among others in a pool of 12 blocks of 4, against it alone without speculation."""
+    loaded = tiny_llama[1]
+    motif = random_prompts([4], VOCAB, seed=43)[0]
+    other, short = random_prompts([17, 5], VOCAB, seed=44)
+    prompts = [motif * 4, other, motif * 2 + [9], short]
+    params = [SamplingParams(temperature=1.0, top_k=3, seed=10 + i, max_tokens=20, ignore_eos=True) for i in range(4)]
+    alone = [make_engine(loaded).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    engine = spec_engine(loaded, method, 4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=12,
+                         max_num_seqs=4)
+    outs = engine.generate(prompts, params)
+    assert any(o.times.num_preemptions for o in outs), "the tiny pool never preempted"
+    assert accepted_and_proposed(engine)[0] > 0
+    assert [o.token_ids for o in outs] == alone
 
 
 # -- stops inside an accepted run of drafts -----------------------------------------------------------
