@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass, field, replace
 
-import torch
 
 from .block_manager import BlockManager
 from .chat import EMPTY_PROMPT, Message, chat_token_ids
