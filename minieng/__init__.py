@@ -4,7 +4,8 @@ Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded defaul
 """
 
 from .config import EngineConfig, ModelConfig, SamplingParams
-from .engine import LLMEngine, RequestOutput, StepRecord
+from .engine import LLMEngine
+from .outputs import RequestOutput, StepRecord
 
 __all__ = ["EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord"]
 __version__ = "0.1.0"

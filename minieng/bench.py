@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import SamplingParams
-from .engine import LLMEngine, StepRecord
+from .engine import LLMEngine
+from .outputs import StepRecord
 from .flops import phase_utilization
 from .harness import fingerprint
 from .metrics import request_metrics

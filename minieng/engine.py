@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-import warnings
 from collections.abc import Iterator, Sequence as Seq
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 
 from .block_manager import BlockManager
@@ -21,58 +20,18 @@ from .chat import EMPTY_PROMPT, Message, chat_token_ids
 from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
-from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from .engine_setup import (check_max_model_len, configured_kv_blocks, decode_graphs, device_sized_kv_blocks,
+                           fit_max_model_len, load_draft, make_drafter)
+from .kv_cache import KVCache
 from .loader import LoadedModel, load_config, load_model
-from .memory_plan import device_kv_blocks, plan_memory
+from .memory_plan import plan_memory
+from .outputs import RequestOutput, StepRecord
 from .model_runner import ModelRunner
 from .sampling import KeyedRandom
 from .scheduler import Scheduler
-from .sequence import RequestTimes, Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus
 
 Prompt = str | list[int]
-CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
-
-
-@dataclass
-class RequestOutput:
-    """A request's state after a step: ``new_token_ids``/``delta`` are what this step added."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int]
-    text: str
-    delta: str
-    finished: bool
-    finish_reason: str | None
-    times: RequestTimes
-    num_cached_tokens: int = 0  # prompt tokens the prefix cache served
-
-
-@dataclass
-class StepRecord:
-    """The composition and duration of one step (synchronized on CUDA).
-
-    ``chunks`` lists, per scheduled sequence (decodes first), ``(num_new_tokens,
-    num_context_tokens, computes_logits)``: the tokens run this step, the tokens already in the
-    KV cache before them, and whether the LM head ran for its last token. FLOPs and bytes of the
-    step follow from it (``flops.step_work``).
-    """
-
-    start_s: float
-    duration_s: float
-    num_prefill_tokens: int
-    num_prefill_seqs: int
-    num_decode_seqs: int
-    num_preempted: int
-    num_running: int
-    num_waiting: int
-    num_used_blocks: int
-    chunks: list[tuple[int, int, bool]] = field(default_factory=list)
-    num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
-    draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
-    forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
-    graphed: bool = False  # the forward replayed a captured CUDA graph
 
 
 class _Request:
@@ -109,108 +68,32 @@ class LLMEngine:
             self.device, self.dtype = param.device, param.dtype
             model_config, max_position = loaded.model.config, loaded.model.rope.cos.shape[0]
         self.model_config = model_config
-        self.max_model_len = self._check_max_model_len(config.max_model_len, max_position)
-        # The KV pool: an exact block count, a budget in GiB, or (CUDA, neither given) what the
-        # device's memory leaves after the weights and a profiled forward.
-        num_blocks = config.num_kv_blocks
-        if num_blocks is None and (config.kv_cache_memory_gib is not None or self.device.type != "cuda"):
-            num_blocks = num_blocks_for_budget(model_config, self.dtype, config.block_size,
-                                               config.kv_cache_memory_gib or CPU_KV_CACHE_GIB)
+        self.max_model_len = check_max_model_len(config.max_model_len, max_position)
+        num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
         if loaded is None:
             # refuse with advice before allocating anything
             plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
             loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
         self.loaded = loaded
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        draft_model = self._load_draft() if config.num_speculative_tokens else None
-        if num_blocks is None:
+        draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
+        if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
             models = [self.model] + ([draft_model] if draft_model is not None else [])
-            # Never more than a full batch of the longest sequences can use: a larger pool would
-            # only keep more prefix-cache blocks, and would leave no room for a second engine
-            # (notebooks compare engines side by side on one GPU).
-            useful = config.max_num_seqs * -(-self.max_model_len // config.block_size)
-            num_blocks = min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
-                                                      config.gpu_memory_utilization))
-        self.max_model_len = self._fit_max_model_len(num_blocks)
+            num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
+        self.max_model_len = fit_max_model_len(config, model_config, self.dtype, self.max_model_len, num_blocks)
         self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device)
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device,
-                                  self._decode_graphs(self.model, self.kv_cache))
-        self.drafter = self._make_drafter(draft_model, num_blocks) if config.num_speculative_tokens else None
+                                  decode_graphs(config, self.model, self.kv_cache, self.max_model_len))
+        self.drafter = (make_drafter(config, draft_model, num_blocks, self.max_model_len)
+                        if config.num_speculative_tokens else None)
         self.requests: dict[str, _Request] = {}
         self.step_records: list[StepRecord] = []
         # One row per verification: (step index, request id, drafts proposed, drafts accepted).
         self.spec_records: list[tuple[int, str, int, int]] = []
         self._ids = itertools.count()
-
-    def _load_draft(self):
-        """The draft model of ``speculative_method="draft"`` (None for prompt lookup): a smaller
-        model of the same family, or the target's own weights (int8-quantized with
-        ``draft_quantization="int8"``). Raises ``ValueError`` for a draft whose vocabulary or
-        tokenizer differs from the target's."""
-        cfg = self.config
-        if cfg.speculative_method != "draft":
-            return None
-        if cfg.draft_model is None:
-            draft = self.loaded
-        else:
-            draft = load_model(replace(cfg, model=cfg.draft_model), self.device, self.dtype, self.max_model_len)
-            check_same_tokenizer(self.loaded, draft)
-        if cfg.draft_quantization == "int8":
-            from .quantization import quantize_int8
-
-            return quantize_int8(draft.model)
-        return draft.model
-
-    def _make_drafter(self, draft_model, num_blocks: int):
-        """The drafter: prompt lookup, or the draft model with its own KV pool of ``num_blocks``."""
-        from .speculative import DraftModelDrafter, PromptLookupDrafter
-
-        if draft_model is None:
-            return PromptLookupDrafter(self.config.ngram_max)
-        drafter = DraftModelDrafter(draft_model, num_blocks, self.config.block_size)
-        drafter.runner.graphs = self._decode_graphs(draft_model, drafter.kv_cache)
-        return drafter
-
-    def _decode_graphs(self, model, kv_cache: KVCache):
-        """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``)."""
-        if self.device.type != "cuda" or self.config.enforce_eager:
-            return None
-        from .cuda_graph import DecodeGraphs
-
-        # A bucket gathers batch x width x block_size tokens of K/V per layer: never more than the
-        # pool holds, so a graph's scratch memory stays a fraction (1 / layers) of the pool's.
-        return DecodeGraphs(model, kv_cache, self.config.max_num_seqs, self.max_model_len,
-                            max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size)
-
-    def _check_max_model_len(self, asked: int | None, model_max: int) -> int:
-        if asked is None:
-            return model_max
-        if asked > model_max:
-            raise ValueError(f"max_model_len={asked} exceeds the model's context of {model_max} tokens; "
-                             "lower it or leave it None")
-        return asked
-
-    def _fit_max_model_len(self, num_blocks: int) -> int:
-        """``max_model_len``, capped (with a warning) to what a pool of ``num_blocks`` holds when it
-        was left to default; raises ``ValueError`` when it was asked for explicitly and does not fit."""
-        tokens = num_blocks * self.config.block_size
-        if tokens >= self.max_model_len:
-            return self.max_model_len
-        per_token = kv_bytes_per_token(self.model_config, self.dtype)
-        need_gib = self.max_model_len * per_token / 1024**3
-        advice = (f"raise kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks, or "
-                  "gpu_memory_utilization on a GPU)")
-        if self.config.max_model_len is not None or num_blocks < 1:
-            raise ValueError(
-                f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {self.config.block_size}), "
-                f"fewer than one sequence of max_model_len={self.max_model_len}: {advice}, or lower max_model_len")
-        warnings.warn(f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {self.config.block_size}), fewer "
-                      f"than the model's context of {self.max_model_len}: max_model_len is capped to {tokens}. "
-                      f"For longer sequences, {advice}.", stacklevel=3)
-        return tokens
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -457,14 +340,3 @@ def _stable_seed(engine_seed: int, request_id: str) -> int:
     """A per-request seed that is the same in every process (Python's ``hash`` of a str is not)."""
     digest = hashlib.sha256(f"{engine_seed}:{request_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
-
-
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    """Raise ``ValueError`` unless the draft reads and writes the target's token ids."""
-    tv, dv = target.model.config.vocab_size, draft.model.config.vocab_size
-    if tv != dv:
-        raise ValueError(f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
-                         "same family (it must share the target's tokenizer)")
-    if target.tokenizer is not None and draft.tokenizer is not None and \
-            target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise ValueError("draft_model's tokenizer differs from the target's: use a draft of the same family")

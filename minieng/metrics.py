@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .engine import RequestOutput
+    from .outputs import RequestOutput
 
 PERCENTILES = (50, 90, 95, 99)
 COMPLETED_REASONS = ("stop", "length")  # finish reasons of a request that ran to its end

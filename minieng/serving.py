@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import SamplingParams
-from .engine import LLMEngine, RequestOutput, StepRecord
+from .engine import LLMEngine
+from .outputs import RequestOutput, StepRecord
 from .workload import RequestSpec, workload_prompts
 
 

@@ -60,7 +60,7 @@ def test_bad_emissions_are_rejected(emissions):
 
 
 def test_request_metrics_reads_a_request_output():
-    from minieng.engine import RequestOutput
+    from minieng.outputs import RequestOutput
 
     times = RequestTimes(arrival_s=1.0, first_scheduled_s=1.25, emissions=[(2.0, 1), (2.5, 2)],
                          finished_s=2.5, num_preemptions=1)

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from minieng import plots
-from minieng.engine import StepRecord
+from minieng.outputs import StepRecord
 from minieng.hardware import Peak
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

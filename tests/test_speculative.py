@@ -35,7 +35,7 @@ from helpers import (assert_same_or_near_tie, chat_ids, hf_logits, hf_next_logit
                      random_prompts, tiny_hf_config, tiny_pair)
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.block_manager import cdiv
-from minieng.engine import check_same_tokenizer
+from minieng.engine_setup import check_same_tokenizer
 from minieng.loader import LoadedModel
 from minieng.metrics import acceptance_metrics, request_metrics, serving_metrics
 from minieng.model import Linear

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from minieng import telemetry
-from minieng.engine import StepRecord
+from minieng.outputs import StepRecord
 from minieng.telemetry import DeviceId, Sample, TelemetrySampler, find_nvml_handle, samples_per_step, summarize
 
 

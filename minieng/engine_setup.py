@@ -1,0 +1,126 @@
+"""What an engine is built from, in the order its constructor needs it: the context length, the
+KV pool's size, the draft model and its drafter, and the CUDA graphs of the decode step.
+
+The pool is sized one of three ways: ``num_kv_blocks`` exactly; ``kv_cache_memory_gib`` (1 GiB on
+a CPU when neither is given); or, on CUDA with neither given, from the device's memory after the
+model is loaded (``memory_plan.device_kv_blocks``, vLLM's ``gpu_memory_utilization`` rule). A
+``max_model_len`` left to default is then capped to what the pool holds.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import torch
+
+from .config import EngineConfig, ModelConfig
+from .kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from .loader import LoadedModel, load_model
+from .memory_plan import device_kv_blocks
+
+CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
+
+
+def check_max_model_len(asked: int | None, model_max: int) -> int:
+    """``asked``, or the model's context when None. Raises ``ValueError`` beyond the model's context."""
+    if asked is None:
+        return model_max
+    if asked > model_max:
+        raise ValueError(f"max_model_len={asked} exceeds the model's context of {model_max} tokens; "
+                         "lower it or leave it None")
+    return asked
+
+
+def configured_kv_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
+                         device: torch.device) -> int | None:
+    """The pool's blocks from the config alone, or None when the device must size it (CUDA, no budget)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_memory_gib is None and device.type == "cuda":
+        return None
+    return num_blocks_for_budget(model_config, dtype, config.block_size, config.kv_cache_memory_gib or CPU_KV_CACHE_GIB)
+
+
+def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: int) -> int:
+    """Blocks for ``models``' pools on their CUDA device, never more than ``max_num_seqs``
+    sequences of ``max_model_len`` tokens use: a larger pool would only keep more prefix-cache
+    blocks, and would leave no room for a second engine (notebooks compare engines side by side)."""
+    useful = config.max_num_seqs * -(-max_model_len // config.block_size)
+    return min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
+                                        config.gpu_memory_utilization))
+
+
+def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int,
+                      num_blocks: int) -> int:
+    """``max_model_len``, capped (with a warning) to what a pool of ``num_blocks`` holds when it
+    was left to default. Raises ``ValueError`` when it was asked for explicitly and does not fit."""
+    tokens = num_blocks * config.block_size
+    if tokens >= max_model_len:
+        return max_model_len
+    need_gib = max_model_len * kv_bytes_per_token(model_config, dtype) / 1024**3
+    advice = (f"raise kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks, or "
+              "gpu_memory_utilization on a GPU)")
+    if config.max_model_len is not None or num_blocks < 1:
+        raise ValueError(
+            f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), "
+            f"fewer than one sequence of max_model_len={max_model_len}: {advice}, or lower max_model_len")
+    warnings.warn(f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), fewer "
+                  f"than the model's context of {max_model_len}: max_model_len is capped to {tokens}. "
+                  f"For longer sequences, {advice}.", stacklevel=3)
+    return tokens
+
+
+def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
+    """The draft model of ``speculative_method="draft"`` (None for prompt lookup): a smaller
+    model of the same family, or the target's own weights (int8-quantized with
+    ``draft_quantization="int8"``), on the target's device and dtype. Raises ``ValueError`` for
+    a draft whose vocabulary or tokenizer differs from the target's."""
+    if config.speculative_method != "draft":
+        return None
+    if config.draft_model is None:
+        draft = target
+    else:
+        param = next(target.model.parameters())
+        draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
+        check_same_tokenizer(target, draft)
+    if config.draft_quantization == "int8":
+        from .quantization import quantize_int8
+
+        return quantize_int8(draft.model)
+    return draft.model
+
+
+def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_len: int):
+    """The drafter: prompt lookup, or the draft model with its own KV pool of ``num_blocks`` (and
+    its own decode graphs on CUDA)."""
+    from .speculative import DraftModelDrafter, PromptLookupDrafter
+
+    if draft_model is None:
+        return PromptLookupDrafter(config.ngram_max)
+    drafter = DraftModelDrafter(draft_model, num_blocks, config.block_size)
+    drafter.runner.graphs = decode_graphs(config, draft_model, drafter.kv_cache, max_model_len)
+    return drafter
+
+
+def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len: int):
+    """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``)."""
+    if kv_cache.k.device.type != "cuda" or config.enforce_eager:
+        return None
+    from .cuda_graph import DecodeGraphs
+
+    # A bucket gathers batch x width x block_size tokens of K/V per layer: never more than the
+    # pool holds, so a graph's scratch memory stays a fraction (1 / layers) of the pool's.
+    return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len,
+                        max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size)
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise ``ValueError`` unless the draft reads and writes the target's token ids."""
+    tv, dv = target.model.config.vocab_size, draft.model.config.vocab_size
+    if tv != dv:
+        raise ValueError(f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
+                         "same family (it must share the target's tokenizer)")
+    if target.tokenizer is not None and draft.tokenizer is not None and \
+            target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError("draft_model's tokenizer differs from the target's: use a draft of the same family")
