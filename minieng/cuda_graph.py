@@ -8,7 +8,8 @@ everything that varies between steps must live in *static buffers* that the step
 before the replay (as nano-vllm's and gpt-fast's capture do):
 
 - ``input_ids``, ``positions``, ``slot_mapping``, ``context_lens``: [max batch];
-- ``block_tables``: [max batch, max width in blocks], padded with the null block.
+- ``block_tables``: [max batch, max width in blocks], padded with the null block;
+- ``logits``: [max batch, vocab] float32, the output every graph writes.
 
 Shapes are fixed too, so graphs are captured for *buckets*, once, at start-up: batch sizes 1, 2,
 4, 8, ... up to ``max_num_seqs`` (always included, so 12, 100 or 600 are covered), times block-table
@@ -95,8 +96,10 @@ class DecodeGraphs:
         self.context_lens = torch.ones(rows, dtype=torch.long, device=device)
         self.block_tables = torch.full((rows, width), kv_cache.null_block, dtype=torch.long, device=device)
         self.logits_indices = torch.arange(rows, device=device)
+        # Every graph writes its logits here: one buffer, not one per bucket (a 128k vocabulary
+        # at batch 256 is 128 MB of float32 logits).
+        self.logits = torch.empty(rows, model.config.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.captured = capture
         self.capture_s = self._capture() if capture else 0.0
 
@@ -120,7 +123,7 @@ class DecodeGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[(b, w)] = self._forward(b, w)
+                self.logits[:b].copy_(self._forward(b, w))
             pool = graph.pool()
             self.graphs[(b, w)] = graph
         torch.cuda.synchronize()
@@ -152,5 +155,5 @@ class DecodeGraphs:
         self.block_tables[:b, :w].copy_(tables)
         if self.captured:
             self.graphs[key].replay()
-            return self.outputs[key][:n]
+            return self.logits[:n]
         return self._forward(b, w)[:n]
