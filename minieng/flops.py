@@ -36,6 +36,7 @@ assumed to stay on chip and are not counted, which only matters for compute-boun
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -139,6 +140,29 @@ def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dt
 
 # -- achieved vs peak ---------------------------------------------------------------------------
 
+def format_percent(percent: float | None) -> str:
+    """A utilization percentage as text, precise enough to tell 0.03% from 0.3%.
+
+    ``percent`` is already in percent (43.0 for 43%; ``Utilization.percent``, the ``*_percent``
+    keys). Below 10%: two significant digits ("0.030%", "0.30%", "4.6%"); from 10%: one decimal
+    ("43.2%", "112.0%"). 0 is "0%", None (N/A) is "N/A", never 0. A fixed "{:.1f}%" prints a
+    batch-1 decode's MFU on a GPU (~0.03%) as "0.0%", which reads as idle.
+    """
+    if percent is None:
+        return "N/A"
+    if percent == 0:
+        return "0%"
+    if not math.isfinite(percent):
+        return f"{percent}%"
+    size = abs(percent)
+    if size >= 9.95:  # would round to 10: one decimal from here on
+        return f"{percent:.1f}%"
+    decimals = 1 - math.floor(math.log10(size))  # two significant digits
+    if round(size, decimals) >= 10 ** (1 - decimals + 1):  # 0.0996 -> "0.10", keep two digits
+        decimals -= 1
+    return f"{percent:.{decimals}f}%"
+
+
 class SuspectFigureWarning(UserWarning):
     """A utilization above 100%: the work count or the peak is wrong, not the hardware magic."""
 
@@ -166,7 +190,7 @@ class Utilization:
 
     def __str__(self) -> str:
         flag = " (SUSPECT: above the peak; check the count, the timing and which peak)" if self.suspect else ""
-        return f"{self.name} {self.percent:.1f}%{flag}"
+        return f"{self.name} {format_percent(self.percent)}{flag}"
 
 
 def _utilization(name: str, amount: float, seconds: float, peak_per_s: float) -> Utilization:
@@ -176,7 +200,7 @@ def _utilization(name: str, amount: float, seconds: float, peak_per_s: float) ->
     fraction = amount / seconds / peak_per_s
     suspect = fraction > 1.0
     if suspect:
-        warnings.warn(f"{name} = {100 * fraction:.1f}% exceeds 100%: a wrong count or peak",
+        warnings.warn(f"{name} = {format_percent(100 * fraction)} exceeds 100%: a wrong count or peak",
                       SuspectFigureWarning, stacklevel=3)
     return Utilization(name, fraction, suspect)
 

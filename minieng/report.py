@@ -5,6 +5,7 @@ Formatting only: every figure was measured by ``bench`` or ``serving`` and sits 
 
 from __future__ import annotations
 
+from .flops import format_percent
 
 TARGETS = [  # (description, section, selector, key, comparison, threshold): from the engine issue
     ("batch-1 TPOT vs transformers", "decode", 1, "tpot_ratio", "<=", 0.8),
@@ -92,13 +93,13 @@ def _utilization(result: dict) -> list[str]:
             v = u[pk["source"]]
             suspect |= v["suspect"]
             flag = "!" if v["suspect"] else " "
-            line += f" {v['mfu_percent']:>7.1f}%{flag} {v['mbu_percent']:>7.1f}%{flag}"
+            line += f" {format_percent(v['mfu_percent']):>8}{flag} {format_percent(v['mbu_percent']):>8}{flag}"
         lines.append(line)
     if suspect:
         lines.append("  ! over 100%: suspect (a wrong count or a ceiling measured too low), not a fact")
     b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
     if b1:
-        lines.append(f"  batch-1 decode reaches {b1['utilization']['measured']['mbu_percent']:.0f}% of the measured "
+        lines.append(f"  batch-1 decode reaches {format_percent(b1['utilization']['measured']['mbu_percent'])} of the measured "
                      "bandwidth (engine goal: >= 75%)")
     return lines
 
@@ -139,12 +140,12 @@ def format_serving(report: dict) -> list[str]:
         if u:
             meas = u["measured"]
             lines.append(f"  {name.replace('_', ' ')}: {u['num_steps']} steps, {u['arithmetic_intensity_flop_per_byte']:.1f} FLOP/byte, "
-                         f"MFU {meas['mfu_percent']:.1f}%, MBU {meas['mbu_percent']:.1f}% (measured peaks)"
+                         f"MFU {format_percent(meas['mfu_percent'])}, MBU {format_percent(meas['mbu_percent'])} (measured peaks)"
                          + (" SUSPECT" if meas["suspect"] else ""))
     if report.get("telemetry"):
         t = report["telemetry"]
-        lines.append(f"  NVML: util.gpu median {t.get('util_gpu_percent_median')}%, SM occupancy median "
-                     f"{t.get('sm_occupancy_percent_median')}% (reliable: {t.get('reliable')})")
+        lines.append(f"  NVML: util.gpu median {format_percent(t.get('util_gpu_percent_median'))}, SM occupancy median "
+                     f"{format_percent(t.get('sm_occupancy_percent_median'))} (reliable: {t.get('reliable')})")
     return lines
 
 

@@ -262,3 +262,27 @@ def test_engine_step_records_match_the_counted_linear_flops():
         assert counts.get("aten.mm", 0) + counts.get("aten.addmm", 0) == work.matmul_flops + work.lm_head_flops
         saw_mixed |= any(n == 1 for n, _, _ in chunks) and any(n > 1 for n, _, _ in chunks)
     assert saw_mixed, "the workload should mix decodes and prefill chunks in one step"
+
+
+# -- printing a percentage ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("percent, text", [
+    (0.03, "0.030%"), (0.3, "0.30%"), (3.0, "3.0%"), (0.0301, "0.030%"), (0.00012, "0.00012%"),
+    (4.56, "4.6%"), (9.94, "9.9%"), (9.96, "10.0%"), (0.0996, "0.10%"), (43.21, "43.2%"),
+    (112.0, "112.0%"), (0, "0%"), (None, "N/A"), (-0.5, "-0.50%"),
+])
+def test_format_percent_keeps_two_significant_digits_below_ten(percent, text):
+    assert flops.format_percent(percent) == text
+
+
+def test_format_percent_tells_a_tenfold_difference_apart_at_any_scale():
+    for small in (0.003, 0.03, 0.3, 3.0):
+        assert flops.format_percent(small) != flops.format_percent(small * 10)
+        assert flops.format_percent(small) != "0.0%"
+
+
+def test_tiny_utilization_prints_its_digits_and_a_suspect_one_says_so():
+    assert str(flops.mfu(3e-4, 1.0, 1.0)) == "MFU 0.030%"
+    with pytest.warns(flops.SuspectFigureWarning, match="MBU = 150.0%"):
+        u = flops.mbu(1.5, 1.0, 1.0)
+    assert str(u).startswith("MBU 150.0% (SUSPECT")
