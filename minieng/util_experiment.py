@@ -123,17 +123,17 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
 def utilization_rows(result: dict, source: str = "measured") -> list[tuple[str, str, str]]:
     """``decode_utilization``'s figures as table rows: (figure, value here, what it measures).
 
-    NVML fields print "N/A" with the reason when the GPU or the machine cannot report them.
+    An NVML field the GPU cannot report reads "N/A: why"; with no NVML at all it reads "N/A"
+    (``result["nvml_unavailable"]`` says why, once).
     """
     summary = result.get("nvml_summary") or {}
     reasons = result.get("na_reasons") or {}
-    why = result.get("nvml_unavailable")
 
     def nvml(field: str) -> str:
         value = summary.get(f"{field}_median")
         if value is not None:
             return f"{format_percent(value)} (median of {summary['num_samples']} samples)"
-        return f"N/A: {why or reasons.get(field, 'not reported')}"
+        return "N/A" if result.get("nvml_unavailable") else f"N/A: {reasons.get(field, 'not reported')}"
 
     u = result["utilization"][source]
     return [
@@ -144,6 +144,23 @@ def utilization_rows(result: dict, source: str = "measured") -> list[tuple[str, 
         (f"MFU ({source} peak)", format_percent(u["mfu_percent"]), "FLOP/s the steps needed / peak FLOP/s"),
         (f"MBU ({source} peak)", format_percent(u["mbu_percent"]), "bytes/s the steps needed / peak bandwidth"),
     ]
+
+
+def trace_series(result: dict, source: str = "measured") -> dict:
+    """``decode_utilization``'s result as ``plots.utilization_trace`` series: NVML's util.gpu and
+    the GPM fields it reported (a field N/A throughout is left out, not drawn as 0), and MFU and
+    MBU per step (against the first peak, named ``source``)."""
+    series = {}
+    nvml = result.get("nvml")
+    if nvml:
+        for field, label in (("util_gpu_percent", "util.gpu % (NVML)"), ("sm_occupancy_percent", "SM occupancy % (GPM)"),
+                             ("dram_bw_util_percent", "DRAM bandwidth % (GPM)")):
+            if any(v is not None for v in nvml[field]):
+                series[label] = (nvml["time_s"], nvml[field])
+    steps = result["steps"]
+    series[f"MFU % per step ({source} peak)"] = (steps["time_s"], steps["mfu_percent"])
+    series[f"MBU % per step ({source} peak)"] = (steps["time_s"], steps["mbu_percent"])
+    return series
 
 
 # -- where a step's time goes ----------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from minieng.hardware import Peak
 from minieng.telemetry import DeviceId, TelemetrySampler
 from minieng.util_experiment import (MATMUL_OPS, OUTSIDE_OPS, decode_for, decode_utilization, op_shares,
-                                     profile_decode, top_ops_figure, utilization_rows)
+                                     profile_decode, top_ops_figure, trace_series, utilization_rows)
 from helpers import random_prompts
 from test_telemetry import FakeGPU, FakeNVML
 
@@ -78,7 +78,8 @@ def test_on_cpu_nvml_is_na_with_a_reason_and_mfu_mbu_are_measured(tiny_engine, t
     assert set(r["utilization"]) >= {"measured", "datasheet"} and r["tpot_ms"] > 0
     assert len(r["steps"]["mfu_percent"]) == r["num_steps"] and r["steps"]["time_s"][0] == 0
     rows = dict((name, value) for name, value, _ in utilization_rows(r))
-    assert rows["util.gpu (NVML)"].startswith("N/A: no NVIDIA GPU") and rows["SM occupancy (GPM)"].startswith("N/A")
+    assert rows["util.gpu (NVML)"] == "N/A" and rows["SM occupancy (GPM)"] == "N/A"
+    assert list(trace_series(r)) == ["MFU % per step (measured peak)", "MBU % per step (measured peak)"]
     assert rows["MFU (measured peak)"].endswith("%") and "0.0%" != rows["MFU (measured peak)"]
     assert "N/A" in utilization_rows(decode_utilization(tiny_engine(), prompts(tiny_llama, 1), 0.0, PEAKS,
                                                         sampler=None))[0][1]
@@ -94,6 +95,10 @@ def test_a_gpu_with_gpm_reports_util_occupancy_and_bandwidth(tiny_engine, tiny_l
     rows = dict((name, value) for name, value, _ in utilization_rows(r))
     assert rows["util.gpu (NVML)"].startswith("97.0%") and rows["SM occupancy (GPM)"].startswith("12.5%")
     assert rows["DRAM bandwidth (GPM)"].startswith("80.0%")
+    series = trace_series(r)
+    assert "util.gpu % (NVML)" in series and "SM occupancy % (GPM)" in series
+    times, values = series["util.gpu % (NVML)"]
+    assert len(times) == len(values) and set(values) == {97.0}
 
 
 def test_a_gpu_without_gpm_says_na_never_zero(tiny_engine, tiny_llama):
@@ -104,6 +109,7 @@ def test_a_gpu_without_gpm_says_na_never_zero(tiny_engine, tiny_llama):
     assert rows["util.gpu (NVML)"].startswith("97.0%")
     assert rows["SM occupancy (GPM)"].startswith("N/A: GPM metrics need a Hopper")
     assert all(v is None for v in r["nvml"]["sm_occupancy_percent"])
+    assert "SM occupancy % (GPM)" not in trace_series(r) and "util.gpu % (NVML)" in trace_series(r)
 
 
 # -- the profile --------------------------------------------------------------------------------
