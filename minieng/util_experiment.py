@@ -33,6 +33,9 @@ from .flops import format_percent, phase_utilization
 # composites whose self time is the dispatch around the ``mm``/``addmm`` they call.
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                         "aten::mv", "aten::addmv", "aten::dot"})
+# On a GPU the profiler times kernels, named by their library: cuBLAS/cuBLASLt GEMM and GEMV kernels
+# ("sm90_xmma_gemm_...", "ampere_bf16_s16816gemm_...", "gemv2T_kernel...", "nvjet_..."), CUTLASS.
+GEMM_KERNEL_PATTERNS = ("gemm", "gemv", "xmma", "cutlass", "cublas", "nvjet")
 OUTSIDE_OPS = "(outside any op: Python, scheduler, sampling)"
 
 
@@ -165,6 +168,11 @@ def trace_series(result: dict, source: str = "measured") -> dict:
 
 # -- where a step's time goes ----------------------------------------------------------------------
 
+def is_matmul(name: str) -> bool:
+    """A matrix product: one of ``MATMUL_OPS``, or a GPU kernel named as a GEMM/GEMV library's."""
+    return name in MATMUL_OPS or (not name.startswith("aten::") and any(p in name.lower() for p in GEMM_KERNEL_PATTERNS))
+
+
 def op_shares(op_us: dict[str, float], wall_us: float, top: int = 12) -> dict:
     """Split a run's wall time into matrix products, other ops, and time outside any op.
 
@@ -181,14 +189,38 @@ def op_shares(op_us: dict[str, float], wall_us: float, top: int = 12) -> dict:
     """
     if wall_us <= 0 or any(us < 0 for us in op_us.values()):
         raise ValueError(f"need wall_us > 0 and op times >= 0; got wall_us={wall_us}")
-    matmul = sum(us for name, us in op_us.items() if name in MATMUL_OPS)
-    other = sum(us for name, us in op_us.items() if name not in MATMUL_OPS)
+    matmul = sum(us for name, us in op_us.items() if is_matmul(name))
+    other = sum(us for name, us in op_us.items() if not is_matmul(name))
     outside = max(0.0, wall_us - matmul - other)
-    rows = [[name, us, name in MATMUL_OPS] for name, us in op_us.items() if us > 0] + [[OUTSIDE_OPS, outside, False]]
+    rows = [[name, us, is_matmul(name)] for name, us in op_us.items() if us > 0] + [[OUTSIDE_OPS, outside, False]]
     rows.sort(key=lambda r: -r[1])
     return {"wall_us": wall_us, "matmul_us": matmul, "other_ops_us": other, "outside_ops_us": outside,
             "matmul_share": matmul / wall_us, "other_ops_share": other / wall_us, "outside_ops_share": outside / wall_us,
             "top_ops": rows[:top]}
+
+
+def op_times(events) -> tuple[dict[str, float], dict[str, float]]:
+    """Self times (us) by name from ``torch.profiler``'s ``key_averages()``: (host ops, device).
+
+    Host: every CPU-side event's self CPU time (aten ops, and on CUDA the runtime's launch calls).
+    Device: the self time of every GPU-side event (kernels, memcpys), keyed by kernel name; with
+    no GPU-side rows (older profilers attach kernels to their op), the ops' self device time.
+    """
+    from torch.autograd import DeviceType
+
+    cpu_us: dict[str, float] = {}
+    device_us: dict[str, float] = {}
+    op_device_us: dict[str, float] = {}
+    for e in events:
+        device = getattr(e, "self_device_time_total", None)
+        device = getattr(e, "self_cuda_time_total", 0.0) if device is None else device  # torch before 2.4
+        if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU:
+            cpu_us[e.key] = cpu_us.get(e.key, 0.0) + e.self_cpu_time_total
+            if device:
+                op_device_us[e.key] = op_device_us.get(e.key, 0.0) + device
+        elif device:
+            device_us[e.key] = device_us.get(e.key, 0.0) + device
+    return cpu_us, device_us or op_device_us
 
 
 def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: int = 8) -> dict:
@@ -198,9 +230,10 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
     profiler also records kernel time on the device. The profiler adds its own cost to every op,
     so ``step_ms`` here reads higher than an unprofiled step: compare shares, not seconds.
     Returns:
-        ``batch_size``, ``steps``, ``step_ms`` (profiled), ``cpu`` (``op_shares`` of the ops' self
-        CPU time against the wall time) and ``device`` (the same with self CUDA time, on CUDA;
-        else None).
+        ``batch_size``, ``steps``, ``step_ms`` (profiled), ``cpu`` (``op_shares`` of the host ops'
+        self CPU time against the wall time) and ``device`` (``op_shares`` of the GPU kernels'
+        time against the same wall time, on CUDA: what it leaves is the GPU idle; else None).
+        See ``op_times``.
     Raises ``ValueError`` for ``steps`` < 1 or no prompts.
     """
     from torch.profiler import ProfilerActivity, profile
@@ -221,14 +254,7 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
         wall_us = (time.perf_counter() - start) * 1e6
     for request_id in ids:
         engine.abort_request(request_id)
-    cpu_us: dict[str, float] = {}
-    device_us: dict[str, float] = {}
-    for event in prof.key_averages():
-        cpu_us[event.key] = cpu_us.get(event.key, 0.0) + event.self_cpu_time_total
-        device = getattr(event, "self_device_time_total", None)
-        if device is None:  # torch before 2.4
-            device = getattr(event, "self_cuda_time_total", 0.0)
-        device_us[event.key] = device_us.get(event.key, 0.0) + device
+    cpu_us, device_us = op_times(prof.key_averages())
     return {"batch_size": len(prompts), "steps": steps, "step_ms": wall_us / steps / 1e3,
             "cpu": op_shares(cpu_us, wall_us), "device": op_shares(device_us, wall_us) if cuda else None}
 

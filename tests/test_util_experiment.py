@@ -10,8 +10,12 @@ import pytest
 
 from minieng.hardware import Peak
 from minieng.telemetry import DeviceId, TelemetrySampler
-from minieng.util_experiment import (MATMUL_OPS, OUTSIDE_OPS, decode_for, decode_utilization, op_shares,
-                                     profile_decode, top_ops_figure, trace_series, utilization_rows)
+from types import SimpleNamespace
+
+from torch.autograd import DeviceType
+
+from minieng.util_experiment import (MATMUL_OPS, OUTSIDE_OPS, decode_for, decode_utilization, is_matmul, op_shares,
+                                     op_times, profile_decode, top_ops_figure, trace_series, utilization_rows)
 from helpers import random_prompts
 from test_telemetry import FakeGPU, FakeNVML
 
@@ -42,6 +46,32 @@ def test_op_shares_never_report_negative_outside_time_and_cut_to_top():
         op_shares(ops, wall_us=0)
     with pytest.raises(ValueError):
         op_shares({"aten::mm": -1.0}, wall_us=10)
+
+
+def test_gpu_kernels_of_gemm_libraries_count_as_matrix_products():
+    for name in ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "ampere_bf16_s16816gemm_bf16_128x64_ldg8",
+                 "void gemv2T_kernel_val<int, int, __nv_bfloat16>", "nvjet_hsh_128x64_64x4_1x2_h_bz_coopA_NTN",
+                 "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>", "aten::addmm"):
+        assert is_matmul(name), name
+    for name in ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+                 "flash_fwd_kernel", "aten::scaled_dot_product_attention", "cudaLaunchKernel", "Memcpy HtoD (Pageable -> Device)"):
+        assert not is_matmul(name), name
+
+
+def event(key, cpu_us, device_us, device_type=DeviceType.CPU):
+    return SimpleNamespace(key=key, self_cpu_time_total=cpu_us, self_device_time_total=device_us, device_type=device_type)
+
+
+def test_op_times_split_host_ops_from_gpu_kernels():
+    events = [event("aten::mm", 30.0, 0.0), event("cudaLaunchKernel", 50.0, 0.0),
+              event("sm90_xmma_gemm_bf16", 0.0, 400.0, DeviceType.CUDA), event("elementwise_kernel", 0.0, 60.0, DeviceType.CUDA)]
+    cpu, device = op_times(events)
+    assert cpu == {"aten::mm": 30.0, "cudaLaunchKernel": 50.0}
+    assert device == {"sm90_xmma_gemm_bf16": 400.0, "elementwise_kernel": 60.0}
+    shares = op_shares(device, wall_us=1000.0)
+    assert shares["matmul_share"] == pytest.approx(0.4) and shares["outside_ops_share"] == pytest.approx(0.54)
+    # an older profiler that attaches kernel time to the op itself
+    assert op_times([event("aten::mm", 30.0, 400.0), event("aten::add", 5.0, 60.0)])[1] == {"aten::mm": 400.0, "aten::add": 60.0}
 
 
 def test_top_ops_figure_draws_a_bar_per_op():
