@@ -173,16 +173,20 @@ def prefill_sweep_lengths(probe: dict, n_points: int = 5, max_prompt_tokens: int
     return lengths_up_to(hi)
 
 
-def fit_ttft(points: Sequence[tuple[int, float]], tolerance: float = KNEE_TOLERANCE, z: float = 2.0) -> dict:
+def fit_ttft(points: Sequence[tuple[int, float]], from_tokens: int | None = None, tolerance: float = KNEE_TOLERANCE,
+             z: float = 2.0) -> dict:
     """Fit TTFT = a + b n + c n^2 over the compute-bound part of a sweep; is the n^2 term real?
 
     Below the knee TTFT is flat (overhead), then it rises: that bend alone would make a quadratic
     fit over the whole sweep find a positive c with no attention in it, and a sweep of flat points
-    finds c ~ 0 or negative. So the fit takes the points from the knee of the sweep itself on
-    (``prefill_knee``), by ordinary least squares, with c's standard error from the residuals.
+    finds c ~ 0 or negative. So the fit takes the points from the knee on (the sweep's own, or
+    ``from_tokens`` if that is shorter: the probe's knee, which the sweep was laid out around),
+    by ordinary least squares, with c's standard error from the residuals. A point fitted from
+    below the true knee bends the fit concave: it can hide an n^2 term, never invent one.
 
     Args:
         points: ``(prompt_tokens, ttft_s)``, ascending, one-step prefills.
+        from_tokens: fit from this length on when it is shorter than the sweep's own knee.
         z: c is significantly positive when c > z x its standard error.
     Returns:
         ``knee`` (``prefill_knee``'s dict), ``fitted_tokens`` (the lengths fitted), ``a_s``,
@@ -194,7 +198,8 @@ def fit_ttft(points: Sequence[tuple[int, float]], tolerance: float = KNEE_TOLERA
         ValueError: as ``prefill_knee``.
     """
     knee = prefill_knee(points, tolerance)
-    fitted = [(n, t) for n, t in points if n >= knee["knee_tokens"]]
+    start = knee["knee_tokens"] if from_tokens is None else min(from_tokens, knee["knee_tokens"])
+    fitted = [(n, t) for n, t in points if n >= start]
     out = {"knee": knee, "fitted_tokens": [n for n, _ in fitted], "a_s": None, "b_s_per_token": None,
            "c_s_per_token2": None, "c_stderr": None, "significant": False, "quadratic_share": None}
     if not knee["knee_reached"]:
@@ -202,7 +207,7 @@ def fit_ttft(points: Sequence[tuple[int, float]], tolerance: float = KNEE_TOLERA
                          "overhead-bound range, where TTFT is mostly the per-step overhead and the n^2 term is hidden")
         return out
     if len(fitted) < 3:
-        out["reason"] = (f"only {len(fitted)} point(s) lie past the knee ({knee['knee_tokens']} tokens): "
+        out["reason"] = (f"only {len(fitted)} point(s) lie past the knee ({start} tokens): "
                          "too few for a quadratic fit of the compute-bound range")
         return out
     n = np.array([p[0] for p in fitted], dtype=float)

@@ -188,6 +188,14 @@ def test_a_negative_curvature_is_never_a_share():
     assert fit["c_s_per_token2"] < 0 and not fit["significant"] and "not positive" in fit["reason"]
 
 
+def test_the_probe_s_knee_can_widen_the_fitted_range():
+    points = [(16, 0.186), (64, 0.367), (144, 0.794), (352, 1.395), (832, 4.267)]  # a contended CPU: knee at 352
+    assert fit_ttft(points)["fitted_tokens"] == [352, 832] and fit_ttft(points)["c_s_per_token2"] is None
+    fit = fit_ttft(points, from_tokens=64)
+    assert fit["fitted_tokens"] == [64, 144, 352, 832] and fit["c_s_per_token2"] is not None
+    assert fit_ttft(points, from_tokens=2048)["fitted_tokens"] == [352, 832]  # never past the sweep's own knee
+
+
 def test_too_few_points_past_the_knee():
     fit = fit_ttft([(16, 0.1), (64, 0.2)])
     assert not fit["significant"] and fit["c_s_per_token2"] is None and fit["reason"]
