@@ -165,8 +165,8 @@ def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_
                 repeats: int = 3) -> dict:
     """A probe of this device, after a warm-up: where prefill turns compute-bound, and a decode step.
 
-    First a tiny ``generate`` (allocation, kernel selection; on a GPU the first calls cost 10x a
-    later one). Then whole prompts prefilled in one step at doubling lengths from 64 tokens
+    First a tiny ``generate`` (allocation, kernel selection: on a GPU the first calls cost many
+    times a later one, and an unwarmed probe overestimated a decode step tenfold). Then whole prompts prefilled in one step at doubling lengths from 64 tokens
     (``sweep.scan_prefill``): at each new length one discarded run (a GPU plans attention for
     every new shape) and the median TTFT of ``repeats`` more, until prefill tok/s stops growing
     (``sweep.prefill_knee``), the longest prompt is reached, or ``budget_s`` would be overrun.

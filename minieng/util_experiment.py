@@ -79,8 +79,8 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
             elsewhere; None: no telemetry; or a ``TelemetrySampler`` not yet started (tests pass
             one over a fake NVML).
     Returns:
-        a JSON-serializable dict: ``batch_size``, ``num_steps``, ``duration_s``, ``tpot_ms`` (the
-        median decode step), ``utilization`` (``phase_utilization`` of the decode steps, keyed by
+        a JSON-serializable dict: ``batch_size``, ``num_steps``, ``duration_s``, ``decode_step_ms``
+        (the median decode step: one token per sequence, so each sequence's TPOT), ``utilization`` (``phase_utilization`` of the decode steps, keyed by
         peak source), ``steps`` (per step: ``time_s`` from the first decode step, ``mfu_percent``,
         ``mbu_percent`` against the first peak), ``nvml`` (``time_s`` and every ``telemetry.Sample``
         field over the decode steps, None where N/A) or None, ``nvml_summary``
@@ -114,7 +114,7 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
     return {
         "batch_size": len(prompts), "num_steps": len(steps),
         "duration_s": steps[-1].start_s + steps[-1].duration_s - origin,
-        "tpot_ms": 1e3 * statistics.median(s.duration_s for s in steps),
+        "decode_step_ms": 1e3 * statistics.median(s.duration_s for s in steps),
         "utilization": phase_utilization(engine.model_config, dtype_bytes, steps, peaks),
         "steps": {"time_s": [s.start_s - origin for s in steps], "mfu_percent": [u["mfu_percent"] for u in per_step],
                   "mbu_percent": [u["mbu_percent"] for u in per_step]},

@@ -105,7 +105,7 @@ def test_on_cpu_nvml_is_na_with_a_reason_and_mfu_mbu_are_measured(tiny_engine, t
     r = decode_utilization(tiny_engine(), prompts(tiny_llama, 2), 0.05, PEAKS)
     assert r["batch_size"] == 2 and r["num_steps"] == len(r["steps"]["time_s"]) >= 2
     assert r["nvml"] is None and r["nvml_summary"] is None and "NVIDIA" in r["nvml_unavailable"]
-    assert set(r["utilization"]) >= {"measured", "datasheet"} and r["tpot_ms"] > 0
+    assert set(r["utilization"]) >= {"measured", "datasheet"} and r["decode_step_ms"] > 0
     assert len(r["steps"]["mfu_percent"]) == r["num_steps"] and r["steps"]["time_s"][0] == 0
     rows = dict((name, value) for name, value, _ in utilization_rows(r))
     assert rows["util.gpu (NVML)"] == "N/A" and rows["SM occupancy (GPM)"] == "N/A"
