@@ -161,7 +161,7 @@ def environment(engine: LLMEngine) -> dict:
     }
 
 
-def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 10.0,
+def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 15.0,
                 repeats: int = 3) -> dict:
     """A probe of this device, after a warm-up: where prefill turns compute-bound, and a decode step.
 

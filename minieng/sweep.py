@@ -122,7 +122,7 @@ def _geometric(lo: float, hi: float, count: int) -> list[float]:
 
 
 def prefill_sweep_lengths(probe: dict, n_points: int = 5, max_prompt_tokens: int | None = None,
-                          budget_s: float | None = None, runs_per_length: int = 1, span: float = 16,
+                          budget_s: float | None = None, runs_per_length: float = 1, span: float = 16,
                           multiple: int = 16) -> list[int]:
     """Prompt lengths for a prefill sweep on this device: from below the knee to well above it.
 
@@ -134,8 +134,8 @@ def prefill_sweep_lengths(probe: dict, n_points: int = 5, max_prompt_tokens: int
             points; without it, all lie geometrically from the top / ``span`` to the top. One
             point: the top alone (a length well past the knee, for one experiment).
         max_prompt_tokens: cap (default: the probe's, i.e. the engine's max_model_len - 1).
-        budget_s: the sweep's rough time, ``runs_per_length`` prefills per length at
-            ``predict_ttft_s``; the top length shrinks until the sweep fits (never below the knee).
+        budget_s: the sweep's rough time, ``runs_per_length`` prefills per length (whole-prompt
+            equivalents: it may be fractional) at ``predict_ttft_s``; the top length shrinks until the sweep fits (never below the knee).
             None: no budget.
         span: the top is at most ``span`` x the knee (when reached).
         multiple: lengths are rounded to multiples of it (a KV block), at least ``multiple``.
