@@ -39,13 +39,15 @@ GEMM_KERNEL_PATTERNS = ("gemm", "gemv", "xmma", "cutlass", "cublas", "nvjet")
 OUTSIDE_OPS = "(outside any op: Python, scheduler, sampling)"
 
 
-def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, min_steps: int = 2) -> list[StepRecord]:
+def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, min_steps: int = 2,
+               warmup_steps: int = 2) -> list[StepRecord]:
     """Decode ``len(prompts)`` sequences together for at least ``seconds`` (s) of decode steps.
 
-    The prompts are prefilled first (those steps are not returned), then the batch decodes greedily,
-    ``ignore_eos``, until ``seconds`` have passed since the first decode-only step and at least
-    ``min_steps`` ran; the requests are then aborted. A batch that reaches ``max_model_len`` is
-    sent again. Returns the decode-only ``StepRecord``s.
+    The prompts are prefilled first, then the batch decodes greedily, ``ignore_eos``; the first
+    ``warmup_steps`` decode steps are not kept (on CUDA the first step of a batch size captures its
+    graph). It runs until ``seconds`` have passed since the first kept step and at least
+    ``min_steps`` were kept; the requests are then aborted. A batch that reaches ``max_model_len``
+    is sent again. Returns the kept decode-only ``StepRecord``s.
     Raises ``ValueError`` for no prompts, ``seconds`` < 0, or a prompt leaving no room to decode.
     """
     if not prompts or seconds < 0:
@@ -62,7 +64,7 @@ def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: flo
         if not engine.has_unfinished_requests():
             ids = [engine.add_request(list(p), params) for p in prompts]
         engine.step()
-        decode = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
+        decode = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0][warmup_steps:]
     for request_id in ids:
         engine.abort_request(request_id)
     return decode

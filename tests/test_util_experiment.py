@@ -87,6 +87,8 @@ def test_decode_for_returns_decode_steps_for_at_least_the_time(tiny_engine, tiny
     steps = decode_for(engine, prompts(tiny_llama, 3), seconds=0.05)
     assert len(steps) >= 2 and all(s.num_prefill_tokens == 0 and s.num_decode_seqs == 3 for s in steps)
     assert steps[-1].start_s + steps[-1].duration_s - steps[0].start_s >= 0.05 - 1e-3
+    decodes = [s for s in engine.step_records if s.num_prefill_tokens == 0]
+    assert decodes[2:] == steps  # the first two decode steps are warm-up
     assert not engine.has_unfinished_requests()  # the run's requests were aborted
     engine.block_manager.check_invariants([])
 
