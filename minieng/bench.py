@@ -30,6 +30,7 @@ from .flops import phase_utilization
 from .harness import fingerprint
 from .metrics import request_metrics
 from .hardware import datasheet_peak, measure_ceilings, synchronize
+from .sweep import prefill_knee, probe_lengths, scan_prefill
 from .workload import text_prompts
 
 SEED_PANEL = {"prefill_tok_s": 12968.6, "decode_tok_s": 95.0}  # seed 000's vLLM panel (136x)
@@ -166,17 +167,58 @@ def environment(engine: LLMEngine) -> dict:
     }
 
 
-def probe_speed(engine: LLMEngine) -> dict:
-    """A few-second probe of this device: prefill tok/s at 64 tokens and one batch-1 decode step (s).
+def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 15.0,
+                repeats: int = 3) -> dict:
+    """A probe of this device, after a warm-up: where prefill turns compute-bound, and a decode step.
 
-    Notebooks use it to print an estimate before a heavy cell runs.
+    First a tiny ``generate`` (allocation, kernel selection: on a GPU the first calls cost many
+    times a later one, and an unwarmed probe overestimated a decode step tenfold). Then whole prompts prefilled in one step at doubling lengths from 64 tokens
+    (``sweep.scan_prefill``): at each new length one discarded run (a GPU plans attention for
+    every new shape) and the median TTFT of ``repeats`` more, until prefill tok/s stops growing
+    (``sweep.prefill_knee``), the longest prompt is reached, or ``budget_s`` would be overrun.
+    Last, the median TPOT of ``repeats`` batch-1 decodes of 6 tokens after a 64-token prompt.
+    While it runs the step's token budget is raised to the longest prompt (so no prompt is
+    chunked) and the prefix cache is switched off and emptied (its contents are lost).
+
+    Args:
+        max_prompt_tokens: the longest prompt to time; default and cap: ``max_model_len - 1`` and
+            what the KV pool holds.
+        budget_s: rough seconds for the prefill scan (the decode runs come on top).
+    Returns:
+        a JSON-serializable dict: ``prefill_tok_s`` (the best prefill tok/s seen),
+        ``decode_step_s`` (a batch-1 decode step, s), ``knee_tokens``, ``knee_reached``,
+        ``overhead_s`` (per-step floor; see ``sweep.prefill_knee``), ``prefill_points``
+        (``[prompt_tokens, ttft_s]`` pairs) and ``max_prompt_tokens``. ``estimate_s`` and
+        ``sweep.prefill_sweep_lengths`` read it.
     """
-    prompt = text_prompts(engine.tokenizer, 64, 1)
-    ttft, _ = minieng_prefill(engine, prompt)
-    tpot, _ = minieng_decode(engine, prompt, 5)
-    return {"prefill_tok_s": 64 / ttft, "decode_step_s": tpot}
+    block = engine.config.block_size
+    cap = min(engine.max_model_len - 1, (engine.block_manager.num_blocks - 1) * block)
+    cap = min(cap, max_prompt_tokens) if max_prompt_tokens else cap
+    tok, config = engine.tokenizer, engine.config
+    token_budget = config.max_num_batched_tokens
+
+    def time_prefill(n: int) -> float:
+        prompts = text_prompts(tok, n, repeats + 1)
+        minieng_prefill(engine, prompts[:1])  # a new length is a new shape: discarded
+        return minieng_prefill(engine, prompts[1:])[0]
+
+    with engine.block_manager.caching(False):
+        try:
+            config.max_num_batched_tokens = max(token_budget, cap)
+            engine.generate(text_prompts(tok, min(16, cap), 1), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            points = scan_prefill(time_prefill, probe_lengths(cap), budget_s, repeats + 1)
+            prompt = text_prompts(tok, min(64, cap), 1)
+            tpot = statistics.median(minieng_decode(engine, prompt, 6)[0] for _ in range(repeats))
+        finally:
+            config.max_num_batched_tokens = token_budget
+    knee = prefill_knee(points)
+    return {"prefill_tok_s": knee["peak_tok_s"], "decode_step_s": tpot, "knee_tokens": knee["knee_tokens"],
+            "knee_reached": knee["knee_reached"], "overhead_s": knee["overhead_s"],
+            "prefill_points": [list(p) for p in points], "max_prompt_tokens": cap}
 
 
-def estimate_s(probe: dict, prefill_tokens: int = 0, decode_steps: int = 0) -> float:
-    """Rough seconds for ``prefill_tokens`` of prefill plus ``decode_steps`` batch-1 decode steps."""
-    return prefill_tokens / probe["prefill_tok_s"] + decode_steps * probe["decode_step_s"]
+def estimate_s(probe: dict, prefill_tokens: int = 0, decode_steps: int = 0, prefills: int = 0) -> float:
+    """Rough seconds for ``prefill_tokens`` of prefill in ``prefills`` prompts (each paying the
+    probe's per-step overhead) plus ``decode_steps`` batch-1 decode steps, from ``probe_speed``."""
+    return (prefills * probe.get("overhead_s", 0.0) + prefill_tokens / probe["prefill_tok_s"]
+            + decode_steps * probe["decode_step_s"])
