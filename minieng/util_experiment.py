@@ -23,10 +23,10 @@ import statistics
 import time
 from collections.abc import Sequence
 
-import torch
 
 from .config import SamplingParams
-from .engine import LLMEngine, StepRecord
+from .engine import LLMEngine
+from .outputs import StepRecord
 from .flops import format_percent, phase_utilization
 
 # The matrix-product ops of torch's dispatcher. ``aten::linear`` and ``aten::matmul`` are
