@@ -20,8 +20,11 @@ slots a mask hides always hold finite values, whatever the pool held before.
 
 On CUDA the SDPA backend is pinned (``sdpa_backends``): cuDNN attention builds a plan for every
 new shape, which on an H200 cost 63-1,274 ms on the first call of each new context length
-(DESIGN.md section 13), and every request meets new shapes. Flash (cold causal prefill) and
-memory-efficient attention (masks, ``causal_lower_right``) have no such per-shape cost.
+(DESIGN.md section 13), and every request meets new shapes. Flash (causal prefill, and
+``causal_lower_right`` in bf16/fp16: its causal mask is aligned to the lower right) and
+memory-efficient attention (decode masks; fp32) have no such per-shape cost. Eager decode masks
+are padded to power-of-two widths on CUDA, so a growing context does not meet a new shape at
+every block.
 
 Everything that depends only on the batch (block tables, masks) is built once per step in
 ``AttentionMetadata`` and reused by every layer.
@@ -105,6 +108,8 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
     decode_tables = mask = None
     if decodes:
         width = max(len(table) for table, _ in decodes)
+        if device.type == "cuda":  # fewer distinct shapes for the attention kernels (padding is masked)
+            width = 1 << (width - 1).bit_length()
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
         lens = torch.tensor([n for _, n in decodes], device=device)
         mask = decode_mask(lens, width * block_size)
@@ -133,8 +138,8 @@ def offset_causal_mask(q_len: int, context_len: int, device: torch.device):
     """The mask of a chunk of ``q_len`` queries that are the last of ``context_len`` keys: query i
     sees keys ``0 .. context_len - q_len + i``.
 
-    On CUDA, torch's ``causal_lower_right`` bias: SDPA runs it in the memory-efficient kernel
-    without materializing a mask or planning per shape. Elsewhere a [q_len, context_len] bool
+    On CUDA, torch's ``causal_lower_right`` bias: SDPA runs it in the flash kernel (bf16/fp16) or
+    the memory-efficient one (fp32), without materializing a mask or planning per shape. Elsewhere a [q_len, context_len] bool
     tensor: the CPU kernels materialize the bias anyway, and a tensor subclass cannot be created
     under a dispatch mode such as ``FlopCounterMode``, which the FLOP cross-checks run on a CPU.
     """

@@ -88,13 +88,19 @@ class DecodeGraphs:
         self.widths = capture_widths(-(-max_model_len // self.block_size))
         self.buckets = [(b, w) for b in self.batch_sizes for w in self.widths
                         if b * w * self.block_size <= max_gather_tokens]
-        device = kv_cache.k.device
-        rows, width = self.batch_sizes[-1], self.widths[-1]
-        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((rows,), kv_cache.null_slot, dtype=torch.long, device=device)
-        self.context_lens = torch.ones(rows, dtype=torch.long, device=device)
-        self.block_tables = torch.full((rows, width), kv_cache.null_block, dtype=torch.long, device=device)
+        self.device = device = kv_cache.k.device
+        self.rows, self.width = rows, width = self.batch_sizes[-1], self.widths[-1]
+        # Every input lives in one device buffer with a pinned host twin, so a step costs one
+        # host-to-device copy: [input_ids | positions | slot_mapping | context_lens] of ``rows``
+        # entries each, then the block tables [rows, width].
+        size = 4 * rows + rows * width
+        self._device_inputs = torch.empty(size, dtype=torch.long, device=device)
+        self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
+         self.block_tables) = self._views(self._device_inputs)
+        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.null_slot, 1, kv_cache.null_block)):
+            buf.fill_(value)  # what the warm-up and capture run on: padding rows only
+        self._host_inputs.copy_(self._device_inputs)
         self.logits_indices = torch.arange(rows, device=device)
         # Every graph writes its logits here: one buffer, not one per bucket (a 128k vocabulary
         # at batch 256 is 128 MB of float32 logits).
@@ -107,6 +113,11 @@ class DecodeGraphs:
     def num_graphs(self) -> int:
         return len(self.graphs)
 
+    def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """input_ids, positions, slot_mapping, context_lens [rows] and block_tables [rows, width] of ``flat``."""
+        r = self.rows
+        return flat[:r], flat[r:2 * r], flat[2 * r:3 * r], flat[3 * r:4 * r], flat[4 * r:].view(r, self.width)
+
     def _forward(self, b: int, w: int) -> torch.Tensor:
         """The decode forward of bucket (b, w) on the static buffers: logits [b, vocab]."""
         meta = AttentionMetadata(self.slot_mapping[:b], b, self.block_tables[:b, :w],
@@ -115,18 +126,23 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def _capture(self) -> float:
-        """Capture every bucket, largest first (later graphs reuse the first one's memory pool)."""
+        """Capture every bucket, largest first (later graphs reuse the first one's memory pool).
+
+        Raises whatever the capture raises (out of memory, an op that cannot be captured); the
+        engine then runs eagerly (``engine_setup.decode_graphs``).
+        """
         start = time.perf_counter()
         pool = None
-        for b, w in sorted(self.buckets, reverse=True):
-            self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, kernels) outside capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[:b].copy_(self._forward(b, w))
-            pool = graph.pool()
-            self.graphs[(b, w)] = graph
-        torch.cuda.synchronize()
+        with torch.cuda.device(self.device):  # torch.cuda.graph captures on the current device
+            for b, w in sorted(self.buckets, reverse=True):
+                self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, kernels) outside capture
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[:b].copy_(self._forward(b, w))
+                pool = graph.pool()
+                self.graphs[(b, w)] = graph
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
     def bucket(self, batch: int, width: int) -> tuple[int, int] | None:
@@ -138,6 +154,7 @@ class DecodeGraphs:
             decodes: list[tuple[list[int], int]]) -> torch.Tensor | None:
         """Logits [len(decodes), vocab] of one decode step, or None when no bucket fits it (run eagerly).
 
+        The logits are a view of the static output: valid until the next replay.
         Args: one entry per decode row (``model_runner.StepLayout``'s lists); ``decodes`` holds
         each row's ``(block_table, context_len)``.
         """
@@ -147,12 +164,17 @@ class DecodeGraphs:
             return None
         b, w = key
         pad = b - n
-        self.input_ids[:b].copy_(torch.tensor(input_ids + [0] * pad))
-        self.positions[:b].copy_(torch.tensor(positions + [0] * pad))
-        self.slot_mapping[:b].copy_(torch.tensor(slot_mapping + [self.kv_cache.null_slot] * pad))
-        self.context_lens[:b].copy_(torch.tensor([c for _, c in decodes] + [1] * pad))
-        tables = block_table_tensor([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
-        self.block_tables[:b, :w].copy_(tables)
+        ids, pos, slots, lens, tables = self._views(self._host_inputs)
+        ids[:b] = torch.tensor(input_ids + [0] * pad)
+        pos[:b] = torch.tensor(positions + [0] * pad)
+        slots[:b] = torch.tensor(slot_mapping + [self.kv_cache.null_slot] * pad)
+        lens[:b] = torch.tensor([c for _, c in decodes] + [1] * pad)
+        tables[:b, :w] = block_table_tensor([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
+        # One copy: the four row vectors whole, then the first b rows of the tables (what bucket
+        # (b, w) reads; stale entries beyond it are never read). The host buffer is rewritten
+        # only after the step synchronizes (the runner reads the logits), so non_blocking is safe.
+        used = 4 * self.rows + b * self.width
+        self._device_inputs[:used].copy_(self._host_inputs[:used], non_blocking=True)
         if self.captured:
             self.graphs[key].replay()
             return self.logits[:n]

@@ -111,8 +111,13 @@ def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len:
 
     # A bucket gathers batch x width x block_size tokens of K/V per layer: never more than the
     # pool holds, so a graph's scratch memory stays a fraction (1 / layers) of the pool's.
-    return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len,
-                        max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size)
+    try:
+        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len,
+                            max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size)
+    except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
+        warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
+                      "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.", stacklevel=3)
+        return None
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

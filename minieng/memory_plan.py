@@ -104,6 +104,24 @@ def kv_blocks_for_bytes(budget_bytes: int, block_size: int, kv_bytes_per_token: 
     return max(0, budget_bytes // (block_size * sum(kv_bytes_per_token)))
 
 
+def profile_step(num_tokens: int, longest: int, block_size: int) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
+    """The layout of a profile step of ``num_tokens`` prompt tokens: sequences no longer than
+    ``longest`` (the RoPE table; a token budget may exceed ``max_model_len``), each in its own blocks.
+
+    Returns ``(slot_mapping, chunks, positions, num_blocks)``, with ``chunks`` as
+    ``attention.build_metadata`` takes them.
+    """
+    chunks, slots, positions, first = [], [], [], 0
+    for start in range(0, num_tokens, longest):
+        n = min(longest, num_tokens - start)
+        table = list(range(first, first + -(-n // block_size)))
+        chunks.append((n, table, n))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(n))
+        positions.extend(range(n))
+        first += len(table)
+    return slots, chunks, positions, first
+
+
 @torch.inference_mode()
 def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
@@ -113,15 +131,14 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     from .kv_cache import KVCache
 
     device = next(model.parameters()).device
-    blocks = -(-num_tokens // block_size)
+    slots, chunks, positions, num_blocks = profile_step(num_tokens, model.rope.cos.shape[0], block_size)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    cache = KVCache(model.config, blocks, block_size, next(model.parameters()).dtype, device)
-    meta = build_metadata(list(range(num_tokens)), [], [(num_tokens, list(range(blocks)), num_tokens)],
-                          block_size, cache.null_block, device)
+    cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
+    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    model(ids, torch.arange(num_tokens, device=device), cache, meta, torch.tensor([num_tokens - 1], device=device))
+    model(ids, torch.tensor(positions, device=device), cache, meta, torch.tensor([num_tokens - 1], device=device))
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - cache.nbytes
     del cache

@@ -116,7 +116,9 @@ class ModelRunner:
             logits = self.graphs.run(lay.input_ids, lay.positions, lay.slot_mapping, lay.decodes)
             if logits is not None:
                 self.last_step_graphed = True
-                return self._check(logits[torch.tensor(lay.logits_indices, device=logits.device)]), lay.sampling
+                if lay.logits_indices != list(range(len(lay.decodes))):  # a prompt chunk that samples nothing
+                    logits = logits[torch.tensor(lay.logits_indices, device=logits.device)]
+                return self._check(logits), lay.sampling
         input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
         logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
         return self._check(logits), sampling

@@ -295,3 +295,22 @@ def test_sequence_token_ids_slices_prompt_and_output():
     for start in range(6):
         for end in range(start, 6):
             assert seq.token_ids(start, end) == seq.all_token_ids[start:end]
+
+
+def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
+    """The KV sizing profile runs ``max_num_batched_tokens`` tokens; with a budget beyond the RoPE
+    table (max_model_len) it must split them into sequences the table covers (a CUDA device-side
+    assert otherwise). The same layout runs here on the CPU."""
+    from minieng.attention import build_metadata
+    from minieng.kv_cache import KVCache
+    from minieng.memory_plan import profile_step
+
+    model = tiny_llama[1].model
+    longest = model.rope.cos.shape[0]  # 256
+    slots, chunks, positions, num_blocks = profile_step(600, longest, 16)
+    assert [n for n, _, _ in chunks] == [256, 256, 88] and max(positions) == longest - 1
+    assert len(slots) == len(set(slots)) == 600 and max(slots) < num_blocks * 16
+    cache = KVCache(model.config, num_blocks, 16, torch.float32, "cpu")
+    meta = build_metadata(slots, [], chunks, 16, cache.null_block, torch.device("cpu"))
+    logits = model(torch.zeros(600, dtype=torch.long), torch.tensor(positions), cache, meta, torch.tensor([599]))
+    assert logits.shape == (1, model.config.vocab_size) and bool(torch.isfinite(logits).all())
