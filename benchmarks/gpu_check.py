@@ -222,8 +222,9 @@ def prefix_cache(path: Path, device: torch.device, p: dict, load_format: str) ->
 def speculative(target: Path, draft: Path, device: torch.device, p: dict) -> dict:
     from minieng.spec_experiment import k_sweep, machinery_overhead
 
+    # k at its largest: a GPU engine captures verification graphs for every k up to it.
     engine = LLMEngine(model=str(target), draft_model=str(draft), speculative_method="draft",
-                       num_speculative_tokens=1, device=str(device), max_num_seqs=8,
+                       num_speculative_tokens=max(p["spec_ks"]), device=str(device), max_num_seqs=8,
                        **({"kv_cache_memory_gib": 0.25} if device.type == "cpu" else {}))
     prompts = text_prompts(engine.tokenizer, 64, 1)
     result = k_sweep(engine, prompts, p["spec_ks"], p["output_tokens"])

@@ -60,10 +60,14 @@ class AttentionMetadata:
 
     Attributes:
         slot_mapping: [num_tokens] int64, the cache slot each new token's K/V is written to.
-        num_decodes: the first ``num_decodes`` rows are decodes, one token each.
+        num_decodes: the first ``num_decodes * decode_query_len`` rows are decodes, sequence by
+            sequence: ``decode_query_len`` tokens each (1; or k + 1 when every sequence of the
+            step verifies k drafts).
         decode_block_tables: [num_decodes, max_blocks] int64, padded with the null block.
-        decode_mask: [num_decodes, 1, 1, max_blocks * block_size] bool, False past each context.
+        decode_mask: [num_decodes, 1, decode_query_len, max_blocks * block_size] bool
+            (``decode_mask``).
         prefills: the multi-token chunks, in row order after the decodes.
+        decode_query_len: query tokens per decode sequence.
     """
 
     slot_mapping: torch.Tensor
@@ -71,14 +75,19 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None
     decode_mask: torch.Tensor | None
     prefills: list[PrefillChunk]
+    decode_query_len: int = 1
 
 
-def decode_mask(context_lens: torch.Tensor, num_slots: int) -> torch.Tensor:
-    """[batch, 1, 1, num_slots] bool: True where slot i < the row's context length.
+def decode_mask(context_lens: torch.Tensor, num_slots: int, query_len: int = 1) -> torch.Tensor:
+    """[batch, 1, query_len, num_slots] bool: query i of a sequence whose ``query_len`` new tokens
+    end its context of ``context_lens`` tokens sees slots ``0 .. context_len - query_len + i``
+    (causal, aligned to the lower right; with one query, the whole context).
 
     Built from a tensor on the device, so a captured CUDA graph recomputes it on replay.
     """
-    return (torch.arange(num_slots, device=context_lens.device)[None, :] < context_lens[:, None])[:, None, None, :]
+    device = context_lens.device
+    limit = context_lens[:, None] - query_len + 1 + torch.arange(query_len, device=device)[None, :]  # [B, q]
+    return (torch.arange(num_slots, device=device)[None, None, :] < limit[:, :, None])[:, None]
 
 
 def block_table_tensor(tables: list[list[int]], width: int, null_block: int) -> torch.Tensor:
@@ -95,12 +104,13 @@ def block_table_tensor(tables: list[list[int]], width: int, null_block: int) -> 
 
 def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]],
                    prefills: list[tuple[int, list[int], int]], block_size: int, null_block: int,
-                   device: torch.device) -> AttentionMetadata:
+                   device: torch.device, decode_query_len: int = 1) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
     Args:
         slot_mapping: flat cache slot of every new token, decodes first.
-        decodes: per decode, ``(block_table, context_len)``; its new token is the last key.
+        decodes: per decode, ``(block_table, context_len)``; its ``decode_query_len`` new tokens
+            are the last keys.
         prefills: per prefill chunk, ``(q_len, block_table, context_len)``; its new tokens are
             the last ``q_len`` keys.
         null_block: the block that pads decode block tables (``KVCache.null_block``).
@@ -112,13 +122,13 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
             width = 1 << (width - 1).bit_length()
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
         lens = torch.tensor([n for _, n in decodes], device=device)
-        mask = decode_mask(lens, width * block_size)
-    chunks, q_start = [], len(decodes)
+        mask = decode_mask(lens, width * block_size, decode_query_len)
+    chunks, q_start = [], len(decodes) * decode_query_len
     for q_len, table, context_len in prefills:
         chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device), context_len))
         q_start += q_len
     return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                             len(decodes), decode_tables, mask, chunks)
+                             len(decodes), decode_tables, mask, chunks, decode_query_len)
 
 
 def sdpa_backends(device: torch.device):
@@ -174,14 +184,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     kv_heads = k_cache.shape[2]
     group = num_heads // kv_heads
     out = torch.empty_like(q)
-    b = meta.num_decodes
+    b, n = meta.num_decodes, meta.decode_query_len
     if b:
-        qd = q[:b].view(b, kv_heads, group, head_dim)  # [B, kv_heads, group, D]
+        # Rows [B * n, heads, D], sequence by sequence -> [B, kv_heads, group * n, D]: each KV
+        # head meets its group's query heads at every query position (a view when n == 1).
+        qd = q[:b * n].view(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
         k = gather_blocks(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, kv_heads, max_context, D]
         v = gather_blocks(v_cache, meta.decode_block_tables).transpose(1, 2)
-        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
+        mask = meta.decode_mask  # [B, 1, n, L]: rows of query position; one per (head, position) below
+        if n > 1 and group > 1:
+            mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
+        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)  # [B, kv_heads, group * n, D]
         # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
-        out[:b] = od.reshape(b, num_heads, head_dim)
+        out[:b * n] = od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads, head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         # SDPA's fused CPU kernel wants 4-D [batch, heads, len, D] and equal head counts: with

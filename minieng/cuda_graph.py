@@ -7,19 +7,22 @@ from Python costs more than running them. On an H200 an eager step took ~14 ms f
 everything that varies between steps must live in *static buffers* that the step overwrites
 before the replay (as nano-vllm's and gpt-fast's capture do):
 
-- ``input_ids``, ``positions``, ``slot_mapping``, ``context_lens``: [max batch];
-- ``block_tables``: [max batch, max width in blocks], padded with the null block;
-- ``logits``: [max batch, vocab] float32, the output every graph writes.
+- ``input_ids``, ``positions``, ``slot_mapping``: [max batch x max query length];
+- ``context_lens``: [max batch]; ``block_tables``: [max batch, max width in blocks], padded with
+  the null block;
+- ``logits``: [max batch x max query length, vocab] float32, the output every graph writes.
 
 Shapes are fixed too, so graphs are captured for *buckets*, once, at start-up: batch sizes 1, 2,
 4, 8, ... up to ``max_num_seqs`` (always included, so 12, 100 or 600 are covered), times block-table
 widths 8, 16, 32, ... blocks up to ``max_model_len`` (attention gathers a bucket's whole width,
-so a short context should not pay for the longest one). A step of ``n`` decodes whose widest
-block table has ``w`` blocks replays the smallest bucket that holds both. The ``n`` real rows are
-followed by padding rows: token 0 at position 0, attending one key, writing their K/V into the
-null block's slot (``KVCache.null_slot``), which no real sequence reads unmasked. A bucket whose
-gathered K/V would exceed ``max_gather_tokens`` is not captured; steps that need it, or a width
-beyond the largest bucket, run eagerly.
+so a short context should not pay for the longest one), times the query lengths a decode step
+can have: 1, and under speculative decoding 2 .. k + 1 (a verification step runs k + 1 tokens
+per sequence). A step of ``n`` sequences whose widest block table has ``w`` blocks replays the
+smallest bucket that holds both. The real sequences are followed by padding ones: token 0 at
+position 0, writing their K/V into the null block (``KVCache.null_slot``), which no real sequence
+reads unmasked, and attending only null-block keys. A bucket whose gathered K/V would exceed
+``max_gather_tokens`` is not captured; steps that need it, or a width beyond the largest bucket,
+run eagerly.
 
 Only decode steps are captured: prefill and mixed steps vary in token count and stay eager.
 On a CPU (tests) ``capture=False`` keeps the buckets and static buffers and runs the forward
@@ -67,45 +70,50 @@ def smallest_at_least(sizes: list[int], n: int) -> int | None:
 
 
 class DecodeGraphs:
-    """Static decode buffers and one captured graph per (batch, width) bucket.
+    """Static decode buffers and one captured graph per (query length, batch, width) bucket.
 
     Args:
         model, kv_cache: what the graphs run; the cache's tensors must never be reallocated.
         max_num_seqs: the largest batch a decode step can have.
         max_model_len: the longest sequence, which sets the widest block table.
         max_gather_tokens: buckets whose batch x width x block_size exceeds it are not captured.
+        query_lens: tokens per sequence of the decode steps to capture: (1,), or (1, 2, .., k + 1)
+            under speculative decoding with k draft tokens.
         capture: False runs the forward eagerly on the static buffers (CPU tests).
     Attributes:
         capture_s: seconds the capture took at start-up; ``num_graphs``: buckets captured.
     """
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, max_num_seqs: int, max_model_len: int,
-                 max_gather_tokens: int, capture: bool = True):
+                 max_gather_tokens: int, query_lens: tuple[int, ...] = (1,), capture: bool = True):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.batch_sizes = capture_batch_sizes(max_num_seqs)
         self.widths = capture_widths(-(-max_model_len // self.block_size))
-        self.buckets = [(b, w) for b in self.batch_sizes for w in self.widths
+        self.query_lens = sorted(set(query_lens))
+        self.buckets = [(q, b, w) for q in self.query_lens for b in self.batch_sizes for w in self.widths
                         if b * w * self.block_size <= max_gather_tokens]
         self.device = device = kv_cache.k.device
         self.rows, self.width = rows, width = self.batch_sizes[-1], self.widths[-1]
+        self.tokens = tokens = rows * self.query_lens[-1]
         # Every input lives in one device buffer with a pinned host twin, so a step costs one
-        # host-to-device copy: [input_ids | positions | slot_mapping | context_lens] of ``rows``
-        # entries each, then the block tables [rows, width].
-        size = 4 * rows + rows * width
+        # host-to-device copy: [input_ids | positions | slot_mapping] of ``tokens`` entries each,
+        # [context_lens] of ``rows``, then the block tables [rows, width].
+        size = 3 * tokens + rows + rows * width
         self._device_inputs = torch.empty(size, dtype=torch.long, device=device)
         self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
         (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
          self.block_tables) = self._views(self._device_inputs)
-        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.null_slot, 1, kv_cache.null_block)):
-            buf.fill_(value)  # what the warm-up and capture run on: padding rows only
+        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.null_slot, self.query_lens[-1],
+                                                                  kv_cache.null_block)):
+            buf.fill_(value)  # what the warm-up and capture run on: padding sequences only
         self._host_inputs.copy_(self._device_inputs)
-        self.logits_indices = torch.arange(rows, device=device)
+        self.logits_indices = torch.arange(tokens, device=device)
         # Every graph writes its logits here: one buffer, not one per bucket (a 128k vocabulary
-        # at batch 256 is 128 MB of float32 logits).
-        self.logits = torch.empty(rows, model.config.vocab_size, dtype=torch.float32, device=device)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # at 256 rows is 128 MB of float32 logits).
+        self.logits = torch.empty(tokens, model.config.vocab_size, dtype=torch.float32, device=device)
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.captured = capture
         self.capture_s = self._capture() if capture else 0.0
 
@@ -114,15 +122,17 @@ class DecodeGraphs:
         return len(self.graphs)
 
     def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """input_ids, positions, slot_mapping, context_lens [rows] and block_tables [rows, width] of ``flat``."""
-        r = self.rows
-        return flat[:r], flat[r:2 * r], flat[2 * r:3 * r], flat[3 * r:4 * r], flat[4 * r:].view(r, self.width)
+        """input_ids, positions, slot_mapping [tokens], context_lens [rows], block_tables [rows, width]."""
+        t, r = self.tokens, self.rows
+        return (flat[:t], flat[t:2 * t], flat[2 * t:3 * t], flat[3 * t:3 * t + r],
+                flat[3 * t + r:].view(r, self.width))
 
-    def _forward(self, b: int, w: int) -> torch.Tensor:
-        """The decode forward of bucket (b, w) on the static buffers: logits [b, vocab]."""
-        meta = AttentionMetadata(self.slot_mapping[:b], b, self.block_tables[:b, :w],
-                                 decode_mask(self.context_lens[:b], w * self.block_size), [])
-        return self.model(self.input_ids[:b], self.positions[:b], self.kv_cache, meta, self.logits_indices[:b])
+    def _forward(self, q: int, b: int, w: int) -> torch.Tensor:
+        """The forward of bucket (q, b, w) on the static buffers: logits [b * q, vocab]."""
+        meta = AttentionMetadata(self.slot_mapping[:b * q], b, self.block_tables[:b, :w],
+                                 decode_mask(self.context_lens[:b], w * self.block_size, q), [], q)
+        return self.model(self.input_ids[:b * q], self.positions[:b * q], self.kv_cache, meta,
+                          self.logits_indices[:b * q])
 
     @torch.inference_mode()
     def _capture(self) -> float:
@@ -134,48 +144,51 @@ class DecodeGraphs:
         start = time.perf_counter()
         pool = None
         with torch.cuda.device(self.device):  # torch.cuda.graph captures on the current device
-            for b, w in sorted(self.buckets, reverse=True):
-                self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, kernels) outside capture
+            for q, b, w in sorted(self.buckets, key=lambda k: (k[0] * k[1], k[2]), reverse=True):
+                self._forward(q, b, w)  # warm-up: lazy initialisation (cuBLAS handles, kernels) outside capture
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[:b].copy_(self._forward(b, w))
+                    self.logits[:b * q].copy_(self._forward(q, b, w))
                 pool = graph.pool()
-                self.graphs[(b, w)] = graph
+                self.graphs[(q, b, w)] = graph
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - start
 
-    def bucket(self, batch: int, width: int) -> tuple[int, int] | None:
-        """The captured bucket for ``batch`` decodes with block tables up to ``width`` blocks, or None."""
+    def bucket(self, query_len: int, batch: int, width: int) -> tuple[int, int, int] | None:
+        """The captured bucket for ``batch`` sequences of ``query_len`` tokens with block tables up
+        to ``width`` blocks, or None."""
         b, w = smallest_at_least(self.batch_sizes, batch), smallest_at_least(self.widths, width)
-        return (b, w) if b is not None and w is not None and (b, w) in self.buckets else None
+        key = (query_len, b, w)
+        return key if b is not None and w is not None and key in self.buckets else None
 
-    def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
-            decodes: list[tuple[list[int], int]]) -> torch.Tensor | None:
-        """Logits [len(decodes), vocab] of one decode step, or None when no bucket fits it (run eagerly).
+    def run(self, lay) -> torch.Tensor | None:
+        """Logits [rows of ``lay``, vocab] of one decode step, or None when no bucket fits it (run eagerly).
 
-        The logits are a view of the static output: valid until the next replay.
-        Args: one entry per decode row (``model_runner.StepLayout``'s lists); ``decodes`` holds
-        each row's ``(block_table, context_len)``.
+        ``lay``: a ``model_runner.StepLayout`` with no chunks (every sequence runs
+        ``lay.query_len`` tokens). The logits are a view of the static output: valid until the
+        next replay.
         """
-        n = len(decodes)
-        key = self.bucket(n, max(len(table) for table, _ in decodes))
+        q, n = lay.query_len, len(lay.decodes)
+        key = self.bucket(q, n, max(len(table) for table, _ in lay.decodes))
         if key is None:
             return None
-        b, w = key
-        pad = b - n
+        _, b, w = key
+        pad = (b - n) * q
         ids, pos, slots, lens, tables = self._views(self._host_inputs)
-        ids[:b] = torch.tensor(input_ids + [0] * pad)
-        pos[:b] = torch.tensor(positions + [0] * pad)
-        slots[:b] = torch.tensor(slot_mapping + [self.kv_cache.null_slot] * pad)
-        lens[:b] = torch.tensor([c for _, c in decodes] + [1] * pad)
-        tables[:b, :w] = block_table_tensor([t for t, _ in decodes] + [[]] * pad, w, self.kv_cache.null_block)
-        # One copy: the four row vectors whole, then the first b rows of the tables (what bucket
-        # (b, w) reads; stale entries beyond it are never read). The host buffer is rewritten
-        # only after the step synchronizes (the runner reads the logits), so non_blocking is safe.
-        used = 4 * self.rows + b * self.width
+        ids[:b * q] = torch.tensor(lay.input_ids + [0] * pad)
+        pos[:b * q] = torch.tensor(lay.positions + [0] * pad)
+        slots[:b * q] = torch.tensor(lay.slot_mapping + [self.kv_cache.null_slot] * pad)
+        # A padding sequence's context is its q tokens: each query sees at least one (null) key.
+        lens[:b] = torch.tensor([c for _, c in lay.decodes] + [q] * (b - n))
+        tables[:b, :w] = block_table_tensor([t for t, _ in lay.decodes] + [[]] * (b - n), w, self.kv_cache.null_block)
+        # One copy: the token and row vectors whole, then the first b rows of the tables (what
+        # bucket (q, b, w) reads; stale entries beyond it are never read). The host buffer is
+        # rewritten only after the step synchronizes (the runner reads the logits), so
+        # non_blocking is safe.
+        used = 3 * self.tokens + self.rows + b * self.width
         self._device_inputs[:used].copy_(self._host_inputs[:used], non_blocking=True)
         if self.captured:
             self.graphs[key].replay()
-            return self.logits[:n]
-        return self._forward(b, w)[:n]
+            return self.logits[:n * q]
+        return self._forward(q, b, w)[:n * q]

@@ -99,21 +99,28 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
     if draft_model is None:
         return PromptLookupDrafter(config.ngram_max)
     drafter = DraftModelDrafter(draft_model, num_blocks, config.block_size)
-    drafter.runner.graphs = decode_graphs(config, draft_model, drafter.kv_cache, max_model_len)
+    drafter.runner.graphs = decode_graphs(config, draft_model, drafter.kv_cache, max_model_len, query_lens=(1,))
     return drafter
 
 
-def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len: int):
-    """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``)."""
+def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len: int,
+                  query_lens: tuple[int, ...] | None = None):
+    """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``).
+
+    ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
+    decoding every verification width 2 .. k + 1 (experiments lower k at run time).
+    """
     if kv_cache.k.device.type != "cuda" or config.enforce_eager:
         return None
+    if query_lens is None:
+        query_lens = tuple(range(1, config.num_speculative_tokens + 2))
     from .cuda_graph import DecodeGraphs
 
     # A bucket gathers batch x width x block_size tokens of K/V per layer: never more than the
     # pool holds, so a graph's scratch memory stays a fraction (1 / layers) of the pool's.
     try:
         return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len,
-                            max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size)
+                            max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size, query_lens=query_lens)
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
         warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
                       "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.", stacklevel=3)

@@ -10,8 +10,10 @@ verification accepts.
 A single-token row is attended the same way whether it is a decode or the last token of a
 prompt: one query over its whole context, itself included. So every step made only of
 single-token rows is a *decode step*, and on CUDA it replays a captured graph
-(``cuda_graph.DecodeGraphs``) instead of launching each kernel from Python. Prefill and mixed
-steps run eagerly.
+(``cuda_graph.DecodeGraphs``) instead of launching each kernel from Python. The same holds for a
+step whose sequences all run the same small number n of tokens, which is what speculative
+decoding's verification steps are (n = k + 1): they are laid out as decodes of n queries each,
+attended together. Prefill and mixed steps run eagerly.
 """
 
 from __future__ import annotations
@@ -30,14 +32,19 @@ from .rejection import verify_coupled, verify_greedy
 from .sampling import probabilities, sample
 from .sequence import Sequence
 
+# The most tokens per sequence a step may run and still be laid out as a decode step (speculative
+# verification runs k + 1); longer uniform chunks are prefills, attended chunk by chunk.
+MAX_DECODE_QUERY_LEN = 16
+
 
 @dataclass
 class StepLayout:
     """A step laid out as plain lists (before any tensor is made).
 
-    Rows: every single-token row first (``decodes``), then multi-token chunks (``chunks``).
-    ``sampling`` lists, per sequence that samples, ``(sequence, number of logits rows)``: 1, or
-    k + 1 for a decode verifying k drafts; ``logits_indices`` are those rows, in that order.
+    Rows: the decodes first (``decodes``, ``query_len`` rows each: 1, or the n of a step whose
+    every sequence runs n tokens), then multi-token chunks (``chunks``). ``sampling`` lists, per
+    sequence that samples, ``(sequence, number of logits rows)``: 1, or k + 1 for a decode
+    verifying k drafts; ``logits_indices`` are those rows, in that order.
     """
 
     input_ids: list[int] = field(default_factory=list)
@@ -47,6 +54,7 @@ class StepLayout:
     chunks: list[tuple[int, list[int], int]] = field(default_factory=list)  # (q_len, block_table, context_len)
     logits_indices: list[int] = field(default_factory=list)
     sampling: list[tuple[Sequence, int]] = field(default_factory=list)
+    query_len: int = 1
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -72,14 +80,17 @@ class ModelRunner:
     def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
         """Lay out a step. ``scheduled``: (sequence, new tokens) in any order."""
         out = StepLayout()
-        ordered = [item for item in scheduled if item[1] == 1] + [item for item in scheduled if item[1] != 1]
+        if scheduled and len({n for _, n in scheduled}) == 1 and scheduled[0][1] <= MAX_DECODE_QUERY_LEN:
+            out.query_len = scheduled[0][1]
+        ordered = ([item for item in scheduled if item[1] == out.query_len]
+                   + [item for item in scheduled if item[1] != out.query_len])
         for seq, n in ordered:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             known = seq.token_ids(start, end)
             out.input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
             out.positions.extend(range(start, end))
             out.slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
-            if n == 1:
+            if n == out.query_len:
                 out.decodes.append((seq.block_table, end))
             else:  # a prefill chunk, or a decode verifying drafts: several queries, causal
                 out.chunks.append((n, seq.block_table, end))
@@ -95,10 +106,12 @@ class ModelRunner:
         Returns input_ids, positions, metadata, logits_indices, and ``StepLayout.sampling``.
         """
         self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
-        lay = self.layout(scheduled)
+        return self._tensors(self.layout(scheduled))
+
+    def _tensors(self, lay: StepLayout):
         dev = self.device
         meta = build_metadata(lay.slot_mapping, lay.decodes, lay.chunks, self.block_manager.block_size,
-                              self.kv_cache.null_block, dev)
+                              self.kv_cache.null_block, dev, lay.query_len)
         return (torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
                 torch.tensor(lay.positions, dtype=torch.long, device=dev),
                 meta, torch.tensor(lay.logits_indices, dtype=torch.long, device=dev), lay.sampling)
@@ -109,17 +122,17 @@ class ModelRunner:
         A decode step replays a CUDA graph when one fits it; anything else runs eagerly.
         Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
         """
+        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+        lay = self.layout(scheduled)
         self.last_step_graphed = False
-        if self.graphs is not None and all(n == 1 for _, n in scheduled):
-            self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
-            lay = self.layout(scheduled)
-            logits = self.graphs.run(lay.input_ids, lay.positions, lay.slot_mapping, lay.decodes)
+        if self.graphs is not None and not lay.chunks:
+            logits = self.graphs.run(lay)
             if logits is not None:
                 self.last_step_graphed = True
-                if lay.logits_indices != list(range(len(lay.decodes))):  # a prompt chunk that samples nothing
-                    logits = logits[torch.tensor(lay.logits_indices, device=logits.device)]
+                if lay.logits_indices != list(range(len(lay.input_ids))):  # rows that sample nothing
+                    logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
                 return self._check(logits), lay.sampling
-        input_ids, positions, meta, logits_indices, sampling = self.prepare(scheduled)
+        input_ids, positions, meta, logits_indices, sampling = self._tensors(lay)
         logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
         return self._check(logits), sampling
 

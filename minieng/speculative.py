@@ -106,6 +106,17 @@ class DraftModelDrafter:
         drafts = [self._sync(s) for s in seqs]
         tokens: list[list[int]] = [[] for _ in seqs]
         active = [i for i, n in enumerate(k) if n > 0]
+        # When every draft was accepted, the last draft and the bonus token both lack draft KV:
+        # run the first of the two alone, so that every draft forward below is a step of one token
+        # per sequence (a decode step, a CUDA graph on a GPU) rather than a mixed, eager one.
+        lagging = [drafts[i] for i in active if drafts[i].num_uncomputed_tokens == 2
+                   and self.block_manager.can_allocate(drafts[i], 1)]
+        if lagging:
+            for d in lagging:
+                self.block_manager.allocate(d, 1)
+            self.runner.forward([(d, 1) for d in lagging])  # KV only: no position of it samples
+            for d in lagging:
+                d.num_computed_tokens += 1
         for step in range(max(k, default=0)):
             batch = []  # (index, draft sequence, tokens to run): its catch-up, then one at a time
             for i in active:

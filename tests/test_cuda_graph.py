@@ -25,8 +25,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def install_graphs(engine: LLMEngine, max_gather_tokens: int = 1 << 30) -> DecodeGraphs:
+    """The engine's decode graphs as a GPU builds them (query lengths 1 .. k + 1), replayed eagerly."""
+    query_lens = tuple(range(1, engine.config.num_speculative_tokens + 2))
     graphs = DecodeGraphs(engine.model, engine.kv_cache, engine.config.max_num_seqs, engine.max_model_len,
-                          max_gather_tokens, capture=False)
+                          max_gather_tokens, query_lens, capture=False)
     engine.runner.graphs = graphs
     return graphs
 
@@ -70,10 +72,11 @@ def test_bucket_helpers_refuse_empty_ranges(bad):
 def test_buckets_beyond_the_gather_budget_are_not_captured(tiny_llama):
     engine = make_engine(tiny_llama[1], max_num_seqs=12)  # block_size 4, max_model_len 256: 64 blocks
     graphs = install_graphs(engine, max_gather_tokens=4 * 16 * 4)
-    assert (4, 16) in graphs.buckets and (8, 16) not in graphs.buckets and (4, 32) not in graphs.buckets
-    assert graphs.bucket(3, 10) == (4, 16)
-    assert graphs.bucket(5, 2) == (8, 8) and graphs.bucket(5, 10) is None
-    assert graphs.bucket(13, 1) is None  # more rows than max_num_seqs
+    assert (1, 4, 16) in graphs.buckets and (1, 8, 16) not in graphs.buckets and (1, 4, 32) not in graphs.buckets
+    assert graphs.bucket(1, 3, 10) == (1, 4, 16)
+    assert graphs.bucket(1, 5, 2) == (1, 8, 8) and graphs.bucket(1, 5, 10) is None
+    assert graphs.bucket(1, 13, 1) is None  # more rows than max_num_seqs
+    assert graphs.bucket(2, 1, 1) is None  # no speculative decoding: only single-token steps
 
 
 # -- replays on static buffers give the plain path's tokens ---------------------------------------
@@ -100,7 +103,7 @@ def test_blocks_wider_than_any_bucket_fall_back_to_eager(tiny_llama):
     plain = make_engine(loaded).generate(prompts, GREEDY)
     engine = make_engine(loaded)
     graphs = install_graphs(engine, max_gather_tokens=2 * 8 * 4)  # 64 tokens: (1, 16) and (2, 8) at most
-    assert max(w for _, w in graphs.buckets) == 16 and max(b for b, _ in graphs.buckets) == 2
+    assert max(w for _, _, w in graphs.buckets) == 16 and max(b for _, b, _ in graphs.buckets) == 2
     for p in prompts:
         engine.add_request(p, GREEDY)
     assert not any(graphed_steps(engine)), "the 70-token prompt needs more than 8 blocks"
@@ -260,6 +263,9 @@ def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_ll
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert drafter.runner.last_step_graphed
+    verify_steps = [r for r in engine.step_records if r.num_prefill_tokens == 0 and any(n > 1 for n, _, _ in r.chunks)]
+    assert verify_steps and all(r.graphed for r in verify_steps if len({n for n, _, _ in r.chunks}) == 1), (
+        "a verification step whose sequences all carry k + 1 tokens replays a graph")
 
 
 @pytest.mark.parametrize("q_len,context_len", [(1, 5), (3, 7), (4, 4), (6, 30)])
@@ -314,3 +320,23 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
     meta = build_metadata(slots, [], chunks, 16, cache.null_block, torch.device("cpu"))
     logits = model(torch.zeros(600, dtype=torch.long), torch.tensor(positions), cache, meta, torch.tensor([599]))
     assert logits.shape == (1, model.config.vocab_size) and bool(torch.isfinite(logits).all())
+
+
+@pytest.mark.parametrize("query_len", [1, 2, 5])
+def test_multi_query_decode_attention_equals_the_chunk_path(query_len):
+    """A step whose sequences all run ``query_len`` tokens is attended as one batched decode
+    (a CUDA graph on a GPU); it must equal attending each sequence's chunk on its own."""
+    from minieng.attention import build_metadata, paged_attention
+
+    gen = torch.Generator().manual_seed(query_len)
+    blocks, bs, kv_heads, heads, dim = 24, 4, 2, 6, 8
+    k_cache, v_cache = torch.randn(2, blocks + 1, bs, kv_heads, dim, generator=gen)
+    tables, ctx = [[3, 7, 1], [5, 2], [9, 11, 0, 4]], [11, 6, 15]
+    q = torch.randn(len(tables) * query_len, heads, dim, generator=gen)
+    slots = [0] * len(q)  # unused by attention itself
+    as_decodes = build_metadata(slots, list(zip(tables, ctx)), [], bs, blocks, torch.device("cpu"), query_len)
+    as_chunks = build_metadata(slots, [], [(query_len, t, c) for t, c in zip(tables, ctx)], bs, blocks,
+                               torch.device("cpu"))
+    a = paged_attention(q, k_cache, v_cache, as_decodes)
+    b = paged_attention(q, k_cache, v_cache, as_chunks)
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
