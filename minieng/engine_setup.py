@@ -20,6 +20,10 @@ from .loader import LoadedModel, load_model
 from .memory_plan import device_kv_blocks
 
 CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
+# The share of the GPU's memory kept for the decode graphs' scratch: the K/V a bucket gathers per
+# layer (at most this much; wider buckets are not captured). Twice that, for the eager warm-up
+# before each capture, stays within it.
+GRAPH_SCRATCH_FRACTION = 0.02
 
 
 def check_max_model_len(asked: int | None, model_max: int) -> int:
@@ -47,8 +51,9 @@ def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: in
     sequences of ``max_model_len`` tokens use: a larger pool would only keep more prefix-cache
     blocks, and would leave no room for a second engine (notebooks compare engines side by side)."""
     useful = config.max_num_seqs * -(-max_model_len // config.block_size)
+    reserve = 0.0 if config.enforce_eager else GRAPH_SCRATCH_FRACTION
     return min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
-                                        config.gpu_memory_utilization))
+                                        config.gpu_memory_utilization, reserve))
 
 
 def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int,
@@ -116,11 +121,16 @@ def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len:
         query_lens = tuple(range(1, config.num_speculative_tokens + 2))
     from .cuda_graph import DecodeGraphs
 
-    # A bucket gathers batch x width x block_size tokens of K/V per layer: never more than the
-    # pool holds, so a graph's scratch memory stays a fraction (1 / layers) of the pool's.
+    # A bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the
+    # graphs' pool): never more than the pool holds, nor than half the scratch reserve, so the
+    # scratch and the warm-up beside it fit the memory the KV sizing left out.
+    per_layer_token_bytes = kv_cache.k[0, 0, 0].nbytes * 2  # K and V of one token in one layer
+    total = torch.cuda.get_device_properties(kv_cache.k.device).total_memory
+    max_gather_tokens = min(kv_cache.num_blocks * kv_cache.block_size,
+                            int(GRAPH_SCRATCH_FRACTION * total) // (2 * per_layer_token_bytes))
     try:
-        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len,
-                            max_gather_tokens=kv_cache.num_blocks * kv_cache.block_size, query_lens=query_lens)
+        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len, max_gather_tokens,
+                            query_lens=query_lens)
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
         warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
                       "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.", stacklevel=3)

@@ -146,18 +146,20 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     return peak
 
 
-def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float) -> int:
+def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float,
+                     reserve_fraction: float = 0.0) -> int:
     """KV blocks for ``models`` (the target, then the draft if any) on their CUDA device.
 
-    Each model gets a pool of the same number of blocks. Raises ``ValueError`` when the weights
-    and activations leave no room.
+    Each model gets a pool of the same number of blocks. ``reserve_fraction`` of the device's
+    memory is kept out of the pool (the CUDA graphs' scratch, ``cuda_graph``). Raises
+    ``ValueError`` when the weights and activations leave no room.
     """
     device = next(models[0].parameters()).device
     # Every model's weights are resident during each profile; their activations never coexist.
     peak = max(profile_peak_bytes(m, num_tokens, block_size) for m in models)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = total - free - torch.cuda.memory_reserved(device)
-    budget = kv_budget_bytes(total, gpu_memory_utilization, peak, max(0, non_torch))
+    budget = kv_budget_bytes(total, gpu_memory_utilization, peak, max(0, non_torch)) - int(reserve_fraction * total)
     per_token = [m.config.kv_bytes_per_token(next(m.parameters()).dtype.itemsize) for m in models]
     blocks = kv_blocks_for_bytes(budget, block_size, per_token)
     if blocks < 1:
