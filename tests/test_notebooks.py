@@ -32,6 +32,11 @@ def test_notebook_is_stripped_and_follows_the_machinery(path):
     assert "sys.path" not in source, f"{path.name}: no sys.path edits; import the installed package"
     assert not re.search(r"^\s*class \w+", source, re.M), f"{path.name}: classes belong in the package"
     markdown = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "colab.research.google.com" in markdown, f"{path.name}: needs an Open in Colab link"
+    # The course's repository is the workshop host's to give: the Colab cell reads it, never
+    # hard-codes one (an address this project never published would install someone else's code).
+    colab_cell = "".join(code[0]["source"])
+    assert "google.colab" in colab_cell and "MINIENG_GIT_URL" in colab_cell, (
+        f"{path.name}: the first code cell installs the course on Colab from the host's MINIENG_GIT_URL")
+    assert "github.com/minieng" not in json.dumps(nb), f"{path.name}: points at a repository never published"
     assert "Predict" in markdown, f"{path.name}: the reader predicts before measuring"
     assert "claims_table(" in source, f"{path.name}: ends with the seed-claims table"
