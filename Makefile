@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test notebooks lab gpu-check clean
+.PHONY: setup run bench test lab gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)

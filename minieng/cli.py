@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
-    b.add_argument("--skip-sweeps", action="store_true", help="only the --workload run")
+    b.add_argument("--skip-sweeps", action="store_true", help="skip the prefill and decode sweeps (keep --workload, --prefix-cache, --speculative)")
     b.add_argument("--plot", metavar="DIR", help="save the figures (roofline, latency CDFs, step timeline) as PNG")
     pc = b.add_argument_group("prefix caching: TTFT against hit rate, shared system prompt + user turn")
     pc.add_argument("--prefix-cache", action="store_true", help="run the prefix-cache experiment")

@@ -133,7 +133,8 @@ class EngineConfig:
         ngram_max: longest n-gram prompt lookup tries.
         seed: seeds requests that do not carry their own seed.
         enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
-            captured as CUDA graphs by default, one per batch-size bucket; a CPU always runs eager.
+            captured as CUDA graphs by default, one per (tokens per sequence, batch, block-table
+            width) bucket (``cuda_graph``); a CPU always runs eager.
     """
 
     model: str | None = None

@@ -2,7 +2,7 @@
 
 transformers reads configs, tokenizers and GGUF files; minieng only maps tensors onto its own
 model (``LlamaForCausalLM.load_weights``). A GGUF file is dequantized by transformers once (about
-20 s for the default model) and cached as an ordinary Hugging Face directory (config.json,
+25 s for the default model on a 2-core CPU) and cached as an ordinary Hugging Face directory (config.json,
 tokenizer files, model.safetensors) under ``$MINIENG_CACHE_DIR`` (default ``~/.cache/minieng``);
 later loads read that directory in a few seconds.
 
