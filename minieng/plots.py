@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from .flops import format_percent
 from .hardware import Peak
 
 PHASE_COLORS = {"prefill": "tab:orange", "decode": "tab:blue"}
@@ -212,4 +213,19 @@ def speculative_sweep(result: dict, title: str = "Speculative decoding against k
     right.set_ylim(bottom=0)
     _legend(right, fontsize=8)
     fig.suptitle(f"{title} ({result.get('drafter', '')})")
+    return fig
+
+
+def top_ops_figure(shares: dict, title: str = "Where a decode step's time goes") -> Figure:
+    """A horizontal bar per op (``util_experiment.op_shares``' ``top_ops``): its share of the wall time, matrix
+    products in one colour, every other op and the time outside any op in another."""
+    rows = shares["top_ops"][::-1]
+    fig = Figure(figsize=(8, 0.35 * len(rows) + 1.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax.barh([name for name, _, _ in rows], [100 * us / shares["wall_us"] for _, us, _ in rows],
+            color=["tab:blue" if is_mm else "tab:gray" for _, _, is_mm in rows])
+    ax.set_xlabel("share of the steps' wall time (%)")
+    ax.set_title(f"{title}: matrix products (blue) {format_percent(100 * shares['matmul_share'])}, "
+                 f"the rest {format_percent(100 * (1 - shares['matmul_share']))}", fontsize=9)
+    ax.tick_params(axis="y", labelsize=8)
     return fig

@@ -259,20 +259,3 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
     cpu_us, device_us = op_times(prof.key_averages())
     return {"batch_size": len(prompts), "steps": steps, "step_ms": wall_us / steps / 1e3,
             "cpu": op_shares(cpu_us, wall_us), "device": op_shares(device_us, wall_us) if cuda else None}
-
-
-def top_ops_figure(shares: dict, title: str = "Where a decode step's time goes"):
-    """A horizontal bar per op (``op_shares``' ``top_ops``): its share of the wall time, matrix
-    products in one colour, every other op and the time outside any op in another."""
-    from matplotlib.figure import Figure
-
-    rows = shares["top_ops"][::-1]
-    fig = Figure(figsize=(8, 0.35 * len(rows) + 1.2), layout="constrained")
-    ax = fig.add_subplot()
-    ax.barh([name for name, _, _ in rows], [100 * us / shares["wall_us"] for _, us, _ in rows],
-            color=["tab:blue" if is_mm else "tab:gray" for _, _, is_mm in rows])
-    ax.set_xlabel("share of the steps' wall time (%)")
-    ax.set_title(f"{title}: matrix products (blue) {format_percent(100 * shares['matmul_share'])}, "
-                 f"the rest {format_percent(100 * (1 - shares['matmul_share']))}", fontsize=9)
-    ax.tick_params(axis="y", labelsize=8)
-    return fig

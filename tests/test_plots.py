@@ -156,8 +156,17 @@ def test_speculative_sweep():
                            ("draft tokens per step, k", "speedup over plain decoding (x)")]
 
 
+def test_top_ops_figure_draws_a_bar_per_op():
+    from minieng.util_experiment import op_shares
+
+    s = op_shares({"aten::addmm": 500.0, "aten::add": 50.0}, wall_us=1000.0)
+    fig = plots.top_ops_figure(s)
+    png(fig)
+    assert len(fig.axes[0].patches) == 3 and "50.0%" in fig.axes[0].get_title()
+
+
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs",
-           "ttft_vs_hit_rate", "speculative_sweep"]
+           "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure"]
 
 
 @pytest.mark.parametrize("name", FIGURES)

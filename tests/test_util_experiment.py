@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from torch.autograd import DeviceType
 
 from minieng.util_experiment import (MATMUL_OPS, OUTSIDE_OPS, decode_for, decode_utilization, is_matmul, op_shares,
-                                     op_times, profile_decode, top_ops_figure, trace_series, utilization_rows)
+                                     op_times, profile_decode, trace_series, utilization_rows)
 from helpers import random_prompts
 from test_telemetry import FakeGPU, FakeNVML
 
@@ -72,12 +72,6 @@ def test_op_times_split_host_ops_from_gpu_kernels():
     assert shares["matmul_share"] == pytest.approx(0.4) and shares["outside_ops_share"] == pytest.approx(0.54)
     # an older profiler that attaches kernel time to the op itself
     assert op_times([event("aten::mm", 30.0, 400.0), event("aten::add", 5.0, 60.0)])[1] == {"aten::mm": 400.0, "aten::add": 60.0}
-
-
-def test_top_ops_figure_draws_a_bar_per_op():
-    s = op_shares({"aten::addmm": 500.0, "aten::add": 50.0}, wall_us=1000.0)
-    fig = top_ops_figure(s)
-    assert len(fig.axes[0].patches) == 3 and "50.0%" in fig.axes[0].get_title()
 
 
 # -- decode runs --------------------------------------------------------------------------------
