@@ -20,11 +20,11 @@ from .model import Linear, LlamaForCausalLM
 
 
 class Int8Linear(nn.Module):
-    """y = x @ W (+ b) with W [in, out] stored as per-channel int8; same interface as ``model.Linear``."""
+    """y = x @ W.T (+ b) with W [out, in] stored as per-channel int8; same interface as ``model.Linear``."""
 
-    def __init__(self, weight_in_out: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        w = weight_in_out.detach().t().contiguous().float()  # [out, in], as the kernel wants
+        w = weight.detach().contiguous().float()  # [out, in]
         scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
@@ -53,6 +53,4 @@ def quantize_int8(model: LlamaForCausalLM) -> LlamaForCausalLM:
         for name, child in list(parent.named_children()):
             if isinstance(child, Linear):
                 setattr(parent, name, Int8Linear(child.weight, child.bias))
-    head = draft.lm_head  # [vocab, hidden], possibly tied to the embedding: quantize a copy
-    draft.lm_head = Int8Linear(head.weight.t(), None)
     return draft

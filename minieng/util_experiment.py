@@ -30,9 +30,10 @@ from .outputs import StepRecord
 from .flops import format_percent, phase_utilization
 
 # The matrix-product ops of torch's dispatcher. ``aten::linear`` and ``aten::matmul`` are
-# composites whose self time is the dispatch around the ``mm``/``addmm`` they call.
+# composites whose self time is the dispatch around the ``mm``/``addmm`` they call. On x86-64 CPUs
+# minieng's linear layers run as oneDNN's ``mkldnn::_linear_pointwise`` (``model.linear``).
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                        "aten::mv", "aten::addmv", "aten::dot"})
+                        "aten::mv", "aten::addmv", "aten::dot", "mkldnn::_linear_pointwise"})
 # On a GPU the profiler times kernels, named by their library: cuBLAS/cuBLASLt GEMM and GEMV kernels
 # ("sm90_xmma_gemm_...", "ampere_bf16_s16816gemm_...", "gemv2T_kernel...", "nvjet_..."), CUTLASS.
 GEMM_KERNEL_PATTERNS = ("gemm", "gemv", "xmma", "cutlass", "cublas", "nvjet")
