@@ -2,6 +2,7 @@
 
   python -m minieng generate "prompt"   stream a reply (through the chat template unless --raw)
   python -m minieng bench               prefill and decode sweeps, serving runs, experiments
+  python -m minieng serve               an OpenAI-compatible HTTP server (127.0.0.1:8000)
 
 Run a command with --help for its options.
 """
@@ -246,6 +247,16 @@ def cli_wording(message: str, flags: dict[str, str]) -> str:
     return message
 
 
+def cmd_serve(args) -> int:
+    from .server import serve
+
+    engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    print(f"serving {args.served_model_name or engine.config.model or 'the embedded default'} at "
+          f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr)
+    serve(engine, args.host, args.port, args.served_model_name)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minieng", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,9 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--slo-tpot-ms", type=float, default=None)
     s.add_argument("--slo-e2el-ms", type=float, default=None)
     b.set_defaults(func=cmd_bench)
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    _engine_args(v)
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model, or "
+                   "SmolLM2-135M-Instruct for the embedded default)")
+    v.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, help="most requests in a batch")
+    v.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
+                   help="token budget of one step")
+    v.set_defaults(func=cmd_serve)
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.
-    flags = {a.dest: a.option_strings[-1] for p in (g, b) for a in p._actions if a.option_strings and a.dest != "help"}
+    flags = {a.dest: a.option_strings[-1] for p in (g, b, v) for a in p._actions if a.option_strings and a.dest != "help"}
     try:
         return args.func(args)
     except ValueError as e:  # bad input: say what to do, without a traceback

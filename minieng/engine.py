@@ -129,6 +129,12 @@ class LLMEngine:
         ids, params = self._check_request(prompt, params, request_id)
         return self._queue(ids, params, request_id, arrival_s)
 
+    def check_request(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
+        """Validate a request without queueing it: its token ids, or the ``ValueError`` that
+        ``add_request`` would raise. Changes nothing (a server checks in its handlers, then queues
+        from its engine loop)."""
+        return self._check_request(prompt, params, None)[0]
+
     def _check_request(self, prompt: Prompt, params: SamplingParams | None,
                        request_id: str | None) -> tuple[list[int], SamplingParams]:
         """Validate a request without changing anything: its token ids and its params, or a ValueError."""
@@ -169,6 +175,16 @@ class LLMEngine:
             self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
             self._forget_draft(req.seq)
             req.seq.times.finished_s = time.perf_counter()
+
+    def release_request(self, request_id: str) -> RequestOutput:
+        """Forget a finished request and return its final output: a long-running server calls this
+        so that memory stays flat. Raises ``ValueError`` for a request still running (abort it first)
+        and ``KeyError`` for an unknown id."""
+        if not self.requests[request_id].seq.is_finished:
+            raise ValueError(f"request {request_id!r} is still running: abort_request it first")
+        out = self.output(request_id)
+        del self.requests[request_id]
+        return out
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

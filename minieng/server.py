@@ -1,0 +1,338 @@
+"""An OpenAI-compatible HTTP server over one engine: ``python -m minieng serve``.
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (the chat template applied), streamed as server-sent events when
+``stream`` is true. Built on FastAPI and uvicorn; request bodies are checked by the models of
+``api_protocol.py``.
+
+One engine loop serves every connection (``AsyncEngine``): a task on the server's event loop
+that, between steps, queues the requests handlers have submitted and aborts the ones whose
+clients left, then runs ``engine.step()`` in a worker thread, so the event loop keeps accepting
+connections and writing streams while the model computes. Each step's outputs are put on
+per-request queues without waiting, so a slow client never holds the loop back: its text waits
+in its queue. Handlers never touch the engine's state while a step runs; they only validate
+(``LLMEngine.check_request``, which changes nothing) and submit.
+
+A client that disconnects mid-stream cancels its response; the response's ``finally`` asks the
+loop to abort the request, which happens before the next step, and its KV blocks return to the
+pool. Finished requests are released from the engine (``LLMEngine.release_request``) once their
+last output is queued, so memory stays flat however long the server runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2 import TemplateError
+from starlette.exceptions import HTTPException
+
+from .api_protocol import (ChatCompletionRequest, CompletionRequest, chat_chunk, chat_response, completion_chunk,
+                           completion_response, error_body, models_list, usage, usage_chunk)
+from .config import SamplingParams
+from .engine import LLMEngine
+from .outputs import RequestOutput
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+# Step records the server keeps (for engine-side figures of recent traffic); older ones are dropped.
+MAX_STEP_RECORDS = 10_000
+
+
+class AsyncEngine:
+    """Drives one ``LLMEngine`` from an asyncio event loop.
+
+    Args:
+        engine: the engine; nothing else may call it while the loop runs.
+        on_finished: called (on the event loop) with the final ``RequestOutput`` of every request
+            that finished or was aborted, before the engine forgets it: the engine-side record
+            of each request's timestamps.
+    """
+
+    def __init__(self, engine: LLMEngine, on_finished: Callable[[RequestOutput], None] | None = None):
+        self.engine = engine
+        self.on_finished = on_finished
+        self._submitted: list[tuple[str, list[int], SamplingParams, float]] = []
+        self._aborts: set[str] = set()
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.num_aborted = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="minieng-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float) -> tuple[str, asyncio.Queue]:
+        """Queue an already validated request; returns its id and the queue its outputs arrive on."""
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._submitted.append((request_id, prompt_ids, params, arrival_s))
+        self._wake.set()
+        return request_id, queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its client left); done before the next step. A no-op once it finished."""
+        if request_id in self._queues:
+            self._aborts.add(request_id)
+            self._wake.set()
+
+    @property
+    def num_active(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._queues)
+
+    def _between_steps(self) -> None:
+        engine = self.engine
+        for request_id, ids, params, arrival_s in self._submitted:
+            engine.add_request(ids, params, request_id=request_id, arrival_s=arrival_s)
+        self._submitted.clear()
+        for request_id in self._aborts:
+            if request_id in engine.requests:
+                engine.abort_request(request_id)
+                self.num_aborted += 1
+                self._finish(engine.output(request_id))
+        self._aborts.clear()
+        if len(engine.step_records) > MAX_STEP_RECORDS:
+            del engine.step_records[:-MAX_STEP_RECORDS]
+            del engine.spec_records[:-MAX_STEP_RECORDS]
+
+    def _finish(self, out: RequestOutput) -> None:
+        self.engine.release_request(out.request_id)
+        self._queues.pop(out.request_id, None)
+        if self.on_finished is not None:
+            self.on_finished(out)
+
+    async def _run(self) -> None:
+        engine = self.engine
+        while True:
+            self._between_steps()
+            if not engine.has_unfinished_requests():
+                self._wake.clear()
+                if not self._submitted and not self._aborts:
+                    await self._wake.wait()
+                continue
+            outputs = await asyncio.to_thread(engine.step)
+            for out in outputs:
+                queue = self._queues.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+                if out.finished:
+                    self._finish(out)
+
+
+class _Refused(Exception):
+    """A request refused with an OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def served_model_name(engine: LLMEngine) -> str:
+    """The model id clients must send: the ``--model`` given, or the embedded default's name."""
+    if engine.config.model:
+        return engine.config.model
+    return "SmolLM2-135M-Instruct"
+
+
+def build_app(engine: LLMEngine, model_name: str | None = None,
+              on_finished: Callable[[RequestOutput], None] | None = None):
+    """The FastAPI application serving ``engine`` under ``model_name`` (default ``served_model_name``).
+
+    The engine loop starts and stops with the application (its lifespan). ``app.state.engine_loop``
+    is the ``AsyncEngine``.
+    """
+    model_name = model_name or served_model_name(engine)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        app.state.engine_loop = AsyncEngine(engine, on_finished)
+        app.state.engine_loop.start()
+        yield
+        await app.state.engine_loop.stop()
+
+    app = FastAPI(title="minieng", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        errors = exc.errors() or [{"msg": "invalid request"}]
+        if errors[0].get("type") == "json_invalid":
+            return JSONResponse(error_body("the body is not valid JSON", 400), status_code=400)
+        loc = errors[0].get("loc", ())
+        param = str(loc[1]) if len(loc) > 1 else None  # the top-level field (loc[0] is "body")
+        # A field of a union type fails once per member: "a valid string or a valid list".
+        reasons = dict.fromkeys(e["msg"] for e in errors if len(e.get("loc", ())) > 1 and str(e["loc"][1]) == param)
+        message = " or ".join(reasons) or errors[0]["msg"]
+        return JSONResponse(error_body(f"{param}: {message}" if param else message, 400, param), status_code=400)
+
+    @app.exception_handler(_Refused)
+    async def _refused(request, exc: _Refused):
+        return JSONResponse(error_body(exc.message, exc.status, exc.param), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, exc: HTTPException):
+        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return models_list(model_name, engine.max_model_len)
+
+    def check(body, prompt, default_max_tokens: int | None) -> tuple[list[int], SamplingParams]:
+        if body.model != model_name:
+            raise _Refused(404, f"the model {body.model!r} does not exist: this server runs {model_name!r}", "model")
+        try:
+            ids = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+            room = engine.max_model_len - len(ids)
+            params = body.sampling_params(default_max_tokens or max(room, 1))
+            engine.check_request(ids, params)
+        except ValueError as e:
+            raise _Refused(400, str(e)) from None
+        if params.max_tokens > room:
+            raise _Refused(400, f"the prompt has {len(ids)} tokens and max_tokens={params.max_tokens}: together "
+                                f"they exceed the context of {engine.max_model_len} tokens; lower max_tokens",
+                           "max_tokens")
+        return ids, params
+
+    async def respond(request: Request, ids: list[int], params: SamplingParams, chat: bool, include_usage: bool,
+                      stream: bool, arrival_s: float):
+        loop: AsyncEngine = request.app.state.engine_loop
+        request_id, queue = loop.submit(ids, params, arrival_s)
+        created = int(time.time())
+        if stream:
+            return StreamingResponse(_sse(loop, request_id, queue, created, chat, include_usage, len(ids)),
+                                     media_type="text/event-stream")
+        text, out = [], None
+        try:
+            while out is None or not out.finished:
+                try:
+                    out = await asyncio.wait_for(queue.get(), timeout=0.5)
+                    text.append(out.delta)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        loop.abort(request_id)
+                        return JSONResponse(error_body("client disconnected", 499), status_code=499)
+        except asyncio.CancelledError:
+            loop.abort(request_id)
+            raise
+        totals = usage(len(ids), len(out.token_ids))
+        make = chat_response if chat else completion_response
+        return make(request_id, model_name, created, "".join(text), out.finish_reason, totals)
+
+    async def _sse(loop: AsyncEngine, request_id: str, queue: asyncio.Queue, created: int, chat: bool,
+                   include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+        out = None
+        try:
+            if chat:  # OpenAI's first chat chunk carries the role and no text
+                yield _event(chat_chunk(request_id, model_name, created, {"role": "assistant", "content": ""},
+                                        None, include_usage))
+            while out is None or not out.finished:
+                out = await queue.get()
+                if not out.delta and not out.finished:
+                    continue  # tokens whose text is not yet safe to show (a partial character, a stop prefix)
+                reason = out.finish_reason if out.finished else None
+                if chat:
+                    delta = {"content": out.delta} if out.delta else {}
+                    yield _event(chat_chunk(request_id, model_name, created, delta, reason, include_usage))
+                else:
+                    yield _event(completion_chunk(request_id, model_name, created, out.delta, reason, include_usage))
+            if include_usage:
+                yield _event(usage_chunk(request_id, model_name, created, chat, usage(prompt_tokens, len(out.token_ids))))
+            yield "data: [DONE]\n\n"
+        finally:
+            if out is None or not out.finished:  # the client left (the response was cancelled)
+                loop.abort(request_id)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        arrival_s = time.perf_counter()
+        ids, params = check(body, body.prompt, 16)
+        return await respond(request, ids, params, False, body.include_usage, body.stream, arrival_s)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        arrival_s = time.perf_counter()
+        try:
+            ids = engine.chat_prompt([m.model_dump() for m in body.messages])
+        except (ValueError, TemplateError) as e:  # no template, an empty message, an order it refuses
+            raise _Refused(400, f"messages: {e}", "messages") from None
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        ids, params = check(body, ids, None)
+        return await respond(request, ids, params, True, body.include_usage, body.stream, arrival_s)
+
+    return app
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class ServerThread:
+    """A uvicorn server running ``app`` in a background thread (notebooks and tests).
+
+    ``with ServerThread(app) as server:`` starts it on a free port of 127.0.0.1 and waits until it
+    accepts connections; ``server.base_url`` is ``http://127.0.0.1:PORT/v1``.
+    """
+
+    def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0):
+        import socket
+
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.host, self.port = host, port
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="minieng-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 30.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.host}:{self.port} (port in use?)")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(engine: LLMEngine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, model_name: str | None = None) -> None:
+    """Serve ``engine`` until interrupted (``python -m minieng serve``)."""
+    uvicorn.run(build_app(engine, model_name), host=host, port=port, log_level="info")
