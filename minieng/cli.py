@@ -3,6 +3,7 @@
   python -m minieng generate "prompt"   stream a reply (through the chat template unless --raw)
   python -m minieng bench               prefill and decode sweeps, serving runs, experiments
   python -m minieng serve               an OpenAI-compatible HTTP server (127.0.0.1:8000)
+  python -m minieng loadgen --base-url URL   load any OpenAI-compatible server, report its latencies
 
 Run a command with --help for its options.
 """
@@ -132,13 +133,11 @@ def run_serving(engine, args, result: dict, specs=None):
     ``specs``: the workload (default: built from ``args``). Returns the report (JSON-serializable)
     and the raw run (for the figures)."""
     from .hardware import Peak
-    from .metrics import SLO
     from .serving import run_workload, serving_report
     from .telemetry import TelemetrySampler
 
     specs = specs if specs is not None else _workload_specs(args)
-    slos = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2el_ms": args.slo_e2el_ms}
-    slo = SLO(**slos) if any(v is not None for v in slos.values()) else None
+    slo = _slo(args)
     sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
     run = run_workload(engine, specs, sampler=sampler)
     peaks = [Peak.from_dict(p) for p in result["peaks"]]
@@ -257,6 +256,63 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _workload_args(s, choices: list[str], default: str | None) -> None:
+    """The workload and SLO options shared by ``bench --workload`` and ``loadgen``."""
+    s.add_argument("--workload", choices=choices, default=default)
+    s.add_argument("--num-requests", type=int, default=16)
+    s.add_argument("--rate", type=float, default=None, help="requests/s (poisson: default 1; fixed: default all at once)")
+    s.add_argument("--prompt-tokens", type=int, default=128)
+    s.add_argument("--output-tokens-per-request", type=int, default=32)
+    s.add_argument("--trace", default=None, help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
+    s.add_argument("--time-scale", type=float, default=1.0, help="trace arrival times x this (4 = a quarter of the rate)")
+    s.add_argument("--length-scale", type=float, default=0.25, help="trace lengths x this, for a small machine")
+    s.add_argument("--max-prompt-tokens", type=int, default=1024)
+    s.add_argument("--max-output-tokens", type=int, default=128)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--slo-ttft-ms", type=float, default=None)
+    s.add_argument("--slo-tpot-ms", type=float, default=None)
+    s.add_argument("--slo-e2el-ms", type=float, default=None)
+
+
+def _slo(args):
+    from .metrics import SLO
+
+    slos = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2el_ms": args.slo_e2el_ms}
+    return SLO(**slos) if any(v is not None for v in slos.values()) else None
+
+
+def cmd_loadgen(args) -> int:
+    from transformers import AutoTokenizer
+
+    from .loader import resolve_model_dir
+    from .loadgen import load_requests, run_load, served_models
+    from .report import format_serving
+
+    models = served_models(args.base_url)
+    model = args.model or (models[0] if models else None)
+    if model is None:
+        raise ValueError(f"{args.base_url}/models lists no model: pass --model")
+    specs = _workload_specs(args)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.tokenizer))
+    requests = load_requests(specs, tokenizer, as_text=args.endpoint == "chat" or not args.token_ids)
+    result = run_load(args.base_url, model, requests, chat=args.endpoint == "chat", ignore_eos=not args.no_ignore_eos,
+                      progress=not args.json)
+    report = {"metrics": result.summary(_slo(args)).to_dict(), "errors": result.errors,
+              "workload": {"kind": args.workload, "num_requests": len(specs),
+                           "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
+                           "output_tokens_total": sum(s.output_tokens for s in specs),
+                           "last_arrival_s": max(s.arrival_s for s in specs)},
+              "server": {"base_url": args.base_url, "model": model, "endpoint": args.endpoint}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"loadgen against {args.base_url} ({model}, /{args.endpoint}); sizes from the server's usage")
+        print("\n".join(format_serving(report)))
+        for error in result.errors[:5]:
+            print(f"  error: {error}")
+    return 0 if not result.errors else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minieng", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -294,21 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--spec-batch-sizes", type=_int_list, default=[1, 4, 16])
     sp.add_argument("--spec-batch-k", type=int, default=4)
     sp.add_argument("--spec-output-tokens", type=int, default=48)
-    s = b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)")
-    s.add_argument("--workload", choices=["fixed", "poisson", "trace"])
-    s.add_argument("--num-requests", type=int, default=16)
-    s.add_argument("--rate", type=float, default=None, help="requests/s (poisson: default 1; fixed: default all at once)")
-    s.add_argument("--prompt-tokens", type=int, default=128)
-    s.add_argument("--output-tokens-per-request", type=int, default=32)
-    s.add_argument("--trace", default=None, help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
-    s.add_argument("--time-scale", type=float, default=1.0, help="trace arrival times x this (4 = a quarter of the rate)")
-    s.add_argument("--length-scale", type=float, default=0.25, help="trace lengths x this, for a small machine")
-    s.add_argument("--max-prompt-tokens", type=int, default=1024)
-    s.add_argument("--max-output-tokens", type=int, default=128)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--slo-ttft-ms", type=float, default=None)
-    s.add_argument("--slo-tpot-ms", type=float, default=None)
-    s.add_argument("--slo-e2el-ms", type=float, default=None)
+    _workload_args(b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)"),
+                   choices=["fixed", "poisson", "trace"], default=None)
     b.set_defaults(func=cmd_bench)
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
     _engine_args(v)
@@ -320,9 +363,22 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens,
                    help="token budget of one step")
     v.set_defaults(func=cmd_serve)
+    lg = sub.add_parser("loadgen", help="load any OpenAI-compatible server and report TTFT/TPOT/ITL/goodput")
+    lg.add_argument("--base-url", required=True, help="the server's API root, e.g. http://127.0.0.1:8000/v1")
+    lg.add_argument("--model", default=None, help="the model id to request (default: the first of /v1/models)")
+    lg.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    lg.add_argument("--tokenizer", default=None, help="tokenizer that cuts the prompts to length (Hub id or "
+                    "directory; default: the embedded SmolLM2's). Counts reported are the server's.")
+    lg.add_argument("--token-ids", action="store_true", help="send prompts as token ids (exact lengths; the "
+                    "server must use the same tokenizer)")
+    lg.add_argument("--no-ignore-eos", action="store_true", help="let answers stop at EOS (default: exactly "
+                    "the requested length, vLLM's ignore_eos)")
+    lg.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
+    _workload_args(lg, choices=["poisson", "trace", "fixed"], default="poisson")
+    lg.set_defaults(func=cmd_loadgen)
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.
-    flags = {a.dest: a.option_strings[-1] for p in (g, b, v) for a in p._actions if a.option_strings and a.dest != "help"}
+    flags = {a.dest: a.option_strings[-1] for p in (g, b, v, lg) for a in p._actions if a.option_strings and a.dest != "help"}
     try:
         return args.func(args)
     except ValueError as e:  # bad input: say what to do, without a traceback

@@ -332,3 +332,80 @@ def test_soak_a_thousand_mixed_requests(text_model):
     assert first["answered"] + first["aborted"] + first["refused"] == 500
     assert len(finished) == sum(c["answered"] + c["aborted"] for c in (first, second))
     assert rss_after_second - rss_after_first < 64, (rss_after_first, rss_after_second)
+
+
+# -- the load generator --------------------------------------------------------------------------------
+
+def test_stream_metrics_follow_the_definitions():
+    from minieng.loadgen import stream_metrics
+
+    m = stream_metrics(10.0, [10.5, 10.7, 11.0], 11.1, prompt_tokens=7, output_tokens=5, finish_reason="length")
+    assert m.ttft_s == pytest.approx(0.5) and m.e2el_s == pytest.approx(1.1)
+    assert m.tpot_s == pytest.approx((1.1 - 0.5) / 4), "TPOT divides by tokens - 1, not by chunks"
+    assert m.itl_s == pytest.approx([0.2, 0.3]) and m.ok and m.output_tokens == 5
+    one = stream_metrics(0.0, [0.2], 0.2, 3, 1, "stop")
+    assert one.tpot_s is None and one.ok
+    nothing = stream_metrics(0.0, [], None, 3, 0, "abort")
+    assert nothing.ttft_s is None and nothing.e2el_s is None and not nothing.ok
+
+
+def test_loadgen_against_minieng_agrees_with_the_engine(text_model):
+    """The client's figures against the engine's own records of the same requests: every request
+    completes with the server's token counts, and the client's TTFT/E2EL exceed the engine's by
+    the loopback HTTP path only (a few ms; bounded here at 50 ms for a loaded CI machine)."""
+    from minieng.loadgen import load_requests, run_load
+    from minieng.metrics import SLO, serving_metrics
+    from minieng.workload import poisson_workload
+
+    engine = make_engine(text_model)
+    finished = []
+    specs = poisson_workload(24, rate_per_s=40.0, prompt_tokens=48, output_tokens=12, seed=3)
+    requests = load_requests(specs, text_model.tokenizer)
+    with ServerThread(build_app(engine, MODEL, on_finished=finished.append)) as server:
+        result = run_load(server.base_url, MODEL, requests, progress=False)
+        assert wait_until(lambda: len(finished) == len(requests))
+    assert result.errors == []
+    client = result.summary(SLO(ttft_ms=10_000))
+    ours = serving_metrics(finished)
+    assert client.completed == ours.completed == 24 and client.total_output_tokens == ours.total_output_tokens == 24 * 12
+    assert client.total_prompt_tokens == ours.total_prompt_tokens
+    assert client.num_good_requests == 24
+    for figure in ("ttft_ms", "e2el_ms"):
+        gap = getattr(client, figure)["p50"] - getattr(ours, figure)["p50"]
+        assert -5 <= gap <= 50, (figure, getattr(client, figure), getattr(ours, figure))
+    tpot_gap = client.tpot_ms["p50"] - ours.tpot_ms["p50"]
+    assert abs(tpot_gap) <= max(5, 0.25 * ours.tpot_ms["p50"]), (client.tpot_ms, ours.tpot_ms)
+
+
+def test_loadgen_reports_a_server_without_usage_as_failed_requests():
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from minieng.loadgen import LoadRequest, run_load
+
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions():
+        async def chunks():
+            yield 'data: {"choices": [{"text": "hi", "finish_reason": "length"}]}\n\n'
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    with ServerThread(app) as server:
+        result = run_load(server.base_url, "any", [LoadRequest(0.0, "x", 4), LoadRequest(0.0, "y", 4)], progress=False)
+    assert len(result.errors) == 2 and "usage" in result.errors[0]
+    summary = result.summary()
+    assert summary.completed == 0 and summary.failed == 2
+
+
+def test_loadgen_cli_prints_json(served, capsys):
+    from minieng.cli import main
+
+    engine, server, _ = served
+    code = main(["loadgen", "--base-url", server.base_url, "--num-requests", "4", "--rate", "50",
+                 "--prompt-tokens", "16", "--output-tokens-per-request", "3", "--slo-ttft-ms", "5000", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["errors"] == []
+    assert report["metrics"]["completed"] == 4 and report["metrics"]["total_output_tokens"] == 12
+    assert report["server"]["model"] == MODEL and report["metrics"]["num_good_requests"] == 4
