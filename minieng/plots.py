@@ -229,3 +229,28 @@ def top_ops_figure(shares: dict, title: str = "Where a decode step's time goes")
                  f"the rest {format_percent(100 * (1 - shares['matmul_share']))}", fontsize=9)
     ax.tick_params(axis="y", labelsize=8)
     return fig
+
+
+def goodput_sweep(result: dict, title: str = "Raw throughput against goodput, per batch cap") -> Figure:
+    """``goodput_experiment.batch_cap_sweep``'s points: output tok/s (left) and goodput in req/s
+    with the share of requests that met the SLO (right), one bar per cap; the best of each starred."""
+    points = result["points"]
+    labels = [f"{p['max_num_seqs']} seqs\n{p['max_num_batched_tokens']} tok" for p in points]
+    x = np.arange(len(points))
+    fig = Figure(figsize=(max(6.0, 1.3 * len(points) + 3), 3.8), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.bar(x, [p["output_throughput_tok_s"] or 0 for p in points], color="tab:blue")
+    right.bar(x, [p["goodput_req_s"] or 0 for p in points], color="tab:green")
+    for ax, best, ylabel in ((left, result["best_throughput"], "output tok/s"),
+                             (right, result["best_goodput"], "goodput (req/s meeting the SLO)")):
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.patches[best].set_edgecolor("black")
+        ax.annotate("*", (best, ax.patches[best].get_height()), ha="center", va="bottom", fontsize=14)
+    for i, p in enumerate(points):
+        right.annotate(f"{p['num_good_requests']}/{p['num_requests']}", (i, 0), ha="center", va="bottom", fontsize=7,
+                       xytext=(0, 2), textcoords="offset points")
+    left.set_title("raw throughput")
+    right.set_title("goodput")
+    fig.suptitle(title)
+    return fig

@@ -81,9 +81,11 @@ class AsyncEngine:
                 pass
             self._task = None
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float) -> tuple[str, asyncio.Queue]:
-        """Queue an already validated request; returns its id and the queue its outputs arrive on."""
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float,
+               prefix: str = "cmpl") -> tuple[str, asyncio.Queue]:
+        """Queue an already validated request; returns its id (``prefix``-hex, as OpenAI's ``cmpl-``
+        and ``chatcmpl-``) and the queue its outputs arrive on."""
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._submitted.append((request_id, prompt_ids, params, arrival_s))
@@ -220,7 +222,7 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
     async def respond(request: Request, ids: list[int], params: SamplingParams, chat: bool, include_usage: bool,
                       stream: bool, arrival_s: float):
         loop: AsyncEngine = request.app.state.engine_loop
-        request_id, queue = loop.submit(ids, params, arrival_s)
+        request_id, queue = loop.submit(ids, params, arrival_s, "chatcmpl" if chat else "cmpl")
         created = int(time.time())
         if stream:
             return StreamingResponse(_sse(loop, request_id, queue, created, chat, include_usage, len(ids)),

@@ -176,3 +176,19 @@ def test_every_public_figure_function_is_covered(name):
               and not n.startswith("_")}
     assert name in public
     assert public == set(FIGURES)
+
+
+def test_goodput_sweep_marks_both_bests():
+    point = dict(max_num_seqs=1, max_num_batched_tokens=64, output_throughput_tok_s=10.0, goodput_req_s=0.5,
+                 num_good_requests=5, num_requests=8)
+    result = {"points": [point, dict(point, max_num_seqs=8, output_throughput_tok_s=40.0, goodput_req_s=0.1,
+                                     num_good_requests=1),
+                         dict(point, max_num_seqs=16, output_throughput_tok_s=None, goodput_req_s=None,
+                              num_good_requests=0)],
+              "best_throughput": 1, "best_goodput": 0}
+    fig = plots.goodput_sweep(result)
+    png(fig)
+    left, right = fig.axes
+    assert [round(p.get_height(), 1) for p in left.patches] == [10.0, 40.0, 0.0]
+    assert left.patches[1].get_edgecolor()[:3] == (0.0, 0.0, 0.0) and right.patches[0].get_edgecolor()[:3] == (0, 0, 0)
+    assert "goodput" in right.get_ylabel() and "tok/s" in left.get_ylabel()

@@ -139,7 +139,8 @@ def test_chat_stream_equals_chat_response(served):
     assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
     with httpx.stream("POST", f"{server.base_url}/chat/completions", json=dict(body, stream=True)) as r:
         got = events(r)[:-1]
-    assert got[0]["object"] == "chat.completion.chunk"
+    assert got[0]["object"] == "chat.completion.chunk" and got[0]["id"].startswith("chatcmpl-")
+    assert whole["id"].startswith("chatcmpl-")
     assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, "the first chunk: role, no text"
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in got)
     assert text == whole["choices"][0]["message"]["content"] and text
