@@ -240,7 +240,7 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         except asyncio.CancelledError:
             loop.abort(request_id)
             raise
-        totals = usage(len(ids), len(out.token_ids))
+        totals = usage(len(ids), len(out.token_ids), out.num_cached_tokens)
         make = chat_response if chat else completion_response
         return make(request_id, model_name, created, "".join(text), out.finish_reason, totals)
 
@@ -262,7 +262,8 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
                 else:
                     yield _event(completion_chunk(request_id, model_name, created, out.delta, reason, include_usage))
             if include_usage:
-                yield _event(usage_chunk(request_id, model_name, created, chat, usage(prompt_tokens, len(out.token_ids))))
+                totals = usage(prompt_tokens, len(out.token_ids), out.num_cached_tokens)
+                yield _event(usage_chunk(request_id, model_name, created, chat, totals))
             yield "data: [DONE]\n\n"
         finally:
             if out is None or not out.finished:  # the client left (the response was cancelled)

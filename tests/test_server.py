@@ -100,10 +100,15 @@ def test_completion_matches_the_engine_and_counts_usage(served, text_model):
     reference = make_engine(text_model).generate(
         ["The capital of France is"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     assert got["choices"][0]["text"] == reference.text
-    assert got["usage"] == {"prompt_tokens": len(reference.prompt_token_ids), "completion_tokens": 12,
-                            "total_tokens": len(reference.prompt_token_ids) + 12}
+    n = len(reference.prompt_token_ids)
+    assert got["usage"] == {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
+    again = httpx.post(f"{server.base_url}/completions", json=body).json()
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (n - 1) // engine.config.block_size * engine.config.block_size > 0, "the prefix cache's hits"
+    assert again["choices"][0]["text"] == reference.text
     # The engine side saw the same request, then forgot it.
-    assert wait_until(lambda: len(finished) == 1)
+    assert wait_until(lambda: len(finished) == 2)
     assert finished[0].token_ids == reference.token_ids
     assert engine.requests == {} and all_blocks_free(engine)
 
