@@ -41,8 +41,9 @@ test: setup
 gpu-check: setup
 	$(BIN)/python benchmarks/gpu_check.py
 
+# JupyterLab refuses to start as root (containers, workshop VMs) unless told it may.
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean:
 	rm -rf $(VENV)
