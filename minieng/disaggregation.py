@@ -14,7 +14,8 @@ only. Three effects follow, and this model has each of them:
 
 How, on one machine. Every engine is a real ``LLMEngine`` sharing one model's weights, each with
 its own KV pool; the K/V blocks really move from the prefill engine's pool to the decode
-engine's (``kv_transfer``), so outputs are the colocated engine's, token for token. But one
+engine's (``kv_transfer``), so outputs are the colocated engine's, token for token (greedy, up
+to the floating-point near-ties any two batchings have). But one
 device cannot run two engines at once, so time is modelled: a discrete-event replay in which each
 engine is a device with a clock of its own (``VirtualClock``). An engine's step runs for real and
 is timed for real, and is placed on its own clock at the moment that device would start it: when
@@ -29,11 +30,11 @@ seconds from the first arrival, and give the same figures as a real run (``metri
 What one machine cannot show. Real concurrency (two devices stepping at the same instant, here
 interleaved and each timed alone, so neither slows the other through shared memory bandwidth,
 caches or the host); network contention beyond one FIFO link per sender, protocol latency,
-stragglers; different hardware per phase (Splitwise puts prompts on compute-rich and tokens on
-cheaper, bandwidth-rich machines: here both engines run on this device, so step times of both
-phases are this device's); tensor or pipeline parallelism inside an instance and the placement
-search DistServe does; and scale: a fleet, many requests per second, long prompts. The
-link bandwidth is an assumption for the user to set, not a measurement.
+stragglers; different hardware per phase (Splitwise runs prompts on the newest GPUs and studies
+the token phase on older or power-capped ones; here both phases run on this one device, so both
+step times are its own); tensor or pipeline parallelism inside an instance and the placement
+search DistServe does; and scale: a fleet, many requests per second, long prompts. The link
+bandwidth is an assumption for the user to set, not a measurement.
 
 Fair comparison. A disaggregated pair uses two devices. Beside one colocated engine the
 comparison runs as many colocated replicas as the disaggregated setup has engines (the same
@@ -51,7 +52,7 @@ from operator import itemgetter
 from .config import SamplingParams
 from .engine import LLMEngine
 from .kv_transfer import KVHandoff, admit_prefilled, can_admit, export_prefilled
-from .metrics import SLO, RequestMetrics, ServingMetrics, request_metrics, run_duration_s, serving_metrics, summarize_ms
+from .metrics import SLO, RequestMetrics, ServingMetrics, request_metrics, serving_metrics, summarize_ms
 from .outputs import RequestOutput, StepRecord
 from .serving import run_workload
 from .workload import RequestSpec, workload_prompts
@@ -344,7 +345,9 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
     """Colocated against disaggregated serving on the same requests, in the model; a JSON dict.
 
     Runs, each on fresh engines sharing ``engine``'s weights and configuration (KV pools empty,
-    prefix caches cold), after one short warm-up:
+    prefix caches cold; every engine's pool ``comparison_pool``'s, unless the overrides say
+    otherwise), after one short warm-up. The three model runs advance a step each in turn, so a
+    machine slowing down (other work on it) slows them alike:
 
     - ``colocated``: one engine, one device (the model's twin of ``serving.run_workload``);
     - ``colocated_xN``: N = ``num_prefill + num_decode`` colocated replicas, as many devices as
@@ -359,7 +362,9 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
         prompts, params: as ``replay_disaggregated``.
         link_bandwidth_gbps: the assumed link, GB/s (``DEFAULT_LINK_BANDWIDTH_GBPS``).
         prefill_overrides, decode_overrides: ``EngineConfig`` fields for the prefill or decode
-            engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization.
+            engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization; a
+            ``num_kv_blocks`` there studies a smaller pool. On a GPU, 2 N + 1 engines (N =
+            ``num_prefill + num_decode``) hold their pools and CUDA graphs at once, beside ``engine``.
         progress: called with a line before each run.
     Returns:
         ``{"assumptions", "slo", "runs", "transfers", "timeline", "outputs_identical", "wall_s"}``:
@@ -384,8 +389,11 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
     params = params or default_params
     say = progress or (lambda _: None)
 
+    pool = comparison_pool(engine, specs)
+    base = replace(engine.config, **pool)
+
     def make(overrides: dict | None = None) -> LLMEngine:
-        return LLMEngine(replace(engine.config, **(overrides or {})), loaded=engine.loaded)
+        return LLMEngine(replace(base, **(overrides or {})), loaded=engine.loaded)
 
     warm = make()  # first calls of a shape cost more: not inside any run
     warm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
@@ -417,6 +425,7 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
             "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(kv_dtype.itemsize),
             "kv_dtype": str(kv_dtype).removeprefix("torch."),
             "device": str(engine.device),
+            "engine_pool": pool,
             "num_prefill": num_prefill, "num_decode": num_decode,
             "prefill_overrides": prefill_overrides or {}, "decode_overrides": decode_overrides or {},
         },
@@ -427,6 +436,18 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
         "outputs_identical": {"compared": len(specs), "identical": same},
         "wall_s": time.perf_counter() - wall,
     }
+
+
+def comparison_pool(engine: LLMEngine, specs: list[RequestSpec]) -> dict:
+    """``EngineConfig`` fields for every engine of a comparison: ``max_model_len`` the workload's
+    longest request, and a KV pool of ``engine``'s size capped at what the workload can fill (every
+    request at once), so that the runs' pools, alive together, fit beside ``engine``'s on a GPU
+    and cost little RAM on a CPU. Every device of every run gets the same pool."""
+    bs = engine.config.block_size
+    longest = max((s.prompt_tokens + s.output_tokens for s in specs), default=1)
+    max_model_len = min(engine.max_model_len, longest + 1)
+    need = max(-(-max_model_len // bs), sum(-(-(s.prompt_tokens + s.output_tokens) // bs) for s in specs))
+    return {"max_model_len": max_model_len, "num_kv_blocks": min(engine.block_manager.num_blocks, need)}
 
 
 def _run_record(run: ClusterRun, label: str, slo: SLO | None) -> dict:
@@ -469,17 +490,16 @@ def format_comparison(result: dict) -> list[str]:
     """``compare_disaggregation``'s result as a table: one row per run, and the transfers."""
     slo = result["slo"] or {}
     slo_text = ", ".join(f"{k} <= {v:g}" for k, v in slo.items() if v is not None) or "no SLO"
-    lines = [f"Colocated against disaggregated serving ({slo_text}; link {result['assumptions']['link_bandwidth_gbps']:g} GB/s "
-             "assumed)",
-             f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
-             f"{'ITL P99 ms':>10} {'goodput/dev':>11}"]
+    link = f"link {result['assumptions']['link_bandwidth_gbps']:g} GB/s assumed"
+    lines = [f"Colocated against disaggregated serving ({slo_text}; {link})",
+             (f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
+              f"{'ITL P99 ms':>10} {'goodput/dev':>11}")]
+
+    def pair(d: dict) -> str:
+        return f"{d['p50'] or 0:.0f}/{d['p99'] or 0:.0f}"
+
     for r in result["runs"]:
-        m = r["metrics"]
-
-        def pair(d: dict) -> str:
-            return f"{d['p50'] or 0:.0f}/{d['p99'] or 0:.0f}"
-
-        good = r["goodput_per_device_req_s"]
+        m, good = r["metrics"], r["goodput_per_device_req_s"]
         lines.append(f"  {r['label'] + (' (wall)' if r['clock'] == 'wall' else ''):<36} {r['num_devices']:>3} "
                      f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms']):>16} {pair(m['tpot_ms']):>16} "
                      f"{m['itl_ms']['p99'] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}")

@@ -11,6 +11,7 @@ engine starts no earlier than its end), never against how fast this machine is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -20,8 +21,9 @@ import torch
 
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from minieng import SamplingParams
-from minieng.disaggregation import (DECODE, PREFILL, VirtualClock, compare_disaggregation, estimate_comparison_s,
-                                    format_comparison, replay_colocated, replay_disaggregated, run_metrics)
+from minieng.disaggregation import (DECODE, PREFILL, VirtualClock, compare_disaggregation, comparison_pool,
+                                    estimate_comparison_s, format_comparison, replay_colocated,
+                                    replay_disaggregated, run_metrics)
 from minieng.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
 from minieng.metrics import SLO, serving_metrics
 from minieng.plots import request_phases
@@ -212,7 +214,7 @@ def test_virtual_clock_starts_exactly_where_set_and_runs_with_real_time():
 def assert_each_engine_is_one_device(run) -> None:
     """An engine's steps never overlap on its own clock."""
     for steps in run.steps:
-        for a, b in zip(steps, steps[1:]):
+        for a, b in itertools.pairwise(steps):
             assert b.start_s >= a.start_s + a.duration_s
 
 
@@ -279,7 +281,7 @@ def test_disaggregated_replay_matches_colocated_and_keeps_causality(tiny_llama, 
         assert tr.end_s <= tr.admitted_s < times[1]  # decode never starts before prefill + transfer
     for source in (0, 1):  # one FIFO link per prefill engine: its transfers never overlap
         link = sorted((t for t in run.transfers.values() if t.source == source), key=lambda t: t.start_s)
-        assert all(b.start_s >= a.end_s for a, b in zip(link, link[1:]))
+        assert all(b.start_s >= a.end_s for a, b in itertools.pairwise(link))
     assert_each_engine_is_one_device(run)
     assert_each_engine_is_one_device(colocated)
     # A decode engine never runs a prefill chunk (no preemption here), a prefill engine no decode.
@@ -334,6 +336,17 @@ def test_compare_is_json_and_consistent(tiny_llama, workload):
     # A stricter SLO from the same records never counts more good requests.
     strict = run_metrics(disagg, SLO(ttft_ms=1e-3))
     assert strict.num_good_requests == 0 and strict.completed == len(specs)
+
+
+def test_comparison_pool_holds_the_whole_workload_and_no_more(tiny_llama):
+    _, loaded = tiny_llama
+    engine = make_engine(loaded)  # 256 blocks of 4, max_model_len 256
+    specs = [RequestSpec(0.0, 9, 3), RequestSpec(1.0, 4, 1), RequestSpec(2.0, 30, 10)]
+    assert comparison_pool(engine, specs) == {"max_model_len": 41, "num_kv_blocks": 3 + 2 + 10}
+    one = [RequestSpec(0.0, 2, 2)]  # one sequence of max_model_len always fits
+    assert comparison_pool(engine, one) == {"max_model_len": 5, "num_kv_blocks": 2}
+    big = [RequestSpec(0.0, 100, 100)] * 10
+    assert comparison_pool(engine, big)["num_kv_blocks"] == 256  # never more than the engine's own
 
 
 def test_runtime_estimate_grows_with_the_work():
