@@ -183,7 +183,7 @@ def test_request_phases_draws_each_phase_that_happened():
 
 
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
-           "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure"]
+           "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
