@@ -242,7 +242,7 @@ def _interleave(replays: list[Iterator[None]]) -> list[ClusterRun]:
                     live.remove(i)
     finally:
         for replay in replays:
-            replay.close()  # one that raised leaves the others' engines on the wall clock
+            replay.close()  # one that raised leaves the others' engines on their own clocks
     return results
 
 
@@ -264,6 +264,7 @@ def _replay(name: str, instances: list[_Engine], specs: list[RequestSpec], promp
     transfers: dict[str, Transfer] = {}
     homes: dict[str, int] = {}
     routed = sent = 0
+    own_clocks = [x.engine.clock for x in instances]
     for x in instances:
         x.engine.clock = x.clock
     try:
@@ -300,8 +301,8 @@ def _replay(name: str, instances: list[_Engine], specs: list[RequestSpec], promp
                     _post(instances[dest], end, handoff)
             yield
     finally:
-        for x in instances:
-            x.engine.clock = time.perf_counter
+        for x, clock in zip(instances, own_clocks):
+            x.engine.clock = clock
     ids = [_request_id(i) for i in range(len(specs))]
     return ClusterRun(name, [x.role for x in instances], [instances[homes[r]].engine.output(r) for r in ids],
                       [x.engine.step_records[n:] for x, n in zip(instances, first_step)], transfers, homes,

@@ -301,9 +301,10 @@ def test_replay_refuses_busy_engines_and_a_pool_too_small(tiny_llama):
         replay_disaggregated([make_engine(loaded)], [make_engine(loaded)], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]],
                              link_bandwidth_gbps=0)
     # The decode engine's context cannot take this request past its first token: an error, not a hang.
-    small = make_engine(loaded, num_kv_blocks=3, max_model_len=12, max_num_batched_tokens=64)
+    small, prefill = make_engine(loaded, num_kv_blocks=3, max_model_len=12, max_num_batched_tokens=64), make_engine(loaded)
     with pytest.raises(ValueError, match="max_model_len=12"):
-        replay_disaggregated([make_engine(loaded)], [small], [RequestSpec(0.0, 12, 4)], random_prompts([12], VOCAB, 1))
+        replay_disaggregated([prefill], [small], [RequestSpec(0.0, 12, 4)], random_prompts([12], VOCAB, 1))
+    assert small.clock is time.perf_counter and prefill.clock is time.perf_counter  # their own clocks back
 
 
 def test_compare_is_json_and_consistent(tiny_llama, workload):
