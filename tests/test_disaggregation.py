@@ -21,9 +21,9 @@ import torch
 
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from minieng import SamplingParams
-from minieng.disaggregation import (DECODE, PREFILL, VirtualClock, compare_disaggregation, comparison_pool,
-                                    estimate_comparison_s, format_comparison, replay_colocated,
-                                    replay_disaggregated, run_metrics)
+from minieng.disagg_experiment import (compare_disaggregation, comparison_pool, estimate_comparison_s,
+                                       format_comparison, run_metrics)
+from minieng.disaggregation import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
 from minieng.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
 from minieng.metrics import SLO, serving_metrics
 from minieng.plots import request_phases
