@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 from dataclasses import replace
 
 
@@ -90,6 +90,10 @@ class LLMEngine:
         self.drafter = (make_drafter(config, draft_model, num_blocks, self.max_model_len)
                         if config.num_speculative_tokens else None)
         self.requests: dict[str, _Request] = {}
+        # The time source of every timestamp the engine records (arrivals by default, steps,
+        # emissions). A model of several devices on one machine gives each engine a clock of its
+        # own (``disaggregation.VirtualClock``); durations are always real.
+        self.clock: Callable[[], float] = time.perf_counter
         self.step_records: list[StepRecord] = []
         # One row per verification: (step index, request id, drafts proposed, drafts accepted).
         self.spec_records: list[tuple[int, str, int, int]] = []
@@ -120,7 +124,7 @@ class LLMEngine:
                 ``chat_prompt``) or token ids.
             params: how it samples and stops (default ``SamplingParams()``).
             request_id: its id (default: the next free number, as a str).
-            arrival_s: ``time.perf_counter()`` time it arrived (default: now); TTFT counts from it.
+            arrival_s: ``engine.clock()`` time it arrived (default: now); TTFT counts from it.
         Raises:
             ValueError: empty prompt, prompt too long for ``max_model_len``, an id outside the
                 vocabulary, params that are not a ``SamplingParams``, or a request id already in
@@ -163,7 +167,7 @@ class LLMEngine:
         if not params.greedy:
             seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
             rng = KeyedRandom(seed, self.device)
-        seq = Sequence(request_id, ids, params, time.perf_counter() if arrival_s is None else arrival_s, rng)
+        seq = Sequence(request_id, ids, params, self.clock() if arrival_s is None else arrival_s, rng)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         self.requests[request_id] = _Request(seq, detok)
         self.scheduler.add(seq)
@@ -174,7 +178,7 @@ class LLMEngine:
         if not req.seq.is_finished:
             self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
             self._forget_draft(req.seq)
-            req.seq.times.finished_s = time.perf_counter()
+            req.seq.times.finished_s = self.clock()
 
     def release_request(self, request_id: str) -> RequestOutput:
         """Forget a finished request and return its final output: a long-running server calls this
@@ -193,11 +197,11 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return an output for every request that emitted tokens or finished."""
-        start = time.perf_counter()
+        start = self.clock()
         if self.drafter is not None:
             self._propose()
             synchronize(self.device)
-        draft_s = time.perf_counter() - start
+        draft_s = self.clock() - start
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self._forget_draft(seq)
@@ -210,7 +214,7 @@ class LLMEngine:
                 seq.times.first_scheduled_s = start
         emitted = self.runner.execute(plan.scheduled)
         synchronize(self.device)
-        end = time.perf_counter()
+        end = self.clock()
         chunks = []
         for seq, n in plan.scheduled:
             tokens = emitted.get(seq.request_id, [])

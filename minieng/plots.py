@@ -109,6 +109,39 @@ def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float
     return fig
 
 
+def request_phases(timeline: Sequence[dict], title: str = "Where each request's time went") -> Figure:
+    """One bar per request (arrival order, top down): waiting, prefill to the first token, and for
+    a request handed off, the wait for the link, the KV transfer and the wait for the decode
+    engine; then decode to the last token. Rows are ``disaggregation.ClusterRun.timeline()``'s
+    (seconds; ``None`` transfer fields for a request not handed off)."""
+    rows = sorted(timeline, key=lambda r: r["arrival_s"])
+    fig = Figure(figsize=(9, max(2.5, 0.18 * len(rows) + 1.2)), layout="constrained")
+    ax = fig.subplots()
+    segments = [("waiting", "arrival_s", "first_scheduled_s", "lightgray"),
+                ("prefill", "first_scheduled_s", "first_token_s", PHASE_COLORS["prefill"]),
+                ("link wait", "transfer_ready_s", "transfer_start_s", "silver"),
+                ("KV transfer", "transfer_start_s", "transfer_end_s", "tab:green"),
+                ("decode wait", "transfer_end_s", "decode_admitted_s", "gainsboro"),
+                ("decode", "decode_admitted_s", "last_token_s", PHASE_COLORS["decode"])]
+    for label, start, end, color in segments:
+        spans = []
+        for y, r in enumerate(rows):
+            a = r[start]
+            if a is None and label == "decode":  # not handed off: decode follows the first token
+                a = r["first_token_s"]
+            if a is not None and r[end] is not None and r[end] > a:
+                spans.append((y, a, r[end] - a))
+        if spans:
+            ys, xs, ws = zip(*spans)
+            ax.barh(ys, ws, left=xs, height=0.7, color=color, label=label)
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the first arrival (s)")
+    ax.set_ylabel("request (arrival order)")
+    _legend(ax, loc="lower right", fontsize=8)
+    ax.set_title(title)
+    return fig
+
+
 def utilization_trace(series: dict[str, tuple[Sequence[float], Sequence[float | None]]],
                       title: str = "Utilization over time") -> Figure:
     """Percent-valued series against time, each with its own time base: ``name -> (times_s,

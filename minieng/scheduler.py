@@ -168,9 +168,30 @@ class Scheduler:
     def finish(self, seq: Sequence, status: SequenceStatus) -> None:
         """Remove a finished (or aborted) sequence and return its blocks."""
         assert status.finished
+        self.detach(seq)
+        seq.status = status
+
+    def detach(self, seq: Sequence) -> None:
+        """Take ``seq`` out of this scheduler and return its blocks (its full blocks stay in the
+        prefix cache); its status is the caller's to set: finished, or in transit to another
+        engine (``kv_transfer.export_prefilled``)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
-        seq.status = status
+
+    # -- sequences whose KV arrives from elsewhere (disaggregated prefill) -------------------------
+
+    def can_join_running(self) -> bool:
+        """Whether a sequence with its KV already in the pool may join the running batch now: a
+        free place under ``max_num_seqs`` and no preempted sequence waiting (those go first)."""
+        return not self.waiting and len(self.running) < self.config.max_num_seqs
+
+    def join_running(self, seq: Sequence) -> None:
+        """Add a sequence whose blocks are allocated and whose ``num_computed_tokens`` are in the
+        cache (``kv_transfer.admit_prefilled``) to the running batch, as the newest: it decodes
+        from the next step and is the first preempted if blocks run out."""
+        assert seq.block_table and seq.num_uncomputed_tokens >= 1, f"{seq} has no KV to decode from"
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)

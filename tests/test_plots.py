@@ -165,8 +165,25 @@ def test_top_ops_figure_draws_a_bar_per_op():
     assert len(fig.axes[0].patches) == 3 and "50.0%" in fig.axes[0].get_title()
 
 
-FIGURES = ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs",
-           "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure"]
+def test_request_phases_draws_each_phase_that_happened():
+    none = dict.fromkeys(["transfer_ready_s", "transfer_start_s", "transfer_end_s", "decode_admitted_s"])
+    handed_off = {"arrival_s": 0.0, "first_scheduled_s": 0.1, "first_token_s": 0.3, "last_token_s": 1.0,
+                  "transfer_ready_s": 0.3, "transfer_start_s": 0.35, "transfer_end_s": 0.4, "decode_admitted_s": 0.5}
+    colocated = {"arrival_s": 0.2, "first_scheduled_s": 0.2, "first_token_s": 0.6, "last_token_s": 0.9, **none}
+    one_token = {"arrival_s": 0.3, "first_scheduled_s": 0.4, "first_token_s": 0.5, "last_token_s": 0.5, **none}
+    fig = plots.request_phases([colocated, handed_off, one_token])
+    png(fig)
+    ax = fig.axes[0]
+    # waiting x2 (the colocated one starts at once), prefill x3, link wait, transfer, decode wait, decode x2
+    assert len(ax.patches) == 2 + 3 + 1 + 1 + 1 + 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "waiting", "prefill", "link wait", "KV transfer", "decode wait", "decode"]
+    assert ax.get_xlabel() == "time since the first arrival (s)"
+    png(plots.request_phases([]))
+
+
+FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
+           "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
