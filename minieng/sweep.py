@@ -113,16 +113,17 @@ def scan_prefill(time_prefill: Callable[[int], float], lengths: Sequence[int], b
     return points
 
 
-def predict_ttft_s(probe: dict, prompt_tokens: int, model_config=None) -> float:
+def predict_ttft_s(probe: dict, prompt_tokens: int, model_config=None, count: int = 1) -> float:
     """A prefill's rough time from a probe: ``overhead_s + prompt_tokens / prefill_tok_s``, where
     ``prefill_tok_s`` is the best rate the probe saw. That ignores the n^2 term (an underestimate
     at long context) unless ``model_config`` is given: then the linear term is scaled by the
-    prompt's FLOPs over its linear FLOPs (``flops.prefill_work``), attention included."""
+    prompt's FLOPs over its linear FLOPs (``flops.prefill_work``), attention included. ``count``
+    prompts sent together (a batch about to decode) share the steps: one fixed cost, not one each."""
     scale = 1.0
     if model_config is not None:
         work = prefill_work(model_config, prompt_tokens, 2)  # FLOPs do not depend on the dtype
         scale = work.total_flops / (work.matmul_flops + work.lm_head_flops)
-    return probe.get("overhead_s", 0.0) + scale * prompt_tokens / probe["prefill_tok_s"]
+    return probe.get("overhead_s", 0.0) + count * scale * prompt_tokens / probe["prefill_tok_s"]
 
 
 def predict_decode_step_s(probe: dict, batch_size: int = 1) -> float:
@@ -284,7 +285,7 @@ def decode_sweep_batches(probe: dict, ridge_batch: int | None, max_batch: int, s
         batches.append(min(batches[-1] * factor, max_batch))
 
     def cost_s(b: int) -> float:
-        return b * predict_ttft_s(probe, prompt_tokens) + steps * predict_decode_step_s(probe, b)
+        return predict_ttft_s(probe, prompt_tokens, count=b) + steps * predict_decode_step_s(probe, b)
 
     while budget_s is not None and len(batches) > 1 and sum(map(cost_s, batches)) > budget_s:
         batches.pop()
@@ -301,8 +302,10 @@ def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, b
     reach what the step already costs: the weights, and, where a step is overhead-bound (a small
     model on a GPU: milliseconds for microseconds of bytes), the bytes its whole measured time
     could move at ``bandwidth``. So the target is ``max(weight_bytes, decode_step_s x bandwidth)``
-    of KV per step; the batch is the smallest power of two whose sequences reach it within
-    ``max_context``, the top context the one that reaches it at that batch.
+    of KV per step. Each power-of-two batch gets the longest top context it needs (or can
+    afford, within ``budget_s``); the plan takes the smallest batch whose top context reaches the
+    target, or, when none does, the one whose KV read grows most across the sweep (fewest
+    sequences on a tie: a batch so large that the budget leaves it one context measures nothing).
 
     Args:
         probe: ``bench.probe_speed``'s result (``decode_step_s``, ``prefill_tok_s``, ``overhead_s``).
@@ -329,24 +332,32 @@ def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, b
                          f"bandwidth={bandwidth}")
     target = max(weight_bytes, probe["decode_step_s"] * bandwidth)
     need_tokens = math.ceil(target / kv_bytes_per_token)  # batch x context
-    batch = 1
-    while batch < max_batch and batch * min(max_context, max_tokens // batch) < need_tokens:
-        batch *= 2
-    batch = min(batch, max_batch)
-    cap = max(multiple, min(max_context, max_tokens // batch) // multiple * multiple)
-    top = float(min(cap, math.ceil(need_tokens / batch)))
 
-    def contexts_up_to(hi: float) -> list[int]:
+    def contexts_up_to(hi: float, cap: int) -> list[int]:
         raw = [multiple] + _geometric(hi / 16, hi, n_points - 1) if n_points > 1 else [hi]
         return sorted({min(cap, max(multiple, multiple * round(c / multiple))) for c in raw})
 
-    def cost_s(contexts: list[int]) -> float:
+    def cost_s(batch: int, contexts: list[int]) -> float:
         step_s = [max(predict_decode_step_s(probe, batch), (weight_bytes + batch * c * kv_bytes_per_token) / bandwidth)
                   for c in contexts]
-        return sum(batch * predict_ttft_s(probe, c, model_config) + steps * s for c, s in zip(contexts, step_s))
+        return sum(predict_ttft_s(probe, c, model_config, batch) + steps * s for c, s in zip(contexts, step_s))
 
-    while budget_s is not None and top > multiple and cost_s(contexts_up_to(top)) > budget_s:
-        top = max(multiple, top * 0.9)
-    contexts = contexts_up_to(top)
-    return {"batch_size": batch, "contexts": contexts, "target_kv_bytes": target,
-            "reached": batch * contexts[-1] * kv_bytes_per_token >= target}
+    def plan_for(batch: int) -> list[int]:
+        cap = max(multiple, min(max_context, max_tokens // batch) // multiple * multiple)
+        top = float(min(cap, math.ceil(need_tokens / batch)))
+        while budget_s is not None and top > multiple and cost_s(batch, contexts_up_to(top, cap)) > budget_s:
+            top = max(multiple, top * 0.9)
+        return contexts_up_to(top, cap)
+
+    def growth(batch: int, contexts: list[int]) -> int:  # KV tokens the sweep adds from its first point to its top
+        return batch * (contexts[-1] - contexts[0])
+
+    best_batch, best = 1, plan_for(1)
+    batch = 1
+    while best_batch * best[-1] < need_tokens and batch < max_batch:
+        batch = min(2 * batch, max_batch)
+        contexts = plan_for(batch)
+        if growth(batch, contexts) > growth(best_batch, best):
+            best_batch, best = batch, contexts
+    return {"batch_size": best_batch, "contexts": best, "target_kv_bytes": target,
+            "reached": best_batch * best[-1] * kv_bytes_per_token >= target}

@@ -335,6 +335,9 @@ def test_roofline_bound_names_the_binding_resource_or_overhead():
     memory = flops.roofline_bound(1e9, 1e9, 0.0015, 100e12, 1e12)
     assert memory.limit == "memory" and memory.explained == pytest.approx(1 / 1.5)
     assert memory.words().startswith("memory-bound") and "66.7%" in memory.words()
+    # a 2-core CPU's batch-1 decode: 541 MB in 44 ms against a 36 GB/s copy (MBU 34%)
+    assert flops.roofline_bound(0.27e9, 541e6, 0.044, 0.2e12, 36e9).limit == "memory"
+    assert flops.roofline_bound(1e9, 1e9, 0.0041, 100e12, 1e12).limit == "overhead"  # 24% explained
     compute = flops.roofline_bound(1e12, 1e6, 0.012, 100e12, 1e12)
     assert compute.limit == "compute" and compute.floor_s == pytest.approx(0.01)
     # a small model on a large GPU: 270 MB read in 63 us, a step of 2.2 ms

@@ -225,6 +225,8 @@ def test_predictions_add_attention_and_turn_compute_bound():
     assert predict_ttft_s(probe, 512, cfg) > predict_ttft_s(probe, 512)  # attention on top of the linear term
     assert predict_ttft_s(probe, 6143, cfg) - probe["overhead_s"] == pytest.approx(
         2 * (predict_ttft_s(probe, 6143) - probe["overhead_s"]), rel=0.01)  # the crossover: attention = linear
+    together = predict_ttft_s(probe, 64, count=8)  # one batch's prompts share the steps' fixed cost
+    assert together - probe["overhead_s"] == pytest.approx(8 * (predict_ttft_s(probe, 64) - probe["overhead_s"]))
     assert predict_decode_step_s(probe, 1) == probe["decode_step_s"]
     assert predict_decode_step_s(probe, 4096) == pytest.approx(4096 / probe["prefill_tok_s"])
 
@@ -266,5 +268,10 @@ def test_kv_sweep_is_capped_by_the_pool_the_batch_and_the_budget():
     quick = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, budget_s=10, **sizes)
     full = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, **sizes)
     assert quick["contexts"][-1] < full["contexts"][-1] and not quick["reached"]
+    # a machine too slow (or too busy) to reach the target: the batch whose KV grows most across
+    # the sweep, never a large batch left with a single context
+    slow = dict(cpu_probe(), decode_step_s=0.44, prefill_tok_s=18, overhead_s=0.0)
+    plan = kv_sweep_plan(slow, 538e6, 46080, 11.3e9, budget_s=90, **sizes)
+    assert not plan["reached"] and len(plan["contexts"]) >= 3 and plan["batch_size"] < 64
     with pytest.raises(ValueError):
         kv_sweep_plan(cpu_probe(), 538e6, 46080, 0, max_context=8150, max_tokens=23296, max_batch=64)
