@@ -180,8 +180,9 @@ def decode_ridge_batch(model_config: ModelConfig, context_len: int, dtype_bytes:
     A step's FLOPs and bytes grow linearly with the batch, flops = b f and bytes = W + b k (W: the
     weights, read once for the batch; k: each sequence's KV and embedding row), so the intensity
     b f / (W + b k) rises towards f / k and never beyond it. Returns None when f / k <= ridge:
-    then the KV cache is read as often as the weights are used, and no batch turns the step
-    compute-bound (long contexts). Raises ``ValueError`` for ``ridge`` <= 0.
+    each sequence brings too many bytes of its own (its KV cache) for its FLOPs, and no batch
+    turns the step compute-bound (long contexts, or a GPU's high ridge). Raises ``ValueError``
+    for ``ridge`` <= 0.
     """
     if ridge <= 0:
         raise ValueError(f"ridge={ridge} FLOP/byte must be > 0")
@@ -317,9 +318,9 @@ class Bound:
     ``compute_floor_s`` = FLOPs / peak FLOP/s and ``memory_floor_s`` = bytes / bandwidth are the
     least time the step could take on a machine of that peak; the roofline's floor is the larger.
     ``explained`` = floor / measured time: the share of the time the FLOPs or the bytes account
-    for, which is max(MFU, MBU). ``limit`` is "compute" or "memory" (the
-    larger floor) when the floor explains at least ``OVERHEAD_BOUND_BELOW`` of the time, else
-    "overhead": most of the time went to something neither the arithmetic nor the bytes require,
+    for, which is max(MFU, MBU). ``limit`` is "compute" or "memory" (the larger floor) when the
+    floor explains at least ``OVERHEAD_BOUND_BELOW`` of the time, else "overhead": most of the
+    time went to something neither the arithmetic nor the bytes require,
     such as kernel launches, Python and the host between kernels, or kernels running far below
     the peak. A small model on a large GPU is overhead-bound: its floor is microseconds, its step
     milliseconds.
