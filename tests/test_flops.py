@@ -234,7 +234,7 @@ def test_all_logits_cost_what_step_work_says():
 
 # -- against FlopCounterMode: minieng's own engine, a mixed batch ----------------------------------
 
-def tiny_engine(**overrides):
+def tiny_engine():
     from transformers import LlamaConfig
 
     from minieng import EngineConfig, LLMEngine
@@ -245,7 +245,7 @@ def tiny_engine(**overrides):
     model = build_model(ModelConfig.from_hf(hf), torch.float32, torch.device("cpu"), 256)
     randomize(model)
     config = EngineConfig(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
-    return LLMEngine(config, loaded=LoadedModel(model, None, hf, set(), None), **overrides)
+    return LLMEngine(config, loaded=LoadedModel(model, None, hf, set(), None))
 
 
 def test_engine_steps_match_the_counted_flops():
