@@ -28,6 +28,11 @@ every block.
 
 Everything that depends only on the batch (block tables, masks) is built once per step in
 ``AttentionMetadata`` and reused by every layer.
+
+torch's FlopCounterMode counts the CUDA SDPA kernels (flash, memory-efficient, cuDNN) as the
+dense score rectangle of the shapes they are handed, masked or not; it knows no formula for the
+CPU's fused kernel and counted it as 0. We register the same formula for it, so attention is
+counted alike on both (``flop_count``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils.flop_counter import flop_registry, register_flop_formula, sdpa_flop_count
+
+_CPU_SDPA = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+if _CPU_SDPA is not None and _CPU_SDPA not in flop_registry:
+    @register_flop_formula(_CPU_SDPA)
+    def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)  # torch's formula for the CUDA kernels
 
 
 @dataclass

@@ -32,6 +32,10 @@ assumed to stay on chip and are not counted, which only matters for compute-boun
   then ``paged_attention`` gathers the whole context), as paged kernels such as vLLM's do. For a
   decode that is one token in C + 1; for a fresh prefill it is all the KV traffic there is.
 - kv_write_bytes: kv_bytes_per_token * num_new_tokens (K and V, every layer, GQA-aware).
+
+What bounds a measured step (``roofline_bound``): the arithmetic or the memory traffic when one
+of them accounts for at least a quarter of the time (MFU or MBU >= 25%), else overhead, which is
+what a small model shows on a large GPU: a floor of microseconds under a step of milliseconds.
 """
 
 from __future__ import annotations
@@ -132,10 +136,63 @@ def prefill_work(model_config: ModelConfig, prompt_tokens: int, dtype_bytes: flo
     return step_work(model_config, [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)], dtype_bytes)
 
 
+def masked_attention_flops(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool | int]]) -> int:
+    """What a dense attention kernel computes beyond ``step_work``'s causal count on a step's chunks.
+
+    A kernel handed a chunk of T new tokens and its C cached keys computes the whole T x (C + T)
+    score rectangle (and PV product), then masks the T (T - 1) / 2 query-key pairs above the
+    diagonal: 4 * num_heads * head_dim FLOPs each, per layer. That is how torch's FlopCounterMode
+    counts SDPA, and what eager attention (explicit matmuls, then a mask) does. A decode chunk
+    (T = 1) masks nothing here; a kernel's padding of the keys (to whole blocks, or a batch's
+    longest sequence) is not counted either.
+    """
+    cfg = model_config
+    pairs = sum(n * (n - 1) // 2 for n, _, _ in chunks)
+    return 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * pairs
+
+
 def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dtype_bytes: float) -> StepWork:
     """One decode step of ``batch_size`` sequences, each with ``context_len`` tokens already in the
     KV cache: one new token each (attending ``context_len + 1`` keys), logits for each."""
     return step_work(model_config, [(1, context_len, True)] * batch_size, dtype_bytes)
+
+
+def attention_crossover_tokens(model_config: ModelConfig) -> int:
+    """The shortest prompt whose prefill (one step, nothing cached) does at least as many attention
+    FLOPs as linear-layer FLOPs.
+
+    With L layers, H query heads of dim D and N matmul parameters in the layers (LM head excluded:
+    a prefill runs it for one row only), ``step_work`` counts 2 N n for the linear layers and
+    4 L H D n (n + 1) / 2 for causal attention, so they meet at n + 1 = N / (L H D): a property
+    of the shape alone (no dtype, no device). SmolLM2-135M: about 6,100 tokens; Llama-3-8B: about
+    53,000, past its 8,192-token context.
+    """
+    cfg = model_config
+    layer_params = cfg.num_matmul_params - cfg.hidden_size * cfg.vocab_size
+    per_key = cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    return max(1, math.ceil(layer_params / per_key - 1))
+
+
+def decode_ridge_batch(model_config: ModelConfig, context_len: int, dtype_bytes: float, ridge: float) -> int | None:
+    """The smallest decode batch whose arithmetic intensity reaches ``ridge`` (FLOP/byte): where a
+    decode step of sequences with ``context_len`` cached tokens each turns compute-bound.
+
+    A step's FLOPs and bytes grow linearly with the batch, flops = b f and bytes = W + b k (W: the
+    weights, read once for the batch; k: each sequence's KV and embedding row), so the intensity
+    b f / (W + b k) rises towards f / k and never beyond it. Returns None when f / k <= ridge:
+    each sequence brings too many bytes of its own (its KV cache) for its FLOPs, and no batch
+    turns the step compute-bound (long contexts, or a GPU's high ridge). Raises ``ValueError``
+    for ``ridge`` <= 0.
+    """
+    if ridge <= 0:
+        raise ValueError(f"ridge={ridge} FLOP/byte must be > 0")
+    one, two = (decode_work(model_config, b, context_len, dtype_bytes) for b in (1, 2))
+    f = one.total_flops
+    k = two.total_bytes - one.total_bytes
+    w = one.total_bytes - k
+    if f <= ridge * k:
+        return None
+    return max(1, math.ceil(ridge * w / (f - ridge * k) - 1e-9))
 
 
 # -- achieved vs peak ---------------------------------------------------------------------------
@@ -248,12 +305,76 @@ def prefill_floor_s(flops: float, peak_flops: float) -> float:
     return flops / peak_flops
 
 
+# A roofline floor under a quarter of the measured time: overhead, not physics. A 135M model's
+# steps on a large GPU explain 0.5-5% of their time; a 2-core CPU's batch-1 decode moves its bytes
+# at 30-70% of a large copy's speed, and is memory-bound.
+OVERHEAD_BOUND_BELOW = 0.25
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What limits a measured step (or phase): the arithmetic, the memory traffic, or neither.
+
+    ``compute_floor_s`` = FLOPs / peak FLOP/s and ``memory_floor_s`` = bytes / bandwidth are the
+    least time the step could take on a machine of that peak; the roofline's floor is the larger.
+    ``explained`` = floor / measured time: the share of the time the FLOPs or the bytes account
+    for, which is max(MFU, MBU). ``limit`` is "compute" or "memory" (the larger floor) when the
+    floor explains at least ``OVERHEAD_BOUND_BELOW`` of the time, else "overhead": most of the
+    time went to something neither the arithmetic nor the bytes require,
+    such as kernel launches, Python and the host between kernels, or kernels running far below
+    the peak. A small model on a large GPU is overhead-bound: its floor is microseconds, its step
+    milliseconds.
+    """
+
+    seconds: float
+    compute_floor_s: float
+    memory_floor_s: float
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.compute_floor_s, self.memory_floor_s)
+
+    @property
+    def explained(self) -> float:
+        return self.floor_s / self.seconds
+
+    @property
+    def limit(self) -> str:
+        if self.explained < OVERHEAD_BOUND_BELOW:
+            return "overhead"
+        return "compute" if self.compute_floor_s >= self.memory_floor_s else "memory"
+
+    def words(self) -> str:
+        """One sentence: what bounds the time, with the share the roofline explains."""
+        share = format_percent(100 * self.explained)
+        side = "FLOPs at the peak" if self.compute_floor_s >= self.memory_floor_s else "bytes at the bandwidth"
+        if self.limit == "overhead":
+            return (f"limited by overhead: the {side} would take {_ms(self.floor_s)} of the {_ms(self.seconds)} "
+                    f"measured ({share}); the rest is fixed per-step cost (launches, Python, the host) or "
+                    "kernels far below the peak")
+        return f"{self.limit}-bound: the {side} account for {share} of the {_ms(self.seconds)} measured"
+
+
+def _ms(seconds: float) -> str:
+    ms = 1e3 * seconds
+    return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
+
+
+def roofline_bound(flops: float, nbytes: float, seconds: float, peak_flops: float, bandwidth: float) -> Bound:
+    """``Bound`` of ``flops`` and ``nbytes`` done in ``seconds`` on a machine of ``peak_flops`` FLOP/s
+    and ``bandwidth`` bytes/s. Raises ``ValueError`` for a non-positive time, peak or bandwidth."""
+    if seconds <= 0 or peak_flops <= 0 or bandwidth <= 0:
+        raise ValueError(f"need seconds, peak_flops and bandwidth > 0; got {seconds}, {peak_flops}, {bandwidth}")
+    return Bound(seconds, flops / peak_flops, nbytes / bandwidth)
+
+
 def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peaks) -> dict:
     """FLOPs and bytes of recorded steps (``StepRecord``s) over their measured time: MFU and MBU.
 
     ``peaks``: ``hardware.Peak``s; one entry per peak, keyed by its source ("measured",
-    "datasheet"). A figure over 100% carries ``suspect: True`` (a wrong count or ceiling) instead
-    of being reported as fact. Returns a JSON-serializable dict.
+    "datasheet"), with MFU, MBU, what bounds the time (``roofline_bound``: ``limit``,
+    ``explained_percent`` and ``bound``, a sentence). A figure over 100% carries ``suspect: True`` (a
+    wrong count or ceiling) instead of being reported as fact. Returns a JSON-serializable dict.
     """
     seconds = sum(s.duration_s for s in steps)
     if not steps or seconds <= 0:
@@ -267,5 +388,8 @@ def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peak
             warnings.simplefilter("ignore", SuspectFigureWarning)  # the flag travels in the result
             f = mfu(work.total_flops, seconds, peak.peak_tflops * 1e12)
             b = mbu(work.total_bytes, seconds, peak.bandwidth_gbps * 1e9)
-        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect}
+        bound = roofline_bound(work.total_flops, work.total_bytes, seconds, peak.peak_tflops * 1e12,
+                               peak.bandwidth_gbps * 1e9)
+        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect,
+                            "limit": bound.limit, "explained_percent": 100 * bound.explained, "bound": bound.words()}
     return out

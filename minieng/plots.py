@@ -287,3 +287,33 @@ def goodput_sweep(result: dict, title: str = "Raw throughput against goodput, pe
     right.set_title("goodput")
     fig.suptitle(title)
     return fig
+
+
+def decode_bytes_and_tpot(rows: Sequence[dict], title: str = "Decode: the KV cache joins the weights") -> Figure:
+    """Per context length: what a decode step reads (weights and KV cache, stacked, MB) and its
+    TPOT (ms): measured, against the floor bytes / bandwidth.
+
+    ``rows``: dicts with ``context_tokens``, ``weight_bytes`` and ``kv_bytes`` (per step),
+    ``tpot_s`` (measured) and ``floor_s``; the same batch throughout.
+    """
+    rows = sorted(rows, key=lambda r: r["context_tokens"])
+    ctx = [r["context_tokens"] for r in rows]
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    pos = np.arange(len(rows))
+    weights = np.array([r["weight_bytes"] for r in rows]) / 1e6
+    kv = np.array([r["kv_bytes"] for r in rows]) / 1e6
+    left.bar(pos, weights, color="tab:gray", label="weights")
+    left.bar(pos, kv, bottom=weights, color=PHASE_COLORS["decode"], label="KV cache")
+    left.set_xticks(pos, [f"{c:,}" for c in ctx], fontsize=8)
+    left.set_xlabel("context tokens per sequence")
+    left.set_ylabel("MB read per decode step")
+    _legend(left, fontsize=8, loc="upper left")
+    right.plot(ctx, [1e3 * r["tpot_s"] for r in rows], "o-", color=PHASE_COLORS["decode"], label="measured TPOT")
+    right.plot(ctx, [1e3 * r["floor_s"] for r in rows], "s--", color="black", label="floor: bytes / bandwidth")
+    right.set_xlabel("context tokens per sequence")
+    right.set_ylabel("ms per decode step")
+    right.set_ylim(bottom=0)
+    _legend(right, fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    return fig

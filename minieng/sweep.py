@@ -14,6 +14,11 @@ the knee off the timings, ``prefill_sweep_lengths`` spans from below it to well 
 the longest prompt the engine takes and a time budget), and ``fit_ttft`` fits TTFT = a + b n + c n^2
 over the compute-bound part and says whether c is significantly positive.
 
+Decode sweeps are sized the same way: ``decode_sweep_batches`` climbs from batch 1 to past the
+batch where decode turns compute-bound (``flops.decode_ridge_batch``), and ``kv_sweep_plan``
+picks a batch and contexts at which the KV cache a step reads outgrows what the step already
+costs (the weights, and on a GPU the per-step overhead that hides them).
+
 Pure functions of (prompt tokens, seconds) pairs and the probe's dict: no engine, no clock.
 """
 
@@ -23,6 +28,8 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from .flops import prefill_work
 
 KNEE_TOLERANCE = 0.15  # tok/s within 15% of every longer length's: it has stopped growing
 
@@ -106,11 +113,24 @@ def scan_prefill(time_prefill: Callable[[int], float], lengths: Sequence[int], b
     return points
 
 
-def predict_ttft_s(probe: dict, prompt_tokens: int) -> float:
+def predict_ttft_s(probe: dict, prompt_tokens: int, model_config=None, count: int = 1) -> float:
     """A prefill's rough time from a probe: ``overhead_s + prompt_tokens / prefill_tok_s``, where
-    ``prefill_tok_s`` is the best rate the probe saw (it ignores the n^2 term: an underestimate at
-    long context)."""
-    return probe.get("overhead_s", 0.0) + prompt_tokens / probe["prefill_tok_s"]
+    ``prefill_tok_s`` is the best rate the probe saw. That ignores the n^2 term (an underestimate
+    at long context) unless ``model_config`` is given: then the linear term is scaled by the
+    prompt's FLOPs over its linear FLOPs (``flops.prefill_work``), attention included. ``count``
+    prompts sent together (a batch about to decode) share the steps: one fixed cost, not one each."""
+    scale = 1.0
+    if model_config is not None:
+        work = prefill_work(model_config, prompt_tokens, 2)  # FLOPs do not depend on the dtype
+        scale = work.total_flops / (work.matmul_flops + work.lm_head_flops)
+    return probe.get("overhead_s", 0.0) + count * scale * prompt_tokens / probe["prefill_tok_s"]
+
+
+def predict_decode_step_s(probe: dict, batch_size: int = 1) -> float:
+    """A decode step's rough time at ``batch_size``: the probe's batch-1 step, or ``batch_size /
+    prefill_tok_s`` once that is longer (the batch's tokens cost what a prefill's do: the step has
+    turned compute-bound). Ignores the KV cache's growth with context."""
+    return max(probe["decode_step_s"], batch_size / probe["prefill_tok_s"])
 
 
 def _geometric(lo: float, hi: float, count: int) -> list[float]:
@@ -235,3 +255,109 @@ def fit_ttft(points: Sequence[tuple[int, float]], from_tokens: int | None = None
         out["significant"], out["reason"] = True, None
         out["quadratic_share"] = float(c * n[-1] ** 2 / t[-1])
     return out
+
+
+def decode_sweep_batches(probe: dict, ridge_batch: int | None, max_batch: int, steps: int, prompt_tokens: int,
+                         budget_s: float | None = None, factor: int = 4) -> list[int]:
+    """Batch sizes for a decode sweep on this device: from 1 along the memory-bound slope to past the ridge.
+
+    Args:
+        probe: ``bench.probe_speed``'s result.
+        ridge_batch: the batch where decode turns compute-bound (``flops.decode_ridge_batch``), or
+            None when no batch does (then the sweep climbs to ``max_batch``).
+        max_batch: the largest batch the engine takes (``max_num_seqs``, the KV pool).
+        steps, prompt_tokens: each batch prefills ``prompt_tokens`` per sequence, then decodes
+            ``steps`` steps; the rough cost (``predict_ttft_s``, ``predict_decode_step_s``) is held
+            to ``budget_s`` by dropping the largest batches (1 always stays).
+        factor: the ratio between successive batches.
+    Returns:
+        ascending batch sizes: powers of ``factor`` up to the first at or past twice the ridge
+        batch (a point past the ridge), capped by ``max_batch``, which closes the list when
+        reached.
+    Raises:
+        ValueError: ``max_batch`` < 1 or ``factor`` < 2.
+    """
+    if max_batch < 1 or factor < 2:
+        raise ValueError(f"need max_batch >= 1 and factor >= 2; got {max_batch}, {factor}")
+    top = max_batch if ridge_batch is None else min(max_batch, 2 * ridge_batch)
+    batches = [1]
+    while batches[-1] < top:
+        batches.append(min(batches[-1] * factor, max_batch))
+
+    def cost_s(b: int) -> float:
+        return predict_ttft_s(probe, prompt_tokens, count=b) + steps * predict_decode_step_s(probe, b)
+
+    while budget_s is not None and len(batches) > 1 and sum(map(cost_s, batches)) > budget_s:
+        batches.pop()
+    return batches
+
+
+def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, bandwidth: float, max_context: int,
+                  max_tokens: int, max_batch: int, n_points: int = 5, steps: int = 16, budget_s: float | None = None,
+                  model_config=None, multiple: int = 16) -> dict:
+    """A batch and the contexts at which the KV cache a decode step reads grows to dominate its time.
+
+    Each sequence's decode step reads ``kv_bytes_per_token`` per token of its context, on top of the
+    weights read once for the batch. For that to show in the measured TPOT, the KV read must
+    reach what the step already costs: the weights, and, where a step is overhead-bound (a small
+    model on a GPU: milliseconds for microseconds of bytes), the bytes its whole measured time
+    could move at ``bandwidth``. So the target is ``max(weight_bytes, decode_step_s x bandwidth)``
+    of KV per step. Each power-of-two batch gets the longest top context it needs (or can
+    afford, within ``budget_s``); the plan takes the smallest batch whose top context reaches the
+    target, or, when none does, the one whose KV read grows most across the sweep (fewest
+    sequences on a tie: a batch so large that the budget leaves it one context measures nothing).
+
+    Args:
+        probe: ``bench.probe_speed``'s result (``decode_step_s``, ``prefill_tok_s``, ``overhead_s``).
+        bandwidth: bytes/s (the measured ceiling).
+        max_context: the longest context a sequence may reach (``max_model_len`` less the decode).
+        max_tokens: the KV pool's tokens (batch x context stays within it).
+        max_batch: the engine's ``max_num_seqs``.
+        n_points: contexts in the sweep: geometric from the top / 16 up to the top, after a short one.
+        steps, budget_s, model_config: the rough cost of each point (its prefill,
+            ``predict_ttft_s`` with attention when ``model_config`` is given, then ``steps`` decode
+            steps of at least bytes / bandwidth) is held to ``budget_s`` by lowering the top context.
+        multiple: contexts are rounded to multiples of it (a KV block).
+    Returns:
+        ``batch_size``, ``contexts`` (ascending), ``target_kv_bytes`` and ``reached``: whether the
+        top context's KV read reaches the target (False when capped by the pool, the batch or
+        the budget).
+    Raises:
+        ValueError: sizes below 1 or a non-positive bandwidth.
+    """
+    if min(max_context, max_tokens, max_batch, n_points, multiple) < 1 or bandwidth <= 0 or kv_bytes_per_token <= 0:
+        raise ValueError("need contexts, tokens, batch, points and multiple >= 1 and positive bytes and bandwidth; got "
+                         f"max_context={max_context}, max_tokens={max_tokens}, max_batch={max_batch}, "
+                         f"n_points={n_points}, multiple={multiple}, kv_bytes_per_token={kv_bytes_per_token}, "
+                         f"bandwidth={bandwidth}")
+    target = max(weight_bytes, probe["decode_step_s"] * bandwidth)
+    need_tokens = math.ceil(target / kv_bytes_per_token)  # batch x context
+
+    def contexts_up_to(hi: float, cap: int) -> list[int]:
+        raw = [multiple] + _geometric(hi / 16, hi, n_points - 1) if n_points > 1 else [hi]
+        return sorted({min(cap, max(multiple, multiple * round(c / multiple))) for c in raw})
+
+    def cost_s(batch: int, contexts: list[int]) -> float:
+        step_s = [max(predict_decode_step_s(probe, batch), (weight_bytes + batch * c * kv_bytes_per_token) / bandwidth)
+                  for c in contexts]
+        return sum(predict_ttft_s(probe, c, model_config, batch) + steps * s for c, s in zip(contexts, step_s))
+
+    def plan_for(batch: int) -> list[int]:
+        cap = max(multiple, min(max_context, max_tokens // batch) // multiple * multiple)
+        top = float(min(cap, math.ceil(need_tokens / batch)))
+        while budget_s is not None and top > multiple and cost_s(batch, contexts_up_to(top, cap)) > budget_s:
+            top = max(multiple, top * 0.9)
+        return contexts_up_to(top, cap)
+
+    def growth(batch: int, contexts: list[int]) -> int:  # KV tokens the sweep adds from its first point to its top
+        return batch * (contexts[-1] - contexts[0])
+
+    best_batch, best = 1, plan_for(1)
+    batch = 1
+    while best_batch * best[-1] < need_tokens and batch < max_batch:
+        batch = min(2 * batch, max_batch)
+        contexts = plan_for(batch)
+        if growth(batch, contexts) > growth(best_batch, best):
+            best_batch, best = batch, contexts
+    return {"batch_size": best_batch, "contexts": best, "target_kv_bytes": target,
+            "reached": best_batch * best[-1] * kv_bytes_per_token >= target}

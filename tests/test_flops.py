@@ -211,7 +211,8 @@ def test_agrees_with_flop_counter_on_eager_attention(kind, num_new, num_context)
     # Eager attention multiplies the full [T, C + T] score rectangle and masks it afterwards;
     # step_work counts only the causal keys. The difference is the masked upper triangle:
     # T(T - 1)/2 query-key pairs, 4 * heads * head_dim FLOPs each, per layer (zero for a decode).
-    masked = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * num_new * (num_new - 1) // 2
+    masked = flops.masked_attention_flops(cfg, [(num_new, num_context, True)])
+    assert masked == 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * num_new * (num_new - 1) // 2
     assert attention > 0, "the eager path should run attention as bmm"
     assert linear == work.matmul_flops + work.lm_head_flops
     assert attention == work.attention_flops + masked
@@ -233,41 +234,50 @@ def test_all_logits_cost_what_step_work_says():
 
 # -- against FlopCounterMode: minieng's own engine, a mixed batch ----------------------------------
 
-# minieng's linear layers run as oneDNN's linear on x86-64 CPUs (model.linear, whose FLOP formula
-# model.py registers) and as aten.mm / aten.addmm elsewhere.
-LINEAR_OPS = ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise")
-
-
-def test_engine_step_records_match_the_counted_linear_flops():
-    """Every step of a continuous batch (prefill chunks beside decodes): the matmul FLOPs that ran
-    equal step_work of the step's ``StepRecord.chunks``. Attention is left out here: on CPU
-    FlopCounterMode counts some SDPA paths as zero (decodes) and others as the dense rectangle."""
+def tiny_engine():
     from transformers import LlamaConfig
 
-    from minieng import EngineConfig, LLMEngine, SamplingParams
+    from minieng import EngineConfig, LLMEngine
     from minieng.loader import LoadedModel, build_model, randomize
 
     hf = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
-    cfg = ModelConfig.from_hf(hf)
-    model = build_model(cfg, torch.float32, torch.device("cpu"), 256)
+    model = build_model(ModelConfig.from_hf(hf), torch.float32, torch.device("cpu"), 256)
     randomize(model)
-    engine = LLMEngine(EngineConfig(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=4,
-                                    max_num_batched_tokens=16), loaded=LoadedModel(model, None, hf, set(), None))
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    for prompt in (list(range(1, 12)), list(range(3, 30)), [5, 6, 7]):
-        engine.add_request(prompt, params)
+    config = EngineConfig(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+    return LLMEngine(config, loaded=LoadedModel(model, None, hf, set(), None))
+
+
+def test_engine_steps_match_the_counted_flops():
+    """Every step of a continuous batch (prefill chunks beside decodes), counted by FlopCounterMode
+    (``flop_count.counted_steps``): the linear FLOPs that ran equal step_work of the step's
+    ``StepRecord.chunks``; attention, counted as SDPA's dense rectangle (attention.py registers the
+    CPU kernel's formula), is step_work's causal count plus the masked triangles, and for decodes
+    at least the causal count (keys padded to whole blocks)."""
+    from minieng.flop_count import counted_steps
+
+    engine = tiny_engine()
+    rows = counted_steps(engine, [list(range(1, 12)), list(range(3, 30)), [5, 6, 7]], max_tokens=4)
     saw_mixed = False
-    while engine.has_unfinished_requests():
-        with FlopCounterMode(display=False) as counter:
-            engine.step()
-        counts = {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
-        chunks = engine.step_records[-1].chunks
-        work = step_work(cfg, chunks, 4)
-        linear_flops = sum(counts.get(op, 0) for op in LINEAR_OPS)
-        assert linear_flops == work.matmul_flops + work.lm_head_flops
-        saw_mixed |= any(n == 1 for n, _, _ in chunks) and any(n > 1 for n, _, _ in chunks)
+    for row in rows:
+        assert row["counted_linear_flops"] == row["linear_flops"] > 0
+        assert row["counted_attention_flops"] >= row["attention_flops"] + row["masked_attention_flops"] > 0
+        if all(n > 1 for n, _, _ in row["chunks"]):  # prefill chunks only: no padding, exact
+            assert row["counted_attention_flops"] == row["attention_flops"] + row["masked_attention_flops"]
+        assert row["other_flops"] == {}
+        saw_mixed |= any(n == 1 for n, _, _ in row["chunks"]) and any(n > 1 for n, _, _ in row["chunks"])
     assert saw_mixed, "the workload should mix decodes and prefill chunks in one step"
+    assert any(all(n > 1 for n, _, _ in row["chunks"]) for row in rows)
+
+
+def test_counting_refuses_a_busy_engine():
+    from minieng import SamplingParams
+    from minieng.flop_count import counted_steps
+
+    engine = tiny_engine()
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="idle"):
+        counted_steps(engine, [[4, 5]], 2)
 
 
 # -- printing a percentage ------------------------------------------------------------------------
@@ -292,3 +302,70 @@ def test_tiny_utilization_prints_its_digits_and_a_suspect_one_says_so():
     with pytest.warns(flops.SuspectFigureWarning, match="MBU = 150.0%"):
         u = flops.mbu(1.5, 1.0, 1.0)
     assert str(u).startswith("MBU 150.0% (SUSPECT")
+
+
+# -- on paper: the n^2 crossover, the decode ridge, what bounds a step ------------------------------
+
+@pytest.mark.parametrize("name, crossover", [("SmolLM2-135M", 6143), ("Llama-3-8B", 53247)])
+def test_attention_overtakes_the_linear_layers_at_the_crossover(name, crossover):
+    from minieng.config import published_config
+
+    cfg = published_config(name)
+    assert flops.attention_crossover_tokens(cfg) == crossover
+    at, before = prefill_work(cfg, crossover, 2), prefill_work(cfg, crossover - 1, 2)
+    assert at.attention_flops >= at.matmul_flops and before.attention_flops < before.matmul_flops
+
+
+def test_decode_ridge_batch_is_where_the_intensity_reaches_the_ridge():
+    cfg = SMOLLM2_135M
+    b = flops.decode_ridge_batch(cfg, 64, 4, ridge=3.0)  # fp32 on a CPU-like ridge
+    assert decode_work(cfg, b, 64, 4).arithmetic_intensity_flop_per_byte >= 3.0
+    assert decode_work(cfg, b - 1, 64, 4).arithmetic_intensity_flop_per_byte < 3.0
+    assert flops.decode_ridge_batch(cfg, 64, 4, ridge=0.1) == 1
+    # bf16 on an H200 (ridge ~184): each sequence reads ~1.5 MB of KV at 64 tokens of context for
+    # 270 MFLOP, so the intensity tends to ~180 and no batch reaches the ridge.
+    assert flops.decode_ridge_batch(cfg, 64, 2, ridge=184) is None
+    assert flops.decode_ridge_batch(cfg, 0, 2, ridge=100) is not None
+    with pytest.raises(ValueError):
+        flops.decode_ridge_batch(cfg, 64, 2, ridge=0)
+
+
+def test_roofline_bound_names_the_binding_resource_or_overhead():
+    # 1 GFLOP and 1 GB on a 100 TFLOP/s, 1 TB/s machine: floors of 10 us and 1 ms
+    memory = flops.roofline_bound(1e9, 1e9, 0.0015, 100e12, 1e12)
+    assert memory.limit == "memory" and memory.explained == pytest.approx(1 / 1.5)
+    assert memory.words().startswith("memory-bound") and "66.7%" in memory.words()
+    # a 2-core CPU's batch-1 decode: 541 MB in 44 ms against a 36 GB/s copy (MBU 34%)
+    assert flops.roofline_bound(0.27e9, 541e6, 0.044, 0.2e12, 36e9).limit == "memory"
+    assert flops.roofline_bound(1e9, 1e9, 0.0041, 100e12, 1e12).limit == "overhead"  # 24% explained
+    compute = flops.roofline_bound(1e12, 1e6, 0.012, 100e12, 1e12)
+    assert compute.limit == "compute" and compute.floor_s == pytest.approx(0.01)
+    # a small model on a large GPU: 270 MB read in 63 us, a step of 2.2 ms
+    launch = flops.roofline_bound(270e6, 270e6, 0.0022, 989e12, 4.3e12)
+    assert launch.limit == "overhead" and "limited by overhead" in launch.words() and "2.9%" in launch.words()
+    with pytest.raises(ValueError):
+        flops.roofline_bound(1, 1, 0, 1, 1)
+
+
+def test_phase_utilization_says_what_bounds_each_peak():
+    from minieng.hardware import Peak
+    from minieng.outputs import StepRecord
+
+    steps = [StepRecord(0.0, 0.0022, 0, 0, 1, 0, 1, 0, 1, chunks=[(1, 100, True)])]
+    out = flops.phase_utilization(SMOLLM2_135M, 2, steps, [Peak("H200", 989, 4800, "datasheet")])
+    assert out["datasheet"]["limit"] == "overhead"
+    assert out["datasheet"]["explained_percent"] == pytest.approx(out["datasheet"]["mbu_percent"])
+    assert "overhead" in out["datasheet"]["bound"]
+
+
+def test_published_shapes_give_their_parameter_counts():
+    from minieng.config import PUBLISHED_SHAPES, published_config
+
+    counts = {"SmolLM2-135M": 134_515_008, "SmolLM2-1.7B": 1_711_376_384, "Llama-3-8B": 8_030_261_248,
+              "Llama-3-70B": 70_553_706_496, "Qwen2.5-7B-Instruct": 7_615_616_512 - 129_024}  # less q/k/v biases
+    assert set(counts) == set(PUBLISHED_SHAPES)
+    for name, params in counts.items():
+        assert published_config(name).num_params == params, name
+    assert published_config("SmolLM2-135M").num_matmul_params == SMOLLM2_135M.num_matmul_params
+    with pytest.raises(ValueError, match="use one of"):
+        published_config("GPT-5")

@@ -182,8 +182,20 @@ def test_request_phases_draws_each_phase_that_happened():
     png(plots.request_phases([]))
 
 
+def test_decode_bytes_and_tpot_stacks_kv_on_the_weights():
+    rows = [{"context_tokens": c, "weight_bytes": 538e6, "kv_bytes": c * 46080.0, "tpot_s": 0.03 + c * 1e-5,
+             "floor_s": (538e6 + c * 46080) / 15e9} for c in (4096, 16, 1024)]
+    fig = plots.decode_bytes_and_tpot(rows)
+    png(fig)
+    assert labels(fig) == [("context tokens per sequence", "MB read per decode step"),
+                           ("context tokens per sequence", "ms per decode step")]
+    left = fig.axes[0]
+    assert len(left.patches) == 6 and [t.get_text() for t in left.get_xticklabels()] == ["16", "1,024", "4,096"]
+
+
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
-           "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep"]
+           "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep",
+           "decode_bytes_and_tpot"]
 
 
 @pytest.mark.parametrize("name", FIGURES)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from minieng.bench import estimate_s
-from minieng.sweep import (fit_ttft, predict_ttft_s, prefill_knee, prefill_sweep_lengths, probe_lengths,
-                           scan_prefill)
+from minieng.sweep import (decode_sweep_batches, fit_ttft, kv_sweep_plan, predict_decode_step_s, predict_ttft_s,
+                           prefill_knee, prefill_sweep_lengths, probe_lengths, scan_prefill)
 
 CPU = {16: 0.106, 32: 0.15, 64: 0.2456, 128: 0.3677, 256: 0.7115, 512: 1.511, 1024: 3.266, 2048: 7.0,
        4096: 16.0, 8191: 40.0}  # TTFT s, one step per prompt
@@ -214,3 +214,64 @@ def test_probe_speed_warms_up_restores_the_engine_and_sizes_a_sweep(real_engine)
     assert single_step or probe["prefill_points"][-1][0] < 128  # 128-token prompts ran unchunked
     lengths = prefill_sweep_lengths(probe, 3)
     assert lengths and lengths[-1] <= 128
+
+
+# -- decode batches and the KV sweep ---------------------------------------------------------------
+
+def test_predictions_add_attention_and_turn_compute_bound():
+    from minieng.config import published_config
+
+    probe, cfg = cpu_probe(), published_config("SmolLM2-135M")
+    assert predict_ttft_s(probe, 512, cfg) > predict_ttft_s(probe, 512)  # attention on top of the linear term
+    assert predict_ttft_s(probe, 6143, cfg) - probe["overhead_s"] == pytest.approx(
+        2 * (predict_ttft_s(probe, 6143) - probe["overhead_s"]), rel=0.01)  # the crossover: attention = linear
+    together = predict_ttft_s(probe, 64, count=8)  # one batch's prompts share the steps' fixed cost
+    assert together - probe["overhead_s"] == pytest.approx(8 * (predict_ttft_s(probe, 64) - probe["overhead_s"]))
+    assert predict_decode_step_s(probe, 1) == probe["decode_step_s"]
+    assert predict_decode_step_s(probe, 4096) == pytest.approx(4096 / probe["prefill_tok_s"])
+
+
+def test_decode_batches_climb_past_the_ridge_or_to_the_cap():
+    assert decode_sweep_batches(cpu_probe(), 8, 256, 32, 64) == [1, 4, 16]  # 16 >= 2 x the ridge batch
+    assert decode_sweep_batches(h200_probe(), None, 256, 32, 64) == [1, 4, 16, 64, 256]  # no ridge: to the cap
+    assert decode_sweep_batches(h200_probe(), None, 100, 32, 64) == [1, 4, 16, 64, 100]
+    assert decode_sweep_batches(cpu_probe(), 1, 256, 32, 64) == [1, 4]
+    tight = decode_sweep_batches(cpu_probe(), None, 256, 32, 64, budget_s=5)
+    assert tight[0] == 1 and tight[-1] < 256
+    assert decode_sweep_batches(cpu_probe(), None, 256, 32, 64, budget_s=0) == [1]
+    with pytest.raises(ValueError):
+        decode_sweep_batches(cpu_probe(), 8, 0, 32, 64)
+
+
+def test_kv_sweep_reaches_the_weights_on_a_cpu_and_the_overhead_on_a_gpu():
+    # CPU-like: fp32 weights 538 MB, 46 KB of KV per token, 15 GB/s, a 40 ms step: the target is
+    # the bytes a step's time moves (600 MB); two sequences reach it within 8k tokens.
+    cpu = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, max_context=8150, max_tokens=23296, max_batch=64)
+    assert cpu["batch_size"] == 2 and cpu["reached"]
+    assert cpu["target_kv_bytes"] == pytest.approx(0.04 * 15e9)
+    assert cpu["contexts"][0] == 16 and 6000 < cpu["contexts"][-1] <= 8150
+    assert 2 * cpu["contexts"][-1] * 46080 >= cpu["target_kv_bytes"]
+    # H200-like: bf16 weights 270 MB read in 63 us, a 2.2 ms step: 9.5 GB of KV per step to show
+    gpu = dict(h200_probe(), decode_step_s=0.0022)
+    plan = kv_sweep_plan(gpu, 270e6, 23040, 4.3e12, max_context=8150, max_tokens=524288, max_batch=64)
+    assert plan["batch_size"] == 64 and plan["reached"]
+    assert plan["target_kv_bytes"] == pytest.approx(0.0022 * 4.3e12)
+    assert plan["contexts"] == sorted(set(plan["contexts"])) and all(c % 16 == 0 for c in plan["contexts"])
+
+
+def test_kv_sweep_is_capped_by_the_pool_the_batch_and_the_budget():
+    pool = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, max_context=8150, max_tokens=4096, max_batch=64)
+    assert pool["batch_size"] * pool["contexts"][-1] <= 4096 and not pool["reached"]
+    one = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, max_context=8150, max_tokens=23296, max_batch=1)
+    assert one["batch_size"] == 1 and one["contexts"][-1] == 8144 and not one["reached"]
+    sizes = dict(max_context=8150, max_tokens=23296, max_batch=64)
+    quick = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, budget_s=10, **sizes)
+    full = kv_sweep_plan(cpu_probe(), 538e6, 46080, 15e9, **sizes)
+    assert quick["contexts"][-1] < full["contexts"][-1] and not quick["reached"]
+    # a machine too slow (or too busy) to reach the target: the batch whose KV grows most across
+    # the sweep, never a large batch left with a single context
+    slow = dict(cpu_probe(), decode_step_s=0.44, prefill_tok_s=18, overhead_s=0.0)
+    plan = kv_sweep_plan(slow, 538e6, 46080, 11.3e9, budget_s=90, **sizes)
+    assert not plan["reached"] and len(plan["contexts"]) >= 3 and plan["batch_size"] < 64
+    with pytest.raises(ValueError):
+        kv_sweep_plan(cpu_probe(), 538e6, 46080, 0, max_context=8150, max_tokens=23296, max_batch=64)
