@@ -97,8 +97,10 @@ def near_linear_batch(rows: list[dict], efficiency: float = NEAR_LINEAR) -> int:
 def limiting_factor(row: dict, ridge_flop_per_byte: float, share: float = BOUND_SHARE) -> str:
     """What bounds a decode step, by the roofline and the measured ceilings: ``"compute"`` when
     its FLOP per byte is at or past the ridge point, else ``"bandwidth"`` when it moved at least
-    ``share`` of the measured bandwidth (MBU), else ``"overhead"``: neither the arithmetic nor
-    the bytes take its time, the fixed cost of a step does (kernel launches, Python, small ops)."""
+    ``share`` of the measured bandwidth (MBU, of the bytes ``flops.step_work`` counts), else
+    ``"overhead"``: neither the counted arithmetic nor the counted bytes take its time, work they
+    leave out does (kernel launches, Python, small ops, the copies of each sequence's K/V that
+    ``attention.py`` gathers before attending)."""
     if row["intensity_flop_per_byte"] >= ridge_flop_per_byte:
         return "compute"
     return "bandwidth" if row["mbu_percent"] >= 100 * share else "overhead"
