@@ -54,8 +54,10 @@ def batch_sweep(engine: LLMEngine, max_batch: int, prompt_tokens: int, output_to
 
     "Stops growing" is ``sweep.prefill_knee`` read on ``(batch, TPOT)`` points (tok/s = batch /
     TPOT there as prompt tokens / TTFT in a prefill sweep): the smallest batch whose tok/s,
-    plus 15%, reaches that of every larger batch, confirmed by a larger one. The next point's
-    time is extrapolated linearly in the batch from the last one's (its prefill grows so).
+    plus 15%, reaches that of every larger batch. The sweep goes on until two larger batches
+    confirm it (one slow point, on a machine shared with other work, must not end the sweep).
+    The next point's time is extrapolated linearly in the batch from the last one's (its
+    prefill grows so).
     Returns ``rows`` (``decode_point`` dicts), ``knee_batch``, ``knee_reached`` and ``max_batch``.
     Raises ``ValueError`` for ``max_batch`` < 1.
     """
@@ -68,7 +70,8 @@ def batch_sweep(engine: LLMEngine, max_batch: int, prompt_tokens: int, output_to
             progress(f"decode at batch {b}")
         rows.append(decode_point(engine, b, prompt_tokens, output_tokens, peaks))
         spent += rows[-1]["wall_s"]
-        if prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])["knee_reached"]:
+        knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
+        if knee["knee_reached"] and sum(r["batch_size"] > knee["knee_tokens"] for r in rows) >= 2:
             break
     knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
     return {"rows": rows, "knee_batch": knee["knee_tokens"], "knee_reached": knee["knee_reached"],

@@ -43,12 +43,21 @@ def fake_points(tpot_by_batch: dict[int, float], wall_s: float = 1.0):
 
 
 def test_batch_sweep_stops_once_tok_s_stops_growing(monkeypatch):
-    # tok/s: 10, 20, 40, 44, 45: stops growing at batch 4, confirmed by batch 8.
+    # tok/s: 10, 20, 40, 44, 45: stops growing at batch 4, confirmed by batches 8 and 16.
     tpot = {1: 0.1, 2: 0.1, 4: 0.1, 8: 8 / 44, 16: 16 / 45, 32: 1.0}
     point, calls = fake_points(tpot)
     monkeypatch.setattr(batch_experiment, "decode_point", point)
     r = batch_sweep(None, 64, 8, 4, [PEAK], budget_s=1e9)
-    assert calls == [1, 2, 4, 8] and r["knee_batch"] == 4 and r["knee_reached"]
+    assert calls == [1, 2, 4, 8, 16] and r["knee_batch"] == 4 and r["knee_reached"]
+
+
+def test_one_slow_point_does_not_end_the_batch_sweep(monkeypatch):
+    # tok/s: 10, 8 (a noisy point), 40, 80, 82, 83: the knee is at 8, not at 1.
+    tpot = {1: 0.1, 2: 0.25, 4: 0.1, 8: 0.1, 16: 16 / 82, 32: 32 / 83, 64: 1.0}
+    point, calls = fake_points(tpot)
+    monkeypatch.setattr(batch_experiment, "decode_point", point)
+    r = batch_sweep(None, 64, 8, 4, [PEAK], budget_s=1e9)
+    assert calls == [1, 2, 4, 8, 16, 32] and r["knee_batch"] == 8
 
 
 def test_batch_sweep_keeps_to_max_batch_and_budget(monkeypatch):
