@@ -349,9 +349,9 @@ def batch_scaling(rows: Sequence[dict], knee_batch: int | None = None, compute_b
 
 def batching_timeline(runs: dict[str, dict], title: str = "Sequences in each step") -> Figure:
     """``batch_experiment.compare_batching``'s runs: the sequences each step ran against time,
-    one panel per policy, on a shared time axis."""
+    one panel per policy, on shared time and sequence axes."""
     fig = Figure(figsize=(9, 1.2 + 1.6 * len(runs)), layout="constrained")
-    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    axes = fig.subplots(len(runs), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     for ax, (name, run) in zip(axes, runs.items()):
         steps = np.asarray(run["steps"], dtype=float).reshape(-1, 3)
         ax.bar(steps[:, 0], steps[:, 2], width=steps[:, 1], align="edge", color=PHASE_COLORS["decode"])
