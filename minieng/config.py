@@ -156,6 +156,13 @@ class EngineConfig:
         max_num_batched_tokens: the token budget of one step (prefill chunks + decodes).
         enable_chunked_prefill: True = decode-first with chunked prefill (vLLM V1); False =
             prefill-first, whole prompts, decodes paused while a prompt is prefilled.
+        batching: ``"continuous"`` (default: requests join and leave the running batch between
+            steps) or ``"static"``: a batch of up to ``max_num_seqs`` requests is admitted only
+            when no batch runs, and runs until its longest request finishes; no request joins it
+            mid-way (the baseline continuous batching replaced; ``scheduler.py``).
+        batch_timeout_s: static batching only: how long (s) the oldest waiting request waits for
+            a full batch before a partial one starts (TF Serving's ``batch_timeout_micros``). 0
+            (default) starts a batch with whatever waits; ``math.inf`` waits for a full batch.
         enable_prefix_caching: keep the KV of full prompt blocks after a request ends and reuse
             it for later requests that start with the same tokens (vLLM V1's default: on).
         speculative_method: None (off), "draft" (a draft model proposes) or "ngram" (prompt
@@ -183,6 +190,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
+    batching: str = "continuous"
+    batch_timeout_s: float = 0.0
     enable_prefix_caching: bool = True
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
@@ -208,6 +217,10 @@ class EngineConfig:
         _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len,
                  "must be >= 1")
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        _require(self.batching in ("continuous", "static"), "batching", self.batching,
+                 "use 'continuous' or 'static'")
+        _require(self.batch_timeout_s >= 0, "batch_timeout_s", self.batch_timeout_s,
+                 "must be >= 0 s (0: start with whatever waits; math.inf: wait for a full batch)")
         _require(self.speculative_method in (None, "draft", "ngram"), "speculative_method",
                  self.speculative_method, "use None, 'draft' or 'ngram'")
         _require(self.num_speculative_tokens >= 0, "num_speculative_tokens", self.num_speculative_tokens,

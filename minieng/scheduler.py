@@ -14,11 +14,21 @@ Two policies (DESIGN.md section 7):
 
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it goes back to the front of the queue, to be recomputed (prefilled again) later.
+
+Either policy batches continuously. ``batching="static"`` is the baseline it replaced (a server
+that batches requests as a whole, as TF Serving's batcher does): when no batch runs, the first
+``max_num_seqs`` waiting requests become the batch, once that many wait or the oldest has waited
+``batch_timeout_s``; only its members are admitted (a preempted member comes back), and the next
+batch forms when every member has finished. Finished members leave their slots empty, so the
+batch shrinks until its longest request ends. The clock that the timeout reads is
+``time.perf_counter`` (the engine's arrival times), replaceable for tests.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -49,11 +59,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 clock: Callable[[], float] = time.perf_counter):
         self.config = config
         self.block_manager = block_manager
+        self.clock = clock  # seconds, on the clock of ``RequestTimes.arrival_s``
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is preempted first
+        # Static batching: request ids of the current batch's unfinished members (empty: no batch).
+        self.batch: set[str] = set()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -63,6 +77,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.config.batching == "static" and not self.batch:
+            self._form_batch()
         if self.config.enable_chunked_prefill:
             self._schedule_decode_first(out)
         elif not self._schedule_prefill_first(out):
@@ -117,14 +133,31 @@ class Scheduler:
                 self._preempt(seq, out)
         return used
 
+    def _form_batch(self) -> None:
+        """Static batching, no batch running: the first ``max_num_seqs`` waiting requests become
+        the batch once that many wait, or once the oldest has waited ``batch_timeout_s``."""
+        size = self.config.max_num_seqs
+        if not self.waiting:
+            return
+        if len(self.waiting) < size and self.clock() - self.waiting[0].times.arrival_s < self.config.batch_timeout_s:
+            return  # keep filling
+        self.batch = {seq.request_id for seq in list(self.waiting)[:size]}
+
+    def _admissible(self, seq: Sequence) -> bool:
+        """Continuous batching admits anyone; static batching only members of the current batch."""
+        return self.config.batching != "static" or seq.request_id in self.batch
+
     def _admit(self, out: SchedulerOutput, budget: int, chunk: bool) -> None:
-        """Admit waiting sequences in arrival order while budget, blocks and ``max_num_seqs`` allow.
+        """Admit waiting sequences in arrival order while budget, blocks and ``max_num_seqs`` allow
+        (and, under static batching, while the next is a member of the current batch).
 
         Without chunking a prompt is never split: one longer than the budget runs alone.
         """
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if not self._admissible(seq):
+                break
             hits = bm.match_prefix(seq)  # full blocks of its prefix already in the cache
             n = seq.num_uncomputed_tokens - len(hits) * bm.block_size
             if chunk:
@@ -180,6 +213,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
+        self.batch.discard(seq.request_id)  # static batching: it no longer holds its batch open
 
     # -- sequences whose KV arrives from elsewhere (disaggregated prefill) -------------------------
 

@@ -18,6 +18,8 @@ from .engine import LLMEngine
 from .outputs import RequestOutput, StepRecord
 from .workload import RequestSpec, workload_prompts
 
+IDLE_POLL_S = 0.0005  # how long to wait before asking again when the engine had nothing to run
+
 
 @dataclass
 class WorkloadResult:
@@ -73,10 +75,13 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
                         engine.abort_request(rid)
                 break
             if engine.has_unfinished_requests():
+                steps_before = len(engine.step_records)
                 finished = sum(out.finished for out in engine.step())
                 done += finished
                 if bar:
                     bar.update(finished)
+                if len(engine.step_records) == steps_before:  # nothing could run yet: a static batch filling
+                    time.sleep(IDLE_POLL_S)
             elif nxt < len(order):
                 wake = start + specs[order[nxt]].arrival_s
                 if timeout_s is not None:

@@ -70,6 +70,16 @@ def poisson_workload(num_requests: int, rate_per_s: float, prompt_tokens: int, o
     return [RequestSpec(float(t), prompt_tokens, output_tokens) for t in arrivals]
 
 
+def spread_output_lengths(specs: list[RequestSpec], low: int, high: int, seed: int = 0) -> list[RequestSpec]:
+    """The same arrivals and prompts with output lengths drawn uniformly from ``[low, high]``
+    tokens (inclusive): answers that end at different times, as real ones do.
+    Raises ``ValueError`` unless 1 <= low <= high."""
+    if not 1 <= low <= high:
+        raise ValueError(f"need 1 <= low <= high output tokens; got low={low}, high={high}")
+    lengths = np.random.default_rng(seed).integers(low, high + 1, len(specs))
+    return [RequestSpec(s.arrival_s, s.prompt_tokens, int(n)) for s, n in zip(specs, lengths)]
+
+
 def read_trace(path: str | Path, num_requests: int | None = None, skip: int = 0) -> list[RequestSpec]:
     """Read a trace CSV with columns TIMESTAMP, ContextTokens, GeneratedTokens (Azure LLM trace).
 

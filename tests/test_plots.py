@@ -193,9 +193,80 @@ def test_decode_bytes_and_tpot_stacks_kv_on_the_weights():
     assert len(left.patches) == 6 and [t.get_text() for t in left.get_xticklabels()] == ["16", "1,024", "4,096"]
 
 
+def test_recompute_vs_cache():
+    side = lambda waits, run: {"token_s": waits, "tokens_run": run, "flops": [2.0 * r for r in run],  # noqa: E731
+                               "token_ids": [1] * len(run)}
+    result = {"prompt_tokens": 16, "cache": side([0.05, 0.01, 0.01], [16, 1, 1]),
+              "recompute": side([0.05, 0.06, 0.07], [16, 17, 18])}
+    fig = plots.recompute_vs_cache(result, knee_tokens=17)
+    png(fig)
+    assert labels(fig) == [("tokens in the sequence", "wait for this token (ms)"),
+                           ("answer length (tokens)", "time to generate it (s)"),
+                           ("answer length (tokens)", "token-passes through the model")]
+    assert fig.axes[2].get_lines()[0].get_ydata().tolist() == [16, 33, 51]  # cumulative work, recompute
+
+
+def test_block_tables_colour_held_blocks_and_list_each_table():
+    snap = {"block_size": 4, "num_blocks": 10, "num_free_blocks": 4, "waiting": [],
+            "sequences": [{"request_id": "0", "num_tokens": 9, "num_computed_tokens": 8, "block_table": [0, 1, 7]},
+                          {"request_id": "3", "num_tokens": 12, "num_computed_tokens": 11, "block_table": [4, 2, 9]}]}
+    fig = plots.block_tables(snap, columns=5)
+    png(fig)
+    pool, tables = fig.axes
+    assert len(pool.patches) == 10 and len(tables.patches) == 6
+    free = [p for p in pool.patches if p.get_facecolor()[:3] == (1.0, 1.0, 1.0)]
+    assert len(free) == 4
+    assert [p.get_hatch() for p in tables.patches] == [None, None, "//", None, None, None]  # 9 tokens: a partial last block
+    texts = [t.get_text() for t in tables.texts]
+    assert "request 3: 12 tokens" in texts and "9" in texts
+
+
+def test_block_tables_of_an_idle_pool():
+    png(plots.block_tables({"block_size": 16, "num_blocks": 3, "num_free_blocks": 3, "sequences": [], "waiting": []}))
+
+
+def test_kv_concurrency():
+    result = {"running": [6, 4, 4, 3], "used_blocks": [12, 12, 11, 6], "preempted": [0, 2, 0, 0], "num_blocks": 12,
+              "block_size": 4, "max_num_seqs": 8, "prompt_tokens": 8, "output_tokens": 8, "cap_at_prompt": 6,
+              "cap_at_full_length": 3}
+    fig = plots.kv_concurrency(result)
+    png(fig)
+    assert labels(fig)[0] == ("step", "sequences")
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "max_num_seqs: 8" in legend and "preemption" in legend and any("16-token" in t for t in legend)
+    fig = plots.kv_concurrency(result | {"max_num_seqs": 64})
+    png(fig)
+    assert "max_num_seqs = 64, off the chart" in fig.axes[0].get_title()
+    assert fig.axes[0].get_ylim()[1] < 64
+
+
+def test_batch_scaling_marks_only_what_is_in_reach():
+    rows = [{"batch_size": b, "tpot_s": 0.04 * (1 + b / 16), "tok_s": b / (0.04 * (1 + b / 16))} for b in (1, 2, 4, 8, 16)]
+    fig = plots.batch_scaling(rows, knee_batch=8, compute_bound_batch=None, pool_batch=4096)
+    png(fig)
+    left, right = fig.axes
+    assert left.get_ylabel() == "aggregate decode tok/s" and right.get_ylabel() == "TPOT (ms)"
+    legend = [t.get_text() for t in left.get_legend().get_texts()]
+    assert "tok/s stops growing (8)" in legend and not any("KV pool" in t or "roofline" in t for t in legend)
+
+
+def test_batching_timeline_and_compared_cdfs():
+    runs = {"static": {"steps": [[0.0, 0.1, 3], [0.1, 0.1, 1]], "ttft_ms": [10.0, 50.0], "tpot_ms": [5.0],
+                       "e2el_ms": [100.0, 200.0]},
+            "continuous": {"steps": [[0.0, 0.1, 3], [0.1, 0.1, 3]], "ttft_ms": [10.0, 12.0], "tpot_ms": [],
+                           "e2el_ms": [90.0, 95.0]}}
+    fig = plots.batching_timeline(runs)
+    png(fig)
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["static", "continuous"]
+    fig = plots.compared_cdfs(runs)
+    png(fig)
+    assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "E2EL (ms)"]
+
+
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
            "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep",
-           "decode_bytes_and_tpot"]
+           "decode_bytes_and_tpot", "recompute_vs_cache", "block_tables", "kv_concurrency", "batch_scaling",
+           "batching_timeline", "compared_cdfs"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
