@@ -82,6 +82,60 @@ def kernel_rates(engine: LLMEngine, schemes: list[str], rows: int, group_size: i
     return out
 
 
+def predicted_table(model_config, dtype_bytes: int, group_size: int, bandwidth_bytes_s: float,
+                    context_tokens: int, batch_size: int = 1) -> list[dict]:
+    """Computed, not measured: per scheme (the float model first), the matrices' bytes per
+    weight (scales included), a decode step's bytes at ``batch_size`` sequences of
+    ``context_tokens`` tokens, the TPOT floor bytes / ``bandwidth_bytes_s`` and its ratio to
+    the float model's (``flops.decode_work``, ``tpot_floor_s``)."""
+    from .flops import tpot_floor_s
+    from .quantization import matmul_bytes
+
+    rows = []
+    for scheme in (None, *SCHEMES):
+        mb = matmul_bytes(model_config, scheme, group_size, dtype_bytes)
+        work = decode_work(model_config, batch_size, context_tokens, dtype_bytes, mb)
+        rows.append({"scheme": scheme or "none",
+                     "bytes_per_weight": (mb.layers + mb.lm_head) / model_config.num_matmul_params,
+                     "step_bytes": work.total_bytes,
+                     "tpot_floor_ms": 1e3 * tpot_floor_s(work.total_bytes, bandwidth_bytes_s)})
+    for row in rows:
+        row["tpot_ratio_predicted"] = row["step_bytes"] / rows[0]["step_bytes"]
+    return rows
+
+
+@torch.inference_mode()
+def layer_decode_times(engine: LLMEngine, schemes=SCHEMES, group_size: int = 64, repeats: int = 20) -> dict:
+    """Seconds of one batch-1 product through the LM head ([vocab, hidden], the largest matrix),
+    float and each scheme's kernel, even one the device refuses (int4's CPU twin): the best of
+    ``repeats`` (None where the kernel cannot run in this dtype). Shows whether a kernel turns
+    fewer bytes into less time at all."""
+    head = engine.loaded.model.lm_head
+    weight = head.weight.detach()
+    x = torch.randn(1, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    layers = {"none": head}
+    for s in schemes:
+        try:
+            layers[s] = make_linear(s, weight.device.type, weight, None, group_size)
+        except RuntimeError:  # a kernel this device or dtype lacks (int4 in float16): no time to show
+            layers[s] = None
+    out = {}
+    for name, layer in layers.items():
+        if layer is None:
+            out[name] = None
+            continue
+        layer(x)
+        times = []
+        for _ in range(repeats):
+            synchronize(weight.device)
+            start = time.perf_counter()
+            layer(x)
+            synchronize(weight.device)
+            times.append(time.perf_counter() - start)
+        out[name] = min(times)
+    return out
+
+
 def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak], progress=None) -> dict:
     """The experiment on a float ``engine`` (its weights shared by one engine per scheme).
 
@@ -91,7 +145,8 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
     ``kernel_flop_s`` and ``peaks``.
     """
     if engine.config.quantization is not None:
-        raise ValueError("run_quantization compares schemes with the float model: pass an engine with quantization=None")
+        raise ValueError("run_quantization compares schemes with the float model: "
+                         "pass an engine with quantization=None")
     schemes = cfg.schemes if cfg.schemes is not None else device_schemes(engine.device)
     say = progress or (lambda msg: None)
     engines = {None: engine}
@@ -152,7 +207,8 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
                                "positions": acc[schemes[0]]["positions"] if schemes else 0}))
         rows.append(row)
     return {"config": asdict(cfg) | {"schemes": schemes}, "device": str(engine.device), "dtype": str(engine.dtype),
-            "decode_context_tokens": context, "kernel_flop_s": rates, "peaks": [p.to_dict() for p in peaks], "rows": rows}
+            "decode_context_tokens": context, "kernel_flop_s": rates, "peaks": [p.to_dict() for p in peaks],
+            "rows": rows}
 
 
 def decode_vs_prefill(row: dict, batch_size: int = 1) -> float:

@@ -129,7 +129,8 @@ class Int4Linear(nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
         self.register_buffer("packed", packed)
         # [groups, out, 2]: scale and zero side by side, in the activations' dtype
-        self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(weight.dtype))
+        scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(weight.dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group_size = group_size
         self.weight_bytes = out_features * in_features // 2 + self.scales_and_zeros.numel() * weight.element_size()

@@ -16,26 +16,29 @@ the norms keep the model's dtype, and so does the KV cache:
   activations' outliers cost accuracy. One scale for a whole batch or sequence ("per tensor")
   would let one outlier token coarsen every other token's codes; per token, it coarsens only its own.
 
-What runs where (``KERNELS``), and why. CPU: measured on the workshop's 2-core AMD EPYC
-(AVX-512 VNNI), torch 2.13, 2 threads, the default model's 211 linear layers with cold weights,
-fp32 through oneDNN as the baseline; ``python -m minieng bench --quantization`` measures the
-whole engine. The weight-only kernels torch and torchao have for a CPU lose to fp32 here:
-``torch._weight_int8pack_mm`` ran the layers at batch 1 in 3.8x fp32's time,
-``_weight_int4pack_mm_for_cpu`` (group 64) in 10x, torchao 0.18's ``Int8WeightOnlyConfig``
-(it converts the int8 weight to the activations' dtype, then multiplies) in 2.8x and its
-``Int8DynamicActivationInt8WeightConfig`` in 3.4x (per-op overhead at one row). fbgemm's int8
-GEMM (torch's ``quantized::linear_*``) ran them in 0.26-0.35x: the only CPU kernel that turns
-int8 weights into time. So on a CPU both int8 schemes run in fbgemm (``FbgemmLinear``): W8A8
-directly, weight-only int8 by writing each token's activations as two 7-bit digits through
-the same GEMM (16-bit-class activations: weight-only accuracy, two rows of integer work per
-token, one read of the weights). int4 has no CPU kernel that pays and is refused there; its
-accuracy can still be measured with the dequantized reference (``quantize_model(...,
-reference=True)``). CUDA (not measured here: ``benchmarks/gpu_check.py`` measures it): int4 is
-tinygemm, ``torch._weight_int4pack_mm`` (bfloat16 only), the kernel behind gpt-fast's int4;
-int8 is ``torch._weight_int8pack_mm``; W8A8 is ``torch._int_mm`` (cuBLASLt). torchao 0.18 wraps
-the same tinygemm op, but its ``tile_packed_to_4d`` layout fixes inner_k_tiles at 8 and pads
-576 inputs to 1,024 (78% more bytes read), and its int8 weight-only path converts the weight
-before a bf16 product in eager mode: minieng calls torch's ops directly and needs no torchao.
+What runs where (``KERNELS``), and why. CPU: measured on the workshop's 2-core AMD EPYC (Zen 4,
+AVX-512 VNNI), torch 2.13: the default model's 211 linear layers in turn (cold weights), one
+thread, as CPU time (the shared machine's wall clock mostly timed other jobs), against fp32
+through oneDNN (39 ms at batch 1). The weight-only kernels torch and torchao offer a CPU lose to
+fp32 here: at batch 1 ``torch._weight_int8pack_mm`` took 2.8x fp32's time (21x at 16 rows),
+``_weight_int4pack_mm_for_cpu`` (group 64) 5.8x (44x), torchao 0.18's ``Int8WeightOnlyConfig``
+(it converts the int8 weight to the activations' dtype, then multiplies) 2.1x and its
+``Int8DynamicActivationInt8WeightConfig`` 3.1x (per-op overhead at one row); ``torch._int_mm``
+1.0x. fbgemm's int8 GEMM (torch's ``quantized::linear_*``) took 0.29x at 1 row, 0.26x at 16 and
+0.34x at 512: the CPU kernel that turns int8 weights into time. So on a CPU both int8 schemes
+run in fbgemm (``FbgemmLinear``): W8A8 directly, and weight-only int8 by writing each token's
+activations as two 7-bit digits through the same GEMM (0.35x, 0.45x, 0.71x: weight-only
+accuracy, twice the integer work per token, the weights read once). The whole engine, same
+method: int8 took 0.43x fp32's batch-1 decode step, 0.55x at batch 16 and 0.80x of a 512-token
+prefill; W8A8 0.38x, 0.39x and 0.50x. int4 has no CPU kernel that pays and is refused there; its
+accuracy can still be measured with the dequantized reference (``reference_model``). CUDA (no GPU
+here, nothing measured: ``benchmarks/gpu_check.py`` measures it): int4 is tinygemm,
+``torch._weight_int4pack_mm`` (bfloat16 only), the kernel behind gpt-fast's int4; int8 is
+``torch._weight_int8pack_mm``; W8A8 is ``torch._int_mm`` (cuBLASLt). torchao 0.18 wraps the
+same tinygemm op, but its ``tile_packed_to_4d`` layout fixes inner_k_tiles at 8 and pads 576
+inputs to 1,024 (78% more bytes read), and its int8 weight-only path converts the weight before
+a bf16 product in eager mode (read in its source, ``Int8Tensor``'s linear): minieng calls
+torch's ops directly and needs no torchao. A CUDA kernel this torch lacks is refused at load.
 """
 
 from __future__ import annotations
@@ -72,8 +75,8 @@ KERNELS: dict[tuple[str, str], Kernel] = {
     ("w8a8", "cuda"): Kernel("torch._int_mm (cuBLASLt int8), 8-bit activations per token", "8-bit per token"),
 }
 REFUSED: dict[tuple[str, str], str] = {
-    ("int4", "cpu"): ("no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu ran the default model's "
-                      "layers at batch 1 in 10x fp32's time (measured; see minieng/quantization.py)"),
+    ("int4", "cpu"): ("no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
+                      "the default model's layers at batch 1 (measured; see minieng/quantization.py)"),
 }
 
 
@@ -104,7 +107,21 @@ def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> Ke
     if scheme == "int4" and dtype != torch.bfloat16:
         raise ValueError(f"quantization='int4' needs dtype bfloat16 (tinygemm's kernel), not {dtype}: on a GPU "
                          "without bf16 (a T4) use 'int8'")
+    if kind == "cuda":
+        _probe_kernel(scheme, device, dtype)
     return KERNELS[scheme, kind]
+
+
+def _probe_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Run ``scheme``'s kernel once on a tiny layer: a torch build without it (or a GPU it does not
+    support) is refused here, with the op's own message, not in the middle of a step."""
+    weight = torch.randn(64, 64, device=device, dtype=dtype)
+    try:
+        make_linear(scheme, device.type, weight, None, 32)(torch.randn(2, 64, device=device, dtype=dtype))
+    except RuntimeError as e:  # NotImplementedError included: no kernel for this device in this torch
+        raise ValueError(f"quantization={scheme!r}: {KERNELS[scheme, 'cuda'].ops} does not run here "
+                         f"(torch {torch.__version__}: {type(e).__name__}: {str(e).splitlines()[0]}). "
+                         f"What runs where: {what_runs_where()}") from e
 
 
 # -- the arithmetic, shared by the kernels and the reference -------------------------------------
@@ -195,17 +212,18 @@ def activation_levels(scheme: str, device_type: str) -> int | None:
 def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch.Tensor | None,
                 group_size: int, reference: bool = False) -> nn.Module:
     """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
-    kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``)."""
+    kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
+    the pair: ``check_supported`` is the engine's gate."""
     from . import quant_kernels as k
 
     if reference:
         return ReferenceLinear(weight, bias, scheme, group_size, activation_levels(scheme, device_type))
+    if scheme == "int4":  # on a CPU: tinygemm's CPU twin, which the engine refuses (timing it shows why)
+        return k.Int4Linear(weight, bias, group_size)
     if device_type == "cpu":
         return k.FbgemmLinear(weight, bias, digits=2 if scheme == "int8" else 1)
     if scheme == "int8":
         return k.Int8WeightOnlyLinear(weight, bias)
-    if scheme == "int4":
-        return k.Int4Linear(weight, bias, group_size)
     return k.W8A8Linear(weight, bias)
 
 
@@ -227,14 +245,15 @@ def check_group_size(model_config: ModelConfig, group_size: int, kernel: bool = 
     multiple of 8 (tinygemm's tiles): a layer that does not fit is refused, never left
     unquantized."""
     if group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"quantization_group_size={group_size} is invalid: int4 kernels take one of {INT4_GROUP_SIZES}")
+        raise ValueError(f"quantization_group_size={group_size} is invalid: "
+                         f"int4 kernels take one of {INT4_GROUP_SIZES}")
     shapes = linear_shapes(model_config)
     bad = {name: k for name, (_, k, _) in shapes.items() if k % group_size}
     if bad:
         fits = [g for g in INT4_GROUP_SIZES if all(k % g == 0 for _, k, _ in shapes.values())]
         raise ValueError(f"quantization_group_size={group_size} does not divide the inputs of "
                          + ", ".join(f"{n} ({k})" for n, k in bad.items())
-                         + f": use one that divides every layer ({', '.join(map(str, fits)) or 'none of tinygemm’s'})")
+                         + f": use one that divides every layer ({', '.join(map(str, fits)) or 'none does'})")
     odd = {name: n for name, (n, _, _) in shapes.items() if n % 8}
     if odd and kernel:
         raise ValueError("int4 needs every layer's outputs in a multiple of 8 (tinygemm's tiles): "
@@ -316,8 +335,10 @@ def reference_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GRO
     (W8A8 with one activation scale per call against one per token)."""
     if scheme == "int4":
         check_group_size(model.config, group_size, kernel=False)
-    key = (f"{scheme} reference, activations {activation_levels} {'per tensor' if per_tensor else 'per token'}", group_size)
-    return _swap_linears(model, key, lambda w, b: ReferenceLinear(w, b, scheme, group_size, activation_levels, per_tensor))
+    where = "per tensor" if per_tensor else "per token"
+    key = (f"{scheme} reference, activations {activation_levels} {where}", group_size)
+    return _swap_linears(model, key,
+                         lambda w, b: ReferenceLinear(w, b, scheme, group_size, activation_levels, per_tensor))
 
 
 def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:

@@ -18,7 +18,7 @@ from minieng.memory_plan import weight_bytes
 from minieng.model import Linear
 from minieng.quant_kernels import FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear
 from minieng.quant_quality import activation_outliers, quality, sequence_logits
-from minieng.quantization import (CPU_DIGIT_BASE, linear_shapes, ReferenceLinear, check_supported, dequantize_int4_grouped,
+from minieng.quantization import (CPU_DIGIT_BASE, KERNELS, linear_shapes, ReferenceLinear, check_supported, dequantize_int4_grouped,
                                   dequantize_per_channel_int8, matmul_bytes, model_quantization, quantize_int4_grouped,
                                   quantize_model, quantize_per_channel_int8, quantize_per_token, reference_model)
 
@@ -283,7 +283,21 @@ def test_unsupported_pairs_raise_and_say_what_runs_where():
         check_supported("w8a8", torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="does not run on meta"):
         check_supported("int8", torch.device("meta"), torch.float32)
-    assert "tinygemm" in check_supported("int4", torch.device("cuda"), torch.bfloat16).ops
+    assert "tinygemm" in KERNELS["int4", "cuda"].ops and ("int4", "cpu") not in KERNELS
+
+
+def test_a_kernel_this_torch_lacks_is_refused_with_its_reason(monkeypatch):
+    """A CUDA scheme's kernel is run once on a tiny layer before the engine loads (a torch build
+    may lack it); its failure becomes a ValueError that says what runs where. Shown on a CPU."""
+    import minieng.quantization as q
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
+
+    monkeypatch.setattr(q, "make_linear", missing)
+    with pytest.raises(ValueError, match=r"quantization='int8': torch._weight_int8pack_mm does not run here.*"
+                                         r"NotImplementedError.*What runs where"):
+        q._probe_kernel("int8", torch.device("cpu"), torch.float32)
 
 
 def test_engine_refuses_before_loading(tiny_llama):
