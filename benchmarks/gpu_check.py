@@ -13,6 +13,8 @@ prompts from the project's text), then prints and writes as JSON (``gpu_check.js
 - the prefix cache: TTFT against the hit rate at 16,384-token prompts, and the cold baseline;
 - speculative decoding, the 1.7B shape with the 135M shape as draft: c, v and the machinery;
 - NVML util.gpu and GPM SM occupancy / DRAM bandwidth during batch-1 decode, beside MFU and MBU;
+- quantization, the 1.7B shape: per scheme (int8, int4, w8a8) TTFT and TPOT at batch 1 and 16
+  as ratios to bf16, beside the bytes and FLOP-rate predictions (``quant_experiment``);
 - the GPU path's targets (issue 9), each as PASS or MISS with the figures it compares.
 
 Random weights: speed does not depend on weight values, and greedy agreement on random logits
@@ -58,9 +60,10 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
 
 FULL = dict(max_position=16384 + 512, prefill_lens=[512, 4096, 16384], batches=[1, 8, 64, 256], decode_context=1024,
             big_batch_context=512, output_tokens=32, prefix_tokens=16384, prefix_shares=[0.0, 0.5, 0.9, 0.97],
-            spec_ks=[1, 2, 4], nvml_seconds=4.0, repeats=3)
+            spec_ks=[1, 2, 4], nvml_seconds=4.0, repeats=3, quant_prompt=4096, quant_batches=[1, 16])
 SMOKE = dict(max_position=512, prefill_lens=[16, 64], batches=[1, 2], decode_context=16, big_batch_context=16,
-             output_tokens=4, prefix_tokens=64, prefix_shares=[0.0, 0.5], spec_ks=[1, 2], nvml_seconds=0.0, repeats=1)
+             output_tokens=4, prefix_tokens=64, prefix_shares=[0.0, 0.5], spec_ks=[1, 2], nvml_seconds=0.0, repeats=1,
+             quant_prompt=64, quant_batches=[1, 2])
 
 
 def byte_tokenizer():
@@ -259,6 +262,23 @@ def nvml_during_decode(path: Path, device: torch.device, peaks, p: dict, load_fo
     return rows
 
 
+def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: str) -> dict:
+    """Every scheme with a kernel on the device against the float engine, sharing its weights."""
+    from minieng.quant_experiment import QuantBenchConfig, device_schemes, run_quantization
+
+    engine = LLMEngine(model=str(path), load_format=load_format, device=str(device), max_num_seqs=max(p["quant_batches"]),
+                       max_num_batched_tokens=p["quant_prompt"], max_model_len=min(p["quant_prompt"] + 512, p["max_position"]),
+                       kv_cache_memory_gib=2.0 if device.type == "cuda" else 0.25, enable_prefix_caching=False)
+    cfg = QuantBenchConfig(schemes=device_schemes(engine.device) if engine.dtype == torch.bfloat16 or device.type == "cpu"
+                           else ["int8", "w8a8"], prompt_tokens=p["quant_prompt"], batch_sizes=p["quant_batches"],
+                           output_tokens=p["output_tokens"], repeats=p["repeats"], quality_prompts=1,
+                           quality_tokens=8 if p is SMOKE else 32)
+    result = run_quantization(engine, cfg, peaks)
+    del engine
+    release()
+    return result
+
+
 # -- targets ---------------------------------------------------------------------------------------
 
 def targets(result: dict) -> list[dict]:
@@ -299,6 +319,13 @@ def targets(result: dict) -> list[dict]:
         if high:
             gain = pc["cold_ttft_p50_ms"] / high[0]["ttft_p50_ms"]
             check(f"cold TTFT / TTFT at >= 90% hits, {pc['prompt_tokens']} tokens", gain, ">= 5x", gain >= 5)
+    quant = result.get("quantization")
+    if quant and "rows" in quant:
+        by = {r["scheme"]: r for r in quant["rows"]}
+        for scheme, goal in (("int8", 0.6), ("int4", 0.4)):
+            if scheme in by:
+                ratio = by[scheme]["tpot_b1_ratio"]
+                check(f"quantization {scheme}: batch-1 TPOT / bf16's", ratio, f"<= {goal}", ratio <= goal)
     spec = result.get("speculative")
     if spec and "rows" in spec:
         c = max(r["c"] for r in spec["rows"])
@@ -311,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "results"), help="folder for gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, every section, seconds (tests)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
-    parser.add_argument("--sections", default="parity,speed,prefix,spec,nvml",
-                        help="comma-separated subset of parity,speed,prefix,spec,nvml")
+    parser.add_argument("--sections", default="parity,speed,prefix,spec,nvml,quant",
+                        help="comma-separated subset of parity,speed,prefix,spec,nvml,quant")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -353,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     section("spec", lambda: speculative(ckpt["smollm2-1.7b"], ckpt["smollm2-135m"], device, p))
     if device.type == "cuda":
         section("nvml", lambda: nvml_during_decode(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
+    section("quant", lambda: quantization(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
+    result["quantization"] = result.pop("quant", None)
     result["prefix_cache"] = result.pop("prefix", None)
     result["speculative"] = result.pop("spec", None)
     result["targets"] = targets(result)
@@ -388,6 +417,10 @@ def print_summary(result: dict) -> None:
             e = eager.get(r["batch_size"], {})
             print(f"  decode b{r['batch_size']:<4} TPOT {r['tpot_ms']:7.2f} ms graphs, {e.get('tpot_ms', float('nan')):7.2f} ms eager"
                   f"  MBU {format_percent(r['utilization']['measured']['mbu_percent'])}")
+    quant = result.get("quantization") or {}
+    for r in quant.get("rows", [])[1:]:
+        print(f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
+              f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses")
     for t in result.get("targets", []):
         print(f"{'PASS' if t['pass'] else 'MISS'}  {t['target']}: {t['value']:.3g} (goal {t['goal']})")
 

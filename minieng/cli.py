@@ -73,6 +73,12 @@ def cmd_bench(args) -> int:
     if args.output_tokens < 2:
         raise ValueError(f"--output-tokens={args.output_tokens}: TPOT needs at least 2 output tokens")
     specs = _workload_specs(args) if args.workload else None  # checked before the model loads
+    if args.quantization:
+        from .config import QUANTIZATION_SCHEMES
+
+        unknown = [q for q in args.quant_schemes or [] if q not in QUANTIZATION_SCHEMES]
+        if unknown:
+            raise ValueError(f"--quant-schemes: {', '.join(unknown)} unknown; use {', '.join(QUANTIZATION_SCHEMES)}")
     cfg = BenchConfig(prompt_lens=args.prompt_lens, batch_sizes=args.batch_sizes, output_tokens=args.output_tokens,
                       decode_prompt_len=args.decode_prompt_len, repeats=args.repeats,
                       compare_transformers=not args.no_transformers)
@@ -81,10 +87,12 @@ def cmd_bench(args) -> int:
     # A budget large enough that each sweep point prefills in one step: the decode figures then
     # time decode steps only, as transformers' batched generate does.
     budget = max(cfg.prompt_lens + [max(cfg.batch_sizes) * cfg.decode_prompt_len, 512,
-                                     args.prefix_prompt_tokens if args.prefix_cache else 0])
+                                     args.prefix_prompt_tokens if args.prefix_cache else 0,
+                                     args.quant_prompt_tokens if args.quantization else 0])
     # Prefix caching off: prompts of the sweeps share beginnings, and a cache hit would time a
     # shorter prefill than the one reported (``--prefix-cache`` measures the cache itself).
-    engine = _engine(args, max_num_batched_tokens=budget, max_num_seqs=max(cfg.batch_sizes + [8]),
+    seqs = cfg.batch_sizes + [8] + (args.quant_batch_sizes if args.quantization else [])
+    engine = _engine(args, max_num_batched_tokens=max(budget, max(seqs)), max_num_seqs=max(seqs),
                      enable_prefix_caching=False)
     load_s = time.perf_counter() - start
     if args.load_format == "dummy":
@@ -105,6 +113,14 @@ def cmd_bench(args) -> int:
         result["prefix_cache"]["zero_hit_overhead"] = zero_hit_overhead(engine)
     if args.speculative:
         result["speculative"] = run_speculative(engine, args, log)
+    if args.quantization:
+        from .hardware import Peak
+        from .quant_experiment import QuantBenchConfig, run_quantization
+
+        qcfg = QuantBenchConfig(schemes=args.quant_schemes, group_size=args.quant_group_size,
+                                prompt_tokens=args.quant_prompt_tokens, batch_sizes=args.quant_batch_sizes,
+                                repeats=args.repeats)
+        result["quantization"] = run_quantization(engine, qcfg, [Peak.from_dict(p) for p in result["peaks"]], log)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
         result["figures"] = save_figures(result, args.plot, engine, run)
@@ -226,6 +242,10 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
         from .plots import ttft_vs_hit_rate
 
         figures["ttft_vs_hit_rate"] = ttft_vs_hit_rate(result["prefix_cache"])
+    if result.get("quantization"):
+        from .plots import quantization_ratios
+
+        figures["quantization"] = quantization_ratios(result["quantization"])
     paths = []
     for name, fig in figures.items():
         path = out / f"{name}.png"
@@ -350,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--spec-batch-sizes", type=_int_list, default=[1, 4, 16])
     sp.add_argument("--spec-batch-k", type=int, default=4)
     sp.add_argument("--spec-output-tokens", type=int, default=48)
+    q = b.add_argument_group("quantization: per scheme, bytes, TTFT and TPOT against the float model, accuracy")
+    q.add_argument("--quantization", action="store_true", help="run the quantization experiment")
+    q.add_argument("--quant-schemes", type=lambda t: [x for x in t.split(",") if x], default=None,
+                   help="comma-separated schemes (default: every scheme that runs on the device)")
+    q.add_argument("--quant-group-size", type=int, default=64, help="int4's inputs per scale and zero")
+    q.add_argument("--quant-prompt-tokens", type=int, default=512, help="the TTFT prompt's length")
+    q.add_argument("--quant-batch-sizes", type=_int_list, default=[1, 16])
     _workload_args(b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)"),
                    choices=["fixed", "poisson", "trace"], default=None)
     b.set_defaults(func=cmd_bench)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+QUANTIZATION_SCHEMES = ("int8", "int4", "w8a8")  # what each is and runs on: quantization.py
 GREEDY_TEMPERATURE = 1e-5
 
 
@@ -168,9 +169,17 @@ class EngineConfig:
         speculative_method: None (off), "draft" (a draft model proposes) or "ngram" (prompt
             lookup: tokens that followed the latest earlier occurrence of the last n tokens).
         num_speculative_tokens: k, the draft tokens verified per step; 0 turns speculation off.
+        quantization: None (the model's dtype), "int8" (weight-only, per output channel), "int4"
+            (weight-only, groups of ``quantization_group_size`` inputs) or "w8a8" (int8 weights
+            and per-token int8 activations), on every linear layer and the LM head; the KV cache
+            stays in the model's dtype. Which scheme runs on which device: ``quantization.py``;
+            an unsupported pair is refused before the weights load.
+        quantization_group_size: inputs per scale and zero for "int4"; it must divide every
+            layer's inputs (64, the default, divides the SmolLM2 models').
         draft_model: the draft for "draft" (same tokenizer as the target); None = the target's own
-            weights, which with ``draft_quantization="int8"`` makes a quantized self-draft.
-        draft_quantization: None or "int8" (per-channel dynamic int8 linear layers).
+            weights, which with ``draft_quantization`` makes a quantized self-draft.
+        draft_quantization: None or a scheme of ``quantization`` for the draft (the same layers,
+            ``quantization.quantize_model``).
         ngram_max: longest n-gram prompt lookup tries.
         seed: seeds requests that do not carry their own seed.
         enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
@@ -193,6 +202,8 @@ class EngineConfig:
     batching: str = "continuous"
     batch_timeout_s: float = 0.0
     enable_prefix_caching: bool = True
+    quantization: str | None = None
+    quantization_group_size: int = 64
     speculative_method: str | None = None
     num_speculative_tokens: int = 0
     draft_model: str | None = None
@@ -228,8 +239,12 @@ class EngineConfig:
         _require(self.num_speculative_tokens == 0 or self.speculative_method is not None,
                  "num_speculative_tokens", self.num_speculative_tokens,
                  "needs speculative_method='draft' or 'ngram'")
-        _require(self.draft_quantization in (None, "int8"), "draft_quantization", self.draft_quantization,
-                 "use None or 'int8'")
+        schemes = "use None, " + ", ".join(repr(q) for q in QUANTIZATION_SCHEMES)
+        _require(self.quantization in (None, *QUANTIZATION_SCHEMES), "quantization", self.quantization, schemes)
+        _require(self.draft_quantization in (None, *QUANTIZATION_SCHEMES), "draft_quantization",
+                 self.draft_quantization, schemes)
+        _require(self.quantization_group_size in (32, 64, 128, 256), "quantization_group_size",
+                 self.quantization_group_size, "int4 kernels take 32, 64, 128 or 256")
         _require(self.ngram_max >= 1, "ngram_max", self.ngram_max, "must be >= 1")
         _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
                  self.max_num_batched_tokens,

@@ -20,8 +20,9 @@ from .chat import EMPTY_PROMPT, Message, chat_token_ids
 from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
-from .engine_setup import (check_max_model_len, configured_kv_blocks, decode_graphs, device_sized_kv_blocks,
-                           fit_max_model_len, load_draft, make_drafter)
+from .engine_setup import (check_max_model_len, check_quantization, configured_kv_blocks, decode_graphs,
+                           device_sized_kv_blocks, engine_matmul_bytes, engine_model, fit_max_model_len, load_draft,
+                           make_drafter)
 from .kv_cache import KVCache
 from .loader import LoadedModel, load_config, load_model
 from .memory_plan import plan_memory
@@ -70,18 +71,25 @@ class LLMEngine:
         self.model_config = model_config
         self.max_model_len = check_max_model_len(config.max_model_len, max_position)
         num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
-        if loaded is None:
+        check_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
+        loaded_here = loaded is None
+        if loaded_here:
             # refuse with advice before allocating anything
             plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
             loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
-        self.loaded = loaded
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
         draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
+        self.model = engine_model(loaded.model, config.quantization, config.quantization_group_size)
+        if loaded_here:  # nobody else holds the float matrices: let them go
+            loaded = replace(loaded, model=self.model)
+        self.loaded, self.tokenizer = loaded, loaded.tokenizer
+        # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
+        self.matmul_bytes = engine_matmul_bytes(config, model_config, self.dtype)
         if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
             models = [self.model] + ([draft_model] if draft_model is not None else [])
             num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
         self.max_model_len = fit_max_model_len(config, model_config, self.dtype, self.max_model_len, num_blocks)
-        self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device)
+        self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device,
+                                       self.matmul_bytes)
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)

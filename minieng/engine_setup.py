@@ -1,5 +1,6 @@
 """What an engine is built from, in the order its constructor needs it: the context length, the
-KV pool's size, the draft model and its drafter, and the CUDA graphs of the decode step.
+KV pool's size, the quantized model, the draft model and its drafter, and the CUDA graphs of
+the decode step.
 
 The pool is sized one of three ways: ``num_kv_blocks`` exactly; ``kv_cache_memory_gib`` (1 GiB on
 a CPU when neither is given); or, on CUDA with neither given, from the device's memory after the
@@ -76,11 +77,50 @@ def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: to
     return tokens
 
 
+def check_quantization(config: EngineConfig, model_config: ModelConfig, device: torch.device,
+                       dtype: torch.dtype) -> None:
+    """Refuse, before any weight loads, a scheme the device does not run or an int4 group size
+    that does not divide the model's layers (``ValueError`` listing what runs where). A
+    separate draft model's group sizes are checked when it is quantized."""
+    if config.quantization is None and config.draft_quantization is None:
+        return
+    from .quantization import check_quantization as check
+
+    check(config.quantization, config.quantization_group_size, model_config, device, dtype)
+    if config.speculative_method == "draft" and config.num_speculative_tokens and config.draft_model is None:
+        check(config.draft_quantization, config.quantization_group_size, model_config, device, dtype)
+
+
+def engine_model(model, scheme: str | None, group_size: int):
+    """The model the engine runs: ``model`` quantized with ``scheme`` (a copy sharing the
+    embedding and norms), or ``model`` itself for None. Raises ``ValueError`` for a model
+    already quantized with another scheme, or a quantized model where None was asked."""
+    from .quantization import model_quantization, quantize_model
+
+    if scheme is not None:
+        return quantize_model(model, scheme, group_size)
+    if model_quantization(model) is not None:
+        raise ValueError(f"the loaded model is quantized ({model_quantization(model)[0]}): set quantization to "
+                         "that scheme, or load the float model")
+    return model
+
+
+def engine_matmul_bytes(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype):
+    """The matrix products' weight bytes of the engine's scheme (``flops.MatmulBytes``), or None
+    without quantization (dtype bytes per weight)."""
+    if config.quantization is None:
+        return None
+    from .quantization import matmul_bytes
+
+    return matmul_bytes(model_config, config.quantization, config.quantization_group_size, dtype.itemsize)
+
+
 def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
     """The draft model of ``speculative_method="draft"`` (None for prompt lookup): a smaller
-    model of the same family, or the target's own weights (int8-quantized with
-    ``draft_quantization="int8"``), on the target's device and dtype. Raises ``ValueError`` for
-    a draft whose vocabulary or tokenizer differs from the target's."""
+    model of the same family, or the target's own weights, on the target's device and dtype,
+    quantized with ``draft_quantization`` (``quantization.quantize_model``, the layers the
+    engine's ``quantization`` uses). Raises ``ValueError`` for a draft whose vocabulary or
+    tokenizer differs from the target's, or a scheme the device does not run."""
     if config.speculative_method != "draft":
         return None
     if config.draft_model is None:
@@ -89,10 +129,10 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
         param = next(target.model.parameters())
         draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
         check_same_tokenizer(target, draft)
-    if config.draft_quantization == "int8":
-        from .quantization import quantize_int8
+    if config.draft_quantization is not None:
+        from .quantization import quantize_model
 
-        return quantize_int8(draft.model)
+        return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
     return draft.model
 
 

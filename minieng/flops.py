@@ -21,7 +21,8 @@ FLOPs (2 per multiply-add; DESIGN.md section 5):
 Bytes: the least traffic a step must move to and from memory (intermediate activations are
 assumed to stay on chip and are not counted, which only matters for compute-bound prefill):
 - weight_bytes: every layer weight (matmul weights and norm vectors) read once per step, in
-  ``dtype_bytes`` (fractional for quantized weights: 0.5 for 4-bit). The embedding table is
+  ``dtype_bytes``, or for quantized matmul weights the bytes their kernels read, scales
+  included (``MatmulBytes``, from ``quantization.matmul_bytes``). The embedding table is
   *not* read whole: a lookup reads one row per new token. The LM head matrix is read once,
   and only in a step that computes logits (a mid-prompt prefill chunk skips it); when tied, it
   is the embedding table read whole, counted once for the head plus the looked-up rows.
@@ -46,6 +47,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class MatmulBytes:
+    """Bytes of the matrix products' weights, read once per step: ``layers`` (every decoder
+    layer's q/k/v, o, gate/up and down) and ``lm_head`` (read only in a step that computes
+    logits). For quantized weights, the integer codes and their scales."""
+
+    layers: float
+    lm_head: float
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,8 @@ class StepWork:
 
 
 def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool | int]],
-              dtype_bytes: float, kv_dtype_bytes: float | None = None) -> StepWork:
+              dtype_bytes: float, kv_dtype_bytes: float | None = None,
+              matmul_bytes: MatmulBytes | None = None) -> StepWork:
     """FLOPs and bytes of one step.
 
     Args:
@@ -94,6 +106,9 @@ def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool |
             rows, e.g. k + 1 when a target model verifies k draft tokens).
         dtype_bytes: bytes per weight element (4 fp32, 2 bf16/fp16, 0.5 for 4-bit weights).
         kv_dtype_bytes: bytes per KV-cache element; defaults to ``dtype_bytes``.
+        matmul_bytes: the matrix products' weight bytes when they are not ``dtype_bytes`` per
+            parameter (quantized: ``quantization.matmul_bytes``); the embedding rows and norms
+            stay at ``dtype_bytes``.
     Raises:
         ValueError: a chunk with no new tokens, a negative context, or more logits rows than
             new tokens; a non-positive dtype size.
@@ -118,22 +133,26 @@ def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool |
         context_keys += num_context + num_new  # keys read from the cache, new ones included
         attended_keys += num_new * num_context + num_new * (num_new + 1) // 2  # causal sum
     norm_params = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
-    read_params = layer_params + norm_params + new_tokens * cfg.hidden_size + (head_params if logits_rows else 0)
+    if matmul_bytes is None:
+        matmul_bytes = MatmulBytes(layer_params * dtype_bytes, head_params * dtype_bytes)
+    weight_bytes = ((norm_params + new_tokens * cfg.hidden_size) * dtype_bytes + matmul_bytes.layers
+                    + (matmul_bytes.lm_head if logits_rows else 0))
     return StepWork(
         matmul_flops=2 * layer_params * new_tokens,
         attention_flops=attn_per_key * attended_keys,
         lm_head_flops=2 * head_params * logits_rows,
-        weight_bytes=read_params * dtype_bytes,
+        weight_bytes=weight_bytes,
         kv_read_bytes=kv_per_token * context_keys,
         kv_write_bytes=kv_per_token * new_tokens,
     )
 
 
 def prefill_work(model_config: ModelConfig, prompt_tokens: int, dtype_bytes: float,
-                 num_cached_tokens: int = 0) -> StepWork:
+                 num_cached_tokens: int = 0, matmul_bytes: MatmulBytes | None = None) -> StepWork:
     """One sequence's whole prefill in one step: ``prompt_tokens - num_cached_tokens`` new tokens
     after ``num_cached_tokens`` (a prefix-cache hit), logits for the last position only."""
-    return step_work(model_config, [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)], dtype_bytes)
+    return step_work(model_config, [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)], dtype_bytes,
+                     matmul_bytes=matmul_bytes)
 
 
 def masked_attention_flops(model_config: ModelConfig, chunks: Iterable[tuple[int, int, bool | int]]) -> int:
@@ -151,10 +170,11 @@ def masked_attention_flops(model_config: ModelConfig, chunks: Iterable[tuple[int
     return 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * pairs
 
 
-def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dtype_bytes: float) -> StepWork:
+def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dtype_bytes: float,
+                matmul_bytes: MatmulBytes | None = None) -> StepWork:
     """One decode step of ``batch_size`` sequences, each with ``context_len`` tokens already in the
     KV cache: one new token each (attending ``context_len + 1`` keys), logits for each."""
-    return step_work(model_config, [(1, context_len, True)] * batch_size, dtype_bytes)
+    return step_work(model_config, [(1, context_len, True)] * batch_size, dtype_bytes, matmul_bytes=matmul_bytes)
 
 
 def attention_crossover_tokens(model_config: ModelConfig) -> int:
@@ -368,9 +388,12 @@ def roofline_bound(flops: float, nbytes: float, seconds: float, peak_flops: floa
     return Bound(seconds, flops / peak_flops, nbytes / bandwidth)
 
 
-def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peaks) -> dict:
+def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peaks,
+                      matmul_bytes: MatmulBytes | None = None) -> dict:
     """FLOPs and bytes of recorded steps (``StepRecord``s) over their measured time: MFU and MBU.
 
+    ``matmul_bytes``: a quantized engine's weight bytes (``LLMEngine.matmul_bytes``), as in
+    ``step_work``.
     ``peaks``: ``hardware.Peak``s; one entry per peak, keyed by its source ("measured",
     "datasheet"), with MFU, MBU, what bounds the time (``roofline_bound``: ``limit``,
     ``explained_percent`` and ``bound``, a sentence). A figure over 100% carries ``suspect: True`` (a
@@ -379,7 +402,7 @@ def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peak
     seconds = sum(s.duration_s for s in steps)
     if not steps or seconds <= 0:
         raise ValueError("phase_utilization needs at least one step with a positive duration")
-    work = sum(step_work(model_config, s.chunks, dtype_bytes) for s in steps)
+    work = sum(step_work(model_config, s.chunks, dtype_bytes, matmul_bytes=matmul_bytes) for s in steps)
     out = {"num_steps": len(steps), "flops": work.total_flops, "bytes": work.total_bytes, "seconds": seconds,
            "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
            "achieved_tflops": work.total_flops / seconds / 1e12, "achieved_gbps": work.total_bytes / seconds / 1e9}

@@ -1,6 +1,8 @@
 """Will it fit? Weights and KV cache against GPU memory and host RAM, before anything is loaded.
 
-Weights: parameters x dtype bytes. KV cache: ``ModelConfig.kv_bytes_per_token`` (2 x layers x
+Weights: parameters x dtype bytes; a quantized model's matrices count the bytes their kernels
+keep (codes and scales, ``quantization.matmul_bytes``), and its LM head is a copy beside the
+embedding table even when the two are tied. KV cache: ``ModelConfig.kv_bytes_per_token`` (2 x layers x
 KV heads x head_dim x dtype bytes; GQA-aware) x the pool's tokens (blocks x block_size).
 Loading passes through host RAM: minieng streams checkpoint tensors one at a time, so a GPU load
 needs little RAM, but a GGUF conversion or a CPU run holds the whole model there (Colab's free
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ModelConfig
+from .flops import MatmulBytes
 
 GIB = 1024**3
 HEADROOM = 0.9  # leave 10% for activations, the allocator's slack and the CUDA context
@@ -74,14 +77,27 @@ class MemoryPlan:
                 f"needs in host RAM {fmt(self.host_bytes)} ({fmt(self.host_available_bytes)} available)"]
 
 
+def weight_bytes(model_config: ModelConfig, dtype_bytes: int, quantized: MatmulBytes | None = None) -> int:
+    """Bytes of the resident weights: every parameter in ``dtype_bytes``; or, for a model whose
+    matrices are quantized (``quantized``: their bytes, scales included), the norms and the
+    embedding table in ``dtype_bytes`` plus the quantized matrices, the LM head among them."""
+    if quantized is None:
+        return model_config.num_params * dtype_bytes
+    c = model_config
+    embedding_and_norms = c.num_params - c.num_matmul_params + (c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0)
+    return int(embedding_and_norms * dtype_bytes + quantized.layers + quantized.lm_head)
+
+
 def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: int, block_size: int,
-                device: torch.device) -> MemoryPlan:
-    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on ``device``."""
+                device: torch.device, quantized: MatmulBytes | None = None) -> MemoryPlan:
+    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on
+    ``device``; ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The
+    KV cache stays in ``dtype``."""
     from .hardware import host_memory_bytes
 
     dtype_bytes = dtype.itemsize
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    return MemoryPlan(model_config.num_params * dtype_bytes, model_config.kv_bytes_per_token(dtype_bytes),
+    return MemoryPlan(weight_bytes(model_config, dtype_bytes, quantized), model_config.kv_bytes_per_token(dtype_bytes),
                       num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])
 
 

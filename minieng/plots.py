@@ -503,4 +503,29 @@ def decode_bytes_and_tpot(rows: Sequence[dict], title: str = "Decode: the KV cac
     right.set_ylim(bottom=0)
     _legend(right, fontsize=8, loc="upper left")
     fig.suptitle(title)
+
+
+def quantization_ratios(result: dict, title: str = "Quantization: time against the float model, per phase") -> Figure:
+    """``quant_experiment.run_quantization``'s result: per scheme, TTFT and each batch's TPOT as a
+    ratio to the float model (bars: measured; black marks: the roofline's prediction, bytes for
+    decode and FLOP rate for prefill). Below 1 is faster."""
+    rows = result["rows"][1:]
+    batches = result["config"]["batch_sizes"]
+    series = [("ttft", f"TTFT, {result['config']['prompt_tokens']}-token prefill", PHASE_COLORS["prefill"])]
+    series += [(f"tpot_b{b}", f"TPOT, decode batch {b}", PHASE_COLORS["decode"]) for b in batches]
+    fig = Figure(figsize=(1.8 + 1.6 * max(1, len(rows)) * len(series) / 2, 4), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(series)
+    for i, (key, label, color) in enumerate(series):
+        xs = np.arange(len(rows)) + (i - (len(series) - 1) / 2) * width
+        ax.bar(xs, [r[f"{key}_ratio"] for r in rows], width * 0.9, color=color, alpha=1.0 - 0.25 * min(i, 2),
+               label=label)
+        ax.scatter(xs, [r[f"{key}_ratio_predicted"] for r in rows], marker="_", s=300, color="black", zorder=3,
+                   label="predicted (bytes for decode, FLOP rate for prefill)" if i == 0 else None)
+    ax.axhline(1, color="black", lw=0.8)
+    ax.set_xticks(np.arange(len(rows)), [r["scheme"] for r in rows])
+    ax.set_ylabel("time / float model's time")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    _legend(ax, fontsize=7)
     return fig

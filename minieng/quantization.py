@@ -1,56 +1,358 @@
-"""Weight-only int8 for the linear layers: per-output-channel symmetric int8, dynamic activations.
+"""Quantization: fewer bytes per weight, the lever aimed at decode (claim S13).
 
-Each output channel's weights are scaled by max|w| / 127 and rounded to int8; at run time the
-activations are quantized per batch and the product runs in int8 with int32 accumulation
-(torch's ``quantized::linear_dynamic``, fbgemm/x86 on CPU). A quarter of the fp32 bytes per
-weight: the lever that helps memory-bound decode. Used for the quantized self-draft of
-speculative decoding, where the target checks every token, so the draft's error costs speed,
-never correctness.
+Decode rereads every weight each step, so its floor is weight bytes / bandwidth (TPOT_min,
+DESIGN.md section 5); prefill is compute-bound, and bytes barely move it. The schemes
+(``EngineConfig.quantization``) quantize every linear layer and the LM head; the embedding and
+the norms keep the model's dtype, and so does the KV cache:
+
+- ``"int8"``, weight-only: per output channel, w ~ q s with q in [-127, 127] and s = max|w| / 127
+  of the channel's row. The activations keep (at least) 16-bit precision.
+- ``"int4"``, weight-only: 4-bit codes in groups of ``group_size`` consecutive inputs, each group
+  with a scale and a zero, w ~ (q - 8) s + z with q in 0..15 (tinygemm's convention). The group
+  size must divide every layer's inputs (576 and 1,536 for the default model: 64 does, 128 does
+  not) and be one tinygemm has (32, 64, 128, 256); anything else is refused, never skipped.
+- ``"w8a8"``: int8 weights as ``"int8"``, and int8 activations quantized per token at run time
+  (each token's own max|x|): the products run in integer math, so prefill can gain too, and the
+  activations' outliers cost accuracy. One scale for a whole batch or sequence ("per tensor")
+  would let one outlier token coarsen every other token's codes; per token, it coarsens only its own.
+
+What runs where (``KERNELS``), and why. CPU: measured on the workshop's 2-core AMD EPYC (Zen 4,
+AVX-512 VNNI), torch 2.13: the default model's 211 linear layers in turn (cold weights), one
+thread, as CPU time (the shared machine's wall clock mostly timed other jobs), against fp32
+through oneDNN (39 ms at batch 1). The weight-only kernels torch and torchao offer a CPU lose to
+fp32 here: at batch 1 ``torch._weight_int8pack_mm`` took 2.8x fp32's time (21x at 16 rows),
+``_weight_int4pack_mm_for_cpu`` (group 64) 5.8x (44x), torchao 0.18's ``Int8WeightOnlyConfig``
+(it converts the int8 weight to the activations' dtype, then multiplies) 2.1x and its
+``Int8DynamicActivationInt8WeightConfig`` 3.1x (per-op overhead at one row); ``torch._int_mm``
+1.0x. fbgemm's int8 GEMM (torch's ``quantized::linear_*``) took 0.29x at 1 row, 0.26x at 16 and
+0.34x at 512: the CPU kernel that turns int8 weights into time. So on a CPU both int8 schemes
+run in fbgemm (``FbgemmLinear``): W8A8 directly, and weight-only int8 by writing each token's
+activations as two 7-bit digits through the same GEMM (0.35x, 0.45x, 0.71x: weight-only
+accuracy, twice the integer work per token, the weights read once). The whole engine, same
+method: int8 took 0.43x fp32's batch-1 decode step, 0.55x at batch 16 and 0.80x of a 512-token
+prefill; W8A8 0.38x, 0.39x and 0.50x. int4 has no CPU kernel that pays and is refused there; its
+accuracy can still be measured with the dequantized reference (``reference_model``). CUDA (no GPU
+here, nothing measured: ``benchmarks/gpu_check.py`` measures it): int4 is tinygemm,
+``torch._weight_int4pack_mm`` (bfloat16 only), the kernel behind gpt-fast's int4; int8 is
+``torch._weight_int8pack_mm``; W8A8 is ``torch._int_mm`` (cuBLASLt). torchao 0.18 wraps the
+same tinygemm op, but its ``tile_packed_to_4d`` layout fixes inner_k_tiles at 8 and pads 576
+inputs to 1,024 (78% more bytes read), and its int8 weight-only path converts the weight before
+a bf16 product in eager mode (read in its source, ``Int8Tensor``'s linear): minieng calls
+torch's ops directly and needs no torchao. A CUDA kernel this torch lacks is refused at load.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .model import Linear, LlamaForCausalLM
+from .config import QUANTIZATION_SCHEMES, ModelConfig
+from .flops import MatmulBytes
+
+SCHEMES = QUANTIZATION_SCHEMES
+DEFAULT_GROUP_SIZE = 64  # divides 576 and 1,536 (the default model), 2,048 and 8,192 (1.7B)
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what tinygemm's kernels accept
+ACTIVATION_LEVELS_7BIT = 63  # fbgemm's per-token codes: [-63, 63] (see ``FbgemmLinear``)
+CPU_DIGIT_BASE = 126  # the second 7-bit digit's weight: 2 x 63
 
 
-class Int8Linear(nn.Module):
-    """y = x @ W.T (+ b) with W [out, in] stored as per-channel int8; same interface as ``model.Linear``."""
+@dataclass(frozen=True)
+class Kernel:
+    """What one scheme runs on one device: the op, and the accuracy class of its activations."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    ops: str
+    activations: str
+
+
+KERNELS: dict[tuple[str, str], Kernel] = {
+    ("int8", "cpu"): Kernel("fbgemm int8 GEMM, activations in two 7-bit digits per token", "16-bit class"),
+    ("w8a8", "cpu"): Kernel("fbgemm int8 GEMM, 7-bit activations per token", "7-bit per token"),
+    ("int8", "cuda"): Kernel("torch._weight_int8pack_mm", "model dtype"),
+    ("int4", "cuda"): Kernel("torch._weight_int4pack_mm (tinygemm; bfloat16)", "model dtype"),
+    ("w8a8", "cuda"): Kernel("torch._int_mm (cuBLASLt int8), 8-bit activations per token", "8-bit per token"),
+}
+REFUSED: dict[tuple[str, str], str] = {
+    ("int4", "cpu"): ("no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
+                      "the default model's layers at batch 1 (measured; see minieng/quantization.py)"),
+}
+
+
+def what_runs_where() -> str:
+    """The table of ``KERNELS`` as one line per device, for error messages."""
+    lines = []
+    for device in ("cpu", "cuda"):
+        runs = [f"{s} ({KERNELS[s, device].ops})" for s in SCHEMES if (s, device) in KERNELS]
+        lines.append(f"{device}: " + "; ".join(runs))
+    return " | ".join(lines)
+
+
+def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> Kernel:
+    """The kernel ``scheme`` runs on ``device`` in ``dtype``; ``ValueError`` (saying what runs where)
+    for an unknown scheme or an unsupported pair."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantization={scheme!r} is invalid: use None or one of {', '.join(SCHEMES)}")
+    kind = device.type
+    if (scheme, kind) in REFUSED or (scheme, kind) not in KERNELS:
+        why = REFUSED.get((scheme, kind), f"no {scheme} kernel for {kind}")
+        raise ValueError(f"quantization={scheme!r} does not run on {kind}: {why}. What runs where: {what_runs_where()}")
+    if kind == "cpu":
+        if "fbgemm" not in torch.backends.quantized.supported_engines:
+            raise ValueError(f"quantization={scheme!r} on a CPU needs fbgemm (an x86-64 CPU); this torch has "
+                             f"{torch.backends.quantized.supported_engines}")
+        if dtype != torch.float32:
+            raise ValueError(f"quantization={scheme!r} on a CPU takes float32 activations; use dtype='float32' (auto)")
+    if scheme == "int4" and dtype != torch.bfloat16:
+        raise ValueError(f"quantization='int4' needs dtype bfloat16 (tinygemm's kernel), not {dtype}: on a GPU "
+                         "without bf16 (a T4) use 'int8'")
+    if kind == "cuda":
+        _probe_kernel(scheme, device, dtype)
+    return KERNELS[scheme, kind]
+
+
+def _probe_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Run ``scheme``'s kernel once on a tiny layer: a torch build without it (or a GPU it does not
+    support) is refused here, with the op's own message, not in the middle of a step."""
+    weight = torch.randn(64, 64, device=device, dtype=dtype)
+    try:
+        make_linear(scheme, device.type, weight, None, 32)(torch.randn(2, 64, device=device, dtype=dtype))
+    except RuntimeError as e:  # NotImplementedError included: no kernel for this device in this torch
+        raise ValueError(f"quantization={scheme!r}: {KERNELS[scheme, 'cuda'].ops} does not run here "
+                         f"(torch {torch.__version__}: {type(e).__name__}: {str(e).splitlines()[0]}). "
+                         f"What runs where: {what_runs_where()}") from e
+
+
+# -- the arithmetic, shared by the kernels and the reference -------------------------------------
+
+def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel: weight [out, in] -> (q [out, in] int8 in [-127, 127],
+    scale [out] float32 = max|w| of the row / 127), so that |w - q scale| <= scale / 2."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_per_channel_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q [out, in] int8, scale [out] -> float32 weights [out, in]."""
+    return q.float() * scale.float()[:, None]
+
+
+def quantize_int4_grouped(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit in groups of ``group_size`` consecutive inputs (tinygemm's convention).
+
+    weight [out, in] -> (q [out, in] uint8 in 0..15, scale [out, groups], zero [out, groups]),
+    scale and zero in the weight's dtype, w ~ (q - 8) scale + zero: scale = (max - min) / 15 of
+    the group and zero = min + 8 scale, so |w - w~| <= scale / 2 (plus the dtype's rounding of
+    scale and zero). Raises ``ValueError`` when ``group_size`` does not divide ``in``.
+    """
+    out_features, in_features = weight.shape
+    if in_features % group_size:
+        raise ValueError(f"group_size={group_size} does not divide in_features={in_features}")
+    g = weight.float().reshape(out_features, in_features // group_size, group_size)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8)
+    zero = lo + 8 * scale
+    return q.reshape(out_features, in_features), scale.to(weight.dtype), zero.to(weight.dtype)
+
+
+def dequantize_int4_grouped(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """q [out, in] (0..15), scale and zero [out, groups] -> float32 weights [out, in]."""
+    out_features, in_features = q.shape
+    g = q.float().reshape(out_features, -1, group_size)
+    return ((g - 8) * scale.float()[..., None] + zero.float()[..., None]).reshape(out_features, in_features)
+
+
+def quantize_per_token(x: torch.Tensor, levels: int) -> torch.Tensor:
+    """Fake-quantize activations per token: each row of x [rows, in] rounded to ``levels``
+    steps of its own max|x| / ``levels`` on each side (127 for 8 bits, 63 for 7)."""
+    s = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-30) / levels
+    return (torch.round(x.float() / s) * s).to(x.dtype)
+
+
+class ReferenceLinear(nn.Module):
+    """A scheme's dequantized reference: the dequantized weights in the model's dtype and, for
+    W8A8, the rounding of the activations (each token on its own scale, or with
+    ``per_tensor=True`` one scale for every row of the call), through a plain ``F.linear``.
+    What every kernel is tested against, and how a scheme's accuracy is measured where its
+    kernel does not run.
+
+    Shapes: x [rows, in_features] -> [rows, out_features].
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str, group_size: int,
+                 activation_levels: int | None, per_tensor: bool = False):
         super().__init__()
-        w = weight.detach().contiguous().float()  # [out, in]
-        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():
-            # torch 2.13 deprecates its quantized tensors in favour of torchao; the kernels still
-            # run, and this module is the one place to change when they go.
-            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-            qw = torch.quantize_per_channel(w, scales, zero, 0, torch.qint8)
-        self.packed = torch.ops.quantized.linear_prepack(qw, None if bias is None else bias.detach().float())
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        w = weight.detach()
+        if scheme == "int4":
+            deq = dequantize_int4_grouped(*quantize_int4_grouped(w, group_size), group_size)
+        else:
+            deq = dequantize_per_channel_int8(*quantize_per_channel_int8(w))
+        self.register_buffer("weight", deq.to(w.dtype))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        self.activation_levels = activation_levels
+        self.per_tensor = per_tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x.float(), self.packed).to(x.dtype)
+        if self.activation_levels:
+            x = quantize_per_token(x.reshape(1, -1) if self.per_tensor else x, self.activation_levels).reshape(x.shape)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-def quantize_int8(model: LlamaForCausalLM) -> LlamaForCausalLM:
-    """A copy of ``model`` whose linear layers and LM head are int8 (embedding and norms stay).
+def activation_levels(scheme: str, device_type: str) -> int | None:
+    """Per-token activation levels of ``scheme``'s kernel on a device type: None unless W8A8."""
+    if scheme != "w8a8":
+        return None
+    return ACTIVATION_LEVELS_7BIT if device_type == "cpu" else 127
 
-    CPU only (torch's dynamic int8 kernels); raises ``ValueError`` on another device.
+
+def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                group_size: int, reference: bool = False) -> nn.Module:
+    """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
+    kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
+    the pair: ``check_supported`` is the engine's gate."""
+    from . import quant_kernels as k
+
+    if reference:
+        return ReferenceLinear(weight, bias, scheme, group_size, activation_levels(scheme, device_type))
+    if scheme == "int4":  # on a CPU: tinygemm's CPU twin, which the engine refuses (timing it shows why)
+        return k.Int4Linear(weight, bias, group_size)
+    if device_type == "cpu":
+        return k.FbgemmLinear(weight, bias, digits=2 if scheme == "int8" else 1)
+    if scheme == "int8":
+        return k.Int8WeightOnlyLinear(weight, bias)
+    return k.W8A8Linear(weight, bias)
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+def linear_shapes(model_config: ModelConfig) -> dict[str, tuple[int, int, int]]:
+    """Every linear layer kind of the model: name -> (out_features, in_features, how many)."""
+    c = model_config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    n = c.num_hidden_layers
+    return {"qkv_proj": (q + 2 * kv, c.hidden_size, n), "o_proj": (c.hidden_size, q, n),
+            "gate_up_proj": (2 * c.intermediate_size, c.hidden_size, n),
+            "down_proj": (c.hidden_size, c.intermediate_size, n), "lm_head": (c.vocab_size, c.hidden_size, 1)}
+
+
+def check_group_size(model_config: ModelConfig, group_size: int, kernel: bool = True) -> None:
+    """Raise ``ValueError`` unless int4's ``group_size`` is one tinygemm has and divides every
+    layer's inputs, and (for the ``kernel``, not the reference) every layer's outputs are a
+    multiple of 8 (tinygemm's tiles): a layer that does not fit is refused, never left
+    unquantized."""
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"quantization_group_size={group_size} is invalid: "
+                         f"int4 kernels take one of {INT4_GROUP_SIZES}")
+    shapes = linear_shapes(model_config)
+    bad = {name: k for name, (_, k, _) in shapes.items() if k % group_size}
+    if bad:
+        fits = [g for g in INT4_GROUP_SIZES if all(k % g == 0 for _, k, _ in shapes.values())]
+        raise ValueError(f"quantization_group_size={group_size} does not divide the inputs of "
+                         + ", ".join(f"{n} ({k})" for n, k in bad.items())
+                         + f": use one that divides every layer ({', '.join(map(str, fits)) or 'none does'})")
+    odd = {name: n for name, (n, _, _) in shapes.items() if n % 8}
+    if odd and kernel:
+        raise ValueError("int4 needs every layer's outputs in a multiple of 8 (tinygemm's tiles): "
+                         + ", ".join(f"{n} ({k})" for n, k in odd.items()) + " are not")
+
+
+def check_quantization(scheme: str | None, group_size: int, model_config: ModelConfig, device: torch.device,
+                       dtype: torch.dtype) -> None:
+    """Everything about a scheme that can be refused before a weight is loaded (``ValueError``)."""
+    if scheme is None:
+        return
+    check_supported(scheme, device, dtype)
+    if scheme == "int4":
+        check_group_size(model_config, group_size)
+
+
+def matmul_bytes(model_config: ModelConfig, scheme: str | None, group_size: int, dtype_bytes: float) -> MatmulBytes:
+    """Bytes the matrix products read per step, scales included: the decoder layers' weights
+    and the LM head's, for ``flops.step_work`` and the memory plan.
+
+    None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one float32 scale
+    per output channel. int4: half a byte per weight and a scale and a zero (``dtype_bytes``
+    each) per group of ``group_size`` inputs.
     """
-    device = next(model.parameters()).device
-    if device.type != "cpu":
-        raise ValueError(f"draft_quantization='int8' runs on the CPU only (model on {device}); on a GPU "
-                         "use a smaller draft_model instead")
-    draft = copy.deepcopy(model)
-    for parent in list(draft.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, Linear):
-                setattr(parent, name, Int8Linear(child.weight, child.bias))
-    return draft
+    def nbytes(out: int, inp: int) -> float:
+        if scheme is None:
+            return out * inp * dtype_bytes
+        if scheme == "int4":
+            return out * inp / 2 + out * (inp // group_size) * 2 * dtype_bytes
+        return out * inp + 4 * out
+
+    shapes = linear_shapes(model_config)
+    layers = sum(count * nbytes(out, inp) for name, (out, inp, count) in shapes.items() if name != "lm_head")
+    out, inp, _ = shapes["lm_head"]
+    return MatmulBytes(layers=layers, lm_head=nbytes(out, inp))
+
+
+def model_quantization(model: nn.Module) -> tuple[str, int | None] | None:
+    """``(scheme, group_size)`` of a model ``quantize_model`` made (group size None but for
+    int4), or None for a float model."""
+    return getattr(model, "quantization", None)
+
+
+def quantize_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
+                   reference: bool = False) -> nn.Module:
+    """A copy of ``model`` whose linear layers and LM head are ``scheme``'s layers.
+
+    The copy shares every other tensor with ``model`` (the embedding, the norms, the RoPE
+    tables) and leaves ``model`` untouched, so one loaded model serves engines of several
+    schemes. ``reference=True`` builds the dequantized reference of the device's kernel instead
+    (``ReferenceLinear``; any scheme on any device, for accuracy). A model already quantized
+    with the same scheme and group size is returned as it is.
+
+    Raises:
+        ValueError: an unsupported scheme/device/dtype (``check_supported``), an int4 group size
+            that does not divide a layer, or a model already quantized otherwise.
+    """
+    key = (scheme + (" reference" if reference else ""), group_size if scheme == "int4" else None)
+    done = model_quantization(model)
+    if done == key:
+        return model
+    if done is not None:
+        raise ValueError(f"the model is already quantized ({done[0]}); quantize the float model")
+    param = next(model.parameters())
+    if not reference:
+        check_supported(scheme, param.device, param.dtype)
+    elif scheme not in SCHEMES:
+        raise ValueError(f"quantization={scheme!r} is invalid: use one of {', '.join(SCHEMES)}")
+    if scheme == "int4":
+        check_group_size(model.config, group_size, kernel=not reference)
+    device_type = param.device.type
+    return _swap_linears(model, key, lambda w, b: make_linear(scheme, device_type, w, b, group_size, reference))
+
+
+def reference_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
+                    activation_levels: int | None = None, per_tensor: bool = False) -> nn.Module:
+    """``model`` with ``ReferenceLinear`` layers of explicit activation rounding (``levels`` per
+    side, per token or per tensor): the variants a kernel does not run, for the accuracy lesson
+    (W8A8 with one activation scale per call against one per token)."""
+    if scheme == "int4":
+        check_group_size(model.config, group_size, kernel=False)
+    where = "per tensor" if per_tensor else "per token"
+    key = (f"{scheme} reference, activations {activation_levels} {where}", group_size)
+    return _swap_linears(model, key,
+                         lambda w, b: ReferenceLinear(w, b, scheme, group_size, activation_levels, per_tensor))
+
+
+def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:
+    """A copy of ``model`` (modules copied, tensors shared) with every ``model.Linear`` replaced by
+    ``make(weight, bias)``, tagged ``key`` (``model_quantization``)."""
+    from .model import Linear
+
+    memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    memo[id(model.config)] = model.config
+    out = copy.deepcopy(model, memo)
+    with torch.no_grad():
+        for parent in list(out.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, Linear):
+                    setattr(parent, name, make(child.weight, child.bias))
+    out.quantization = key
+    return out

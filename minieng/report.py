@@ -46,6 +46,8 @@ def format_table(result: dict) -> str:
         lines += [""] + format_prefix(result["prefix_cache"])
     if result.get("speculative"):
         lines += [""] + format_speculative(result["speculative"])
+    if result.get("quantization"):
+        lines += [""] + format_quantization(result["quantization"])
     if result.get("figures"):
         lines += ["", "Figures: " + ", ".join(result["figures"])]
     if result.get("targets"):
@@ -203,4 +205,34 @@ def format_speculative(result: dict) -> list[str]:
     for r in result.get("batches", []):
         lines.append(f"  batch {r['batch_size']:>3}, k = {r['k']}: TPOT {r['tpot_ms']:.1f} -> {r['spec_tpot_ms']:.1f} ms "
                      f"({r['measured_speedup_x']:.2f}x), acceptance {r['acceptance_rate'] or 0:.2f}, v {r['v']:.2f}")
+    return lines
+
+
+def format_quantization(result: dict) -> list[str]:
+    """The ``--quantization`` section: per scheme, bytes, TTFT and TPOT as ratios to the float
+    model beside the roofline's prediction, then accuracy (``quant_experiment.run_quantization``)."""
+    from .quant_experiment import decode_vs_prefill
+
+    cfg = result["config"]
+    batches = cfg["batch_sizes"]
+    lines = [f"Quantization on {result['device']} ({result['dtype']}): ratios to the float model measured in the same rounds; "
+             f"(predicted) decode = bytes ratio of a step, prefill = float kernel FLOP/s / the scheme's",
+             f"  {'scheme':<6} {'weights MB':>10} {'B/weight':>8} {'TTFT ' + str(cfg['prompt_tokens']):>15}"
+             + "".join(f" {'TPOT b' + str(b):>15}" for b in batches)
+             + f" {'dec/pre':>7} {'agree':>6} {'KL nats':>8}"]
+    for r in result["rows"]:
+        line = (f"  {r['scheme']:<6} {r['weight_bytes'] / 1e6:>10.1f} {r['bytes_per_weight']:>8.3f} "
+                f"{r['ttft_ratio']:>6.2f}x ({r['ttft_ratio_predicted']:>4.2f})")
+        for b in batches:
+            line += f" {r[f'tpot_b{b}_ratio']:>6.2f}x ({r[f'tpot_b{b}_ratio_predicted']:>4.2f})"
+        line += f" {decode_vs_prefill(r, batches[0]):>6.2f}x {r['agreement']:>6.1%} {r['kl_nats']:>8.4f}"
+        lines.append(line)
+    base = result["rows"][0]
+    lines.append(f"  float model: TTFT {base['ttft_ms']:.1f} ms, " + ", ".join(
+        f"TPOT b{b} {base[f'tpot_b{b}_ms']:.1f} ms" for b in batches)
+        + f"; B/weight = matrix bytes per matrix weight, scales included; dec/pre = TTFT ratio / TPOT b{batches[0]} ratio")
+    lines.append(f"  accuracy: greedy agreement and KL(float || scheme) over {base['positions']} positions of "
+                 f"{cfg['quality_prompts']} held-out prompts (teacher-forced, {cfg['quality_tokens']} tokens each)")
+    for r in result["rows"][1:]:
+        lines.append(f"  {r['scheme']}: {r['kernel']}")
     return lines

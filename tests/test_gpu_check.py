@@ -16,7 +16,8 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    errors = [s for s in [*result["parity"], *result["speed"], result["prefix_cache"], result["speculative"]]
+    errors = [s for s in [*result["parity"], *result["speed"], result["prefix_cache"], result["speculative"],
+                          result["quantization"]]
               if isinstance(s, dict) and "error" in s]
     assert not errors, errors[0]["traceback"]
     fp32 = next(r for r in result["parity"] if r["dtype"] == "float32")
@@ -28,6 +29,10 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
         assert all(r["tpot_ms"] > 0 for r in shape["decode_graphs"])
     assert result["prefix_cache"]["points"][1]["hit_rate"] > 0.4
     assert [r["k"] for r in result["speculative"]["rows"]] == [1, 2]
+    quant = {r["scheme"]: r for r in result["quantization"]["rows"]}
+    assert set(quant) == {"none", "int8", "w8a8"}  # a CPU: int4 has no kernel that pays
+    assert quant["int8"]["bytes_per_weight"] < 0.3 * quant["none"]["bytes_per_weight"]
     names = {t["target"] for t in result["targets"]}
     assert any("batch-1 TPOT" in n for n in names) and any("speculative c" in n for n in names)
+    assert any("quantization int8" in n for n in names)
     assert "PASS" in run.stdout or "MISS" in run.stdout

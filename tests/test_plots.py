@@ -263,10 +263,23 @@ def test_batching_timeline_and_compared_cdfs():
     assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "E2EL (ms)"]
 
 
+def test_quantization_ratios_draws_measured_bars_and_predicted_marks():
+    row = lambda s, t, d: {"scheme": s, "ttft_ratio": t, "ttft_ratio_predicted": 1.0, "tpot_b1_ratio": d,  # noqa: E731
+                           "tpot_b1_ratio_predicted": 0.26, "tpot_b16_ratio": d, "tpot_b16_ratio_predicted": 0.3}
+    result = {"config": {"batch_sizes": [1, 16], "prompt_tokens": 512},
+              "rows": [row("none", 1.0, 1.0), row("int8", 0.8, 0.43), row("w8a8", 0.5, 0.38)]}
+    fig = plots.quantization_ratios(result)
+    png(fig)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2 * 3  # two schemes (the float row is the baseline) x three phases
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["int8", "w8a8"]
+    assert ax.get_ylabel() == "time / float model's time"
+
+
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
            "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep",
            "decode_bytes_and_tpot", "recompute_vs_cache", "block_tables", "kv_concurrency", "batch_scaling",
-           "batching_timeline", "compared_cdfs"]
+           "batching_timeline", "compared_cdfs", "quantization_ratios"]
 
 
 @pytest.mark.parametrize("name", FIGURES)

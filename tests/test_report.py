@@ -42,3 +42,20 @@ def test_serving_section_prints_utilization_and_na():
     text = "\n".join(format_serving(report))
     assert "MFU 0.012%, MBU 0.80%" in text
     assert "util.gpu median 37.0%, SM occupancy median N/A" in text
+
+
+def test_quantization_section_prints_ratios_beside_predictions():
+    from minieng.report import format_quantization
+
+    def row(scheme, bpw, ttft, tpot):
+        return {"scheme": scheme, "kernel": f"{scheme} kernel", "weight_bytes": 2.5e8, "bytes_per_weight": bpw,
+                "ttft_ms": 600.0, "ttft_ratio": ttft, "ttft_ratio_predicted": 0.7, "tpot_b1_ms": 30.0,
+                "tpot_b1_ratio": tpot, "tpot_b1_ratio_predicted": 0.26, "agreement": 0.965, "kl_nats": 0.0027,
+                "positions": 256}
+    result = {"device": "cpu", "dtype": "torch.float32",
+              "config": {"batch_sizes": [1], "prompt_tokens": 512, "quality_prompts": 4, "quality_tokens": 64},
+              "rows": [row("none", 4.0, 1.0, 1.0), row("int8", 1.006, 0.8, 0.4)]}
+    text = "\n".join(format_quantization(result))
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("int8 "))
+    assert "1.006" in line and "0.80x (0.70)" in line and "0.40x (0.26)" in line and "2.00x" in line
+    assert "96.5%" in line and "int8: int8 kernel" in text
