@@ -503,6 +503,7 @@ def decode_bytes_and_tpot(rows: Sequence[dict], title: str = "Decode: the KV cac
     right.set_ylim(bottom=0)
     _legend(right, fontsize=8, loc="upper left")
     fig.suptitle(title)
+    return fig
 
 
 def quantization_ratios(result: dict, title: str = "Quantization: time against the float model, per phase") -> Figure:
