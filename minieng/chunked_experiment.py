@@ -31,10 +31,10 @@ import statistics
 from dataclasses import replace
 
 from .bench import estimate_s
-from .config import SamplingParams
+from .config import ModelConfig, SamplingParams
 from .engine import LLMEngine
+from .flops import prefill_work
 from .metrics import RequestMetrics
-from .sweep import predict_ttft_s
 
 SLOWED_FACTOR = 2.0  # a gap over this many baseline gaps counts as slowed
 OVERHEAD_BOUND_SHARE = 0.5  # a step whose fixed cost is at least this share of it is overhead-bound
@@ -42,23 +42,52 @@ OVERHEAD_BOUND_SHARE = 0.5  # a step whose fixed cost is at least this share of 
 
 # -- sizing from the device ---------------------------------------------------------------------
 
-def choose_long_prompt(probe: dict, runs: float = 1, stall_steps: float = 32, knee_multiple: float = 4,
-                       budget_s: float | None = None, max_prompt_tokens: int | None = None,
-                       multiple: int = 16) -> dict:
+def predict_prefill_s(probe: dict, model_config: ModelConfig, prompt_tokens: int) -> float:
+    """A whole prompt's prefill time on this device: the probe's per-step overhead plus the
+    prompt's FLOPs (``flops.prefill_work``: the linear layers and attention's n^2 term) at the best
+    FLOP/s the probe's prefills reached beyond that overhead.
+
+    ``sweep.predict_ttft_s`` scales the best tok/s linearly, which is right near the knee and an
+    underestimate at long context, where attention's share of the FLOPs grows (on a CPU, a
+    6,600-token prompt took about three times its linear prediction).
+    """
+    overhead = probe.get("overhead_s", 0.0)
+    points = [(n, t) for n, t in probe["prefill_points"] if t > overhead] or probe["prefill_points"]
+    flop_s = max(prefill_work(model_config, n, 2).total_flops / (t - overhead if t > overhead else t)
+                 for n, t in points)
+    return overhead + prefill_work(model_config, prompt_tokens, 2).total_flops / flop_s
+
+
+def _first_multiple(ok, lo: int, hi: int, multiple: int) -> int | None:
+    """The smallest multiple of ``multiple`` in [lo, hi] for which ``ok`` (monotone: False then
+    True) holds, by bisection; None if none does."""
+    a, b = -(-lo // multiple), hi // multiple
+    if a > b or not ok(b * multiple):
+        return None
+    while a < b:
+        mid = (a + b) // 2
+        a, b = (a, mid) if ok(mid * multiple) else (mid + 1, b)
+    return a * multiple
+
+
+def choose_long_prompt(probe: dict, model_config: ModelConfig, runs: float = 1, stall_steps: float = 32,
+                       knee_multiple: float = 4, budget_s: float | None = None,
+                       max_prompt_tokens: int | None = None, multiple: int = 16) -> dict:
     """The newcomer's prompt length on this device, from ``bench.probe_speed``'s probe.
 
     Two wishes: its prefill alone should last ``stall_steps`` batch-1 decode steps (a stall the
     trace cannot hide), and it should lie at least ``knee_multiple`` x the knee, where prefill is
     compute-bound (there a chunk costs its share of the arithmetic; below it every step costs the
     same fixed overhead and chunking only multiplies steps). The longer of the two is taken, then
-    capped by the longest prompt the engine takes and by ``budget_s``.
+    capped by the longest prompt the engine takes and by ``budget_s``. Times are
+    ``predict_prefill_s``'s.
 
     Args:
-        probe: ``prefill_tok_s``, ``overhead_s``, ``decode_step_s``, ``knee_tokens``,
+        probe: ``prefill_points``, ``overhead_s``, ``decode_step_s``, ``knee_tokens``,
             ``knee_reached``, ``max_prompt_tokens``. When the knee was not reached (tok/s still
             growing at the longest probed prompt: launch-bound), the longest prompt is taken.
         runs: whole-prompt prefills the experiment will run, for the time budget.
-        budget_s: the length shrinks until ``runs`` prefills fit (``sweep.predict_ttft_s``); None: no budget.
+        budget_s: the longest length whose ``runs`` prefills fit in it; None: no budget.
         max_prompt_tokens: cap (default: the probe's).
         multiple: the length is a multiple of it (a KV block).
     Returns:
@@ -75,19 +104,24 @@ def choose_long_prompt(probe: dict, runs: float = 1, stall_steps: float = 32, kn
     if cap < multiple:
         raise ValueError(f"max_prompt_tokens must be >= multiple={multiple}; "
                          f"got {max_prompt_tokens or probe['max_prompt_tokens']}")
-    overhead = probe.get("overhead_s", 0.0)
-    stall = max(0.0, stall_steps * probe["decode_step_s"] - overhead) * probe["prefill_tok_s"]
+
+    def predict(n: int) -> float:
+        return predict_prefill_s(probe, model_config, n)
+
+    target_s = stall_steps * probe["decode_step_s"]
+    stall = _first_multiple(lambda n: predict(n) >= target_s, multiple, cap, multiple)
     knee = knee_multiple * probe["knee_tokens"] if probe.get("knee_reached") else cap
-    n, limited_by = (stall, "stall_steps") if stall >= knee else (knee, "knee")
-    if n >= cap:
+    if stall is None or max(stall, knee) >= cap:
         n, limited_by = cap, "max_prompt_tokens"
-    while budget_s is not None and n > multiple and runs * predict_ttft_s(probe, n) > budget_s:
-        n, limited_by = max(multiple, n * 0.9), "time_budget"
-    n = min(cap, multiple * math.ceil(n / multiple))
-    predicted = predict_ttft_s(probe, n)
+    else:
+        n, limited_by = (stall, "stall_steps") if stall >= knee else (multiple * math.ceil(knee / multiple), "knee")
+    if budget_s is not None and runs * predict(n) > budget_s:
+        over = _first_multiple(lambda m: runs * predict(m) > budget_s, multiple, n, multiple)
+        n, limited_by = max(multiple, over - multiple), "time_budget"
+    predicted = predict(n)
     return {"long_prompt_tokens": n, "predicted_prefill_s": predicted,
             "predicted_stall_steps": predicted / probe["decode_step_s"],
-            "overhead_share": overhead / predicted, "limited_by": limited_by}
+            "overhead_share": probe.get("overhead_s", 0.0) / predicted, "limited_by": limited_by}
 
 
 def choice_in_words(choice: dict, probe: dict) -> str:
@@ -119,18 +153,19 @@ def budget_for(long_prompt_tokens: int, num_decoders: int, chunks: int, multiple
     return multiple * math.ceil((num_decoders + math.ceil(long_prompt_tokens / chunks)) / multiple)
 
 
-def estimate_sweep_s(probe: dict, long_prompt_tokens: int, budgets: list[int | None], num_decoders: int,
-                     decoder_prompt_tokens: int, inject_after_steps: int = 8, tail_steps: int = 8,
+def estimate_sweep_s(probe: dict, model_config: ModelConfig, long_prompt_tokens: int, budgets: list[int | None],
+                     num_decoders: int, decoder_prompt_tokens: int, inject_after_steps: int = 8, tail_steps: int = 8,
                      runs_per_setting: int = 1) -> float:
-    """Rough seconds for ``runs_per_setting`` runs at each budget (None: chunking off), from the
-    probe (``bench.estimate_s``): the decoders' prompts, the long prompt in as many prefill steps
-    as the budget cuts it into (each paying the step's fixed cost), and a decode step per step."""
+    """Rough seconds for ``runs_per_setting`` runs at each budget (None: chunking off): the
+    decoders' prompts and decode steps (``bench.estimate_s``), the long prompt
+    (``predict_prefill_s``), and the step's fixed cost again for every further chunk."""
     total = 0.0
     for budget in budgets:
         # Off: the prompt alone, then one decode step ends the stalled gap; on: every chunk step decodes.
         chunks = 1 if budget is None else math.ceil(long_prompt_tokens / (budget - num_decoders))
-        total += estimate_s(probe, prefill_tokens=long_prompt_tokens + num_decoders * decoder_prompt_tokens,
-                            decode_steps=inject_after_steps + tail_steps + chunks, prefills=chunks + 1)
+        total += (predict_prefill_s(probe, model_config, long_prompt_tokens)
+                  + estimate_s(probe, prefill_tokens=num_decoders * decoder_prompt_tokens, prefills=chunks,
+                               decode_steps=inject_after_steps + tail_steps + chunks))
     return runs_per_setting * total
 
 
@@ -257,7 +292,8 @@ def _step(engine: LLMEngine, decoders, newcomer=None) -> None:
 
 # -- repeats and the sweep --------------------------------------------------------------------------
 
-MEDIAN_KEYS = ("baseline_itl_ms", "worst_itl_ms", "decoder_delay_ms", "ttft_ms", "chunk_step_ms", "prefill_steps")
+MEDIAN_KEYS = ("baseline_itl_ms", "worst_itl_ms", "slowed_gaps", "decoder_delay_ms", "ttft_ms", "chunk_step_ms",
+               "prefill_steps")
 
 
 def measure(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budget_tokens: int | None,

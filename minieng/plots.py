@@ -277,11 +277,13 @@ def chunked_prefill_tradeoff(sweep: dict, title: str = "The token budget: the de
     left.set_ylabel("decoders' worst gap (ms)")
     right.plot(budgets, [r["ttft_ms"] for r in on], "o-", color=PHASE_COLORS["prefill"], label="chunking on")
     right.axhline(off["ttft_ms"], color="black", ls="--", label=f"chunking off: {off['ttft_ms']:.0f} ms")
-    right.set_ylabel(f"newcomer's TTFT (ms), {sweep['long_prompt_tokens']}-token prompt")
+    right.set_ylabel("newcomer's TTFT (ms)")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
         ax.set_xlabel("token budget per step, max_num_batched_tokens")
         ax.set_ylim(bottom=0)
         _legend(ax, fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(f"{title} ({sweep['long_prompt_tokens']}-token prompt, {sweep['num_decoders']} decoders)")
     return fig

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from minieng import ModelConfig
 from minieng import engine as engine_module
 from minieng.chunked_experiment import (budget_for, budget_sweep, choice_in_words, choose_long_prompt, estimate_sweep_s,
-                                        long_prompt_run, measure, read_result, s7_verdict)
+                                        long_prompt_run, measure, predict_prefill_s, read_result, s7_verdict)
 from helpers import random_prompts
 
 B, P, L = 3, 8, 96  # decoders, their prompt tokens, the long prompt's tokens
@@ -177,48 +178,60 @@ def test_a_pool_too_small_preempts_and_is_refused(tiny_engine, tiny_llama):
 
 # -- sizing (pure) --------------------------------------------------------------------------------
 
-PROBE = {"prefill_tok_s": 500.0, "overhead_s": 0.0, "decode_step_s": 0.04, "knee_tokens": 64, "knee_reached": True,
-         "max_prompt_tokens": 8191}
+SMOLLM2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, 1e-5, 8192, True)  # the embedded default's shape
+# A 2-core CPU: about 500 tok/s from 64 tokens on, no fixed cost to speak of, 40 ms a decode step.
+PROBE = {"prefill_points": [[64, 0.128], [128, 0.256], [256, 0.52]], "prefill_tok_s": 500.0, "overhead_s": 0.0,
+         "decode_step_s": 0.04, "knee_tokens": 64, "knee_reached": True, "max_prompt_tokens": 8191}
+# An H200-like probe: tok/s still growing at the longest prompt, a prefill step's floor of 13 ms against
+# a 2.5 ms decode step (CUDA graphs).
+GPU_PROBE = {"prefill_points": [[64, 0.013], [512, 0.0135], [2048, 0.0145], [8191, 0.021]], "overhead_s": 0.013,
+             "decode_step_s": 0.0025, "knee_tokens": 8191, "knee_reached": False, "max_prompt_tokens": 8191}
+
+
+def test_the_prefill_prediction_meets_the_probe_and_grows_faster_than_linearly():
+    assert predict_prefill_s(PROBE, SMOLLM2, 128) == pytest.approx(0.256, rel=0.02)  # the best point itself
+    # Attention's n^2 share: 8,192 tokens cost more than 64 x 128 tokens would.
+    assert predict_prefill_s(PROBE, SMOLLM2, 8192) > 1.2 * 64 * predict_prefill_s(PROBE, SMOLLM2, 128)
+    assert predict_prefill_s(GPU_PROBE, SMOLLM2, 8191) == pytest.approx(0.021, rel=0.01)
 
 
 def test_long_prompt_long_enough_to_stall_many_decode_steps():
-    c = choose_long_prompt(PROBE, stall_steps=32)
-    assert c["long_prompt_tokens"] == 640 and c["limited_by"] == "stall_steps"  # 32 x 40 ms at 500 tok/s
-    assert c["predicted_prefill_s"] == pytest.approx(1.28) and c["predicted_stall_steps"] == pytest.approx(32)
+    c = choose_long_prompt(PROBE, SMOLLM2, stall_steps=32)
+    n = c["long_prompt_tokens"]
+    assert c["limited_by"] == "stall_steps" and n % 16 == 0 and 512 <= n <= 704
+    assert predict_prefill_s(PROBE, SMOLLM2, n) >= 32 * 0.04 > predict_prefill_s(PROBE, SMOLLM2, n - 16)
+    assert c["predicted_stall_steps"] == pytest.approx(predict_prefill_s(PROBE, SMOLLM2, n) / 0.04)
     assert c["overhead_share"] == 0
     words = choice_in_words(c, PROBE)
-    assert words == "long prompt: 640 tokens, so that its prefill alone lasts about 32 decode steps."
+    assert words == f"long prompt: {n} tokens, so that its prefill alone lasts about {c['predicted_stall_steps']:.0f} decode steps."
 
 
 def test_long_prompt_past_the_knee_and_within_the_caps():
-    assert choose_long_prompt(PROBE, stall_steps=4)["limited_by"] == "knee"  # 4 x 64 > 80 tokens
-    assert choose_long_prompt(PROBE, stall_steps=4)["long_prompt_tokens"] == 256
-    capped = choose_long_prompt(PROBE, stall_steps=32, max_prompt_tokens=500)
+    knee = choose_long_prompt(PROBE, SMOLLM2, stall_steps=2)  # 80 ms of prefill: under 4 x the knee
+    assert knee["limited_by"] == "knee" and knee["long_prompt_tokens"] == 256
+    capped = choose_long_prompt(PROBE, SMOLLM2, stall_steps=32, max_prompt_tokens=500)
     assert capped["long_prompt_tokens"] == 496 and capped["limited_by"] == "max_prompt_tokens"
-    timed = choose_long_prompt(PROBE, runs=10, stall_steps=32, budget_s=6.0)
-    assert timed["limited_by"] == "time_budget" and 10 * timed["predicted_prefill_s"] <= 6.0 + 16 / 500 * 10
-    assert timed["long_prompt_tokens"] % 16 == 0
+    timed = choose_long_prompt(PROBE, SMOLLM2, runs=10, stall_steps=32, budget_s=6.0)
+    n = timed["long_prompt_tokens"]
+    assert timed["limited_by"] == "time_budget" and n % 16 == 0
+    assert 10 * predict_prefill_s(PROBE, SMOLLM2, n) <= 6.0 < 10 * predict_prefill_s(PROBE, SMOLLM2, n + 16)
 
 
 def test_a_launch_bound_device_takes_the_longest_prompt_and_says_the_stall_is_overhead():
-    # An H200-like probe: tok/s still growing at the longest prompt, a prefill step's floor of 13 ms
-    # against a 2.5 ms decode step (CUDA graphs).
-    gpu = {"prefill_tok_s": 1_000_000.0, "overhead_s": 0.013, "decode_step_s": 0.0025, "knee_tokens": 8191,
-           "knee_reached": False, "max_prompt_tokens": 8191}
-    c = choose_long_prompt(gpu, stall_steps=32)
+    c = choose_long_prompt(GPU_PROBE, SMOLLM2, stall_steps=32)
     assert c["long_prompt_tokens"] == 8176 and c["limited_by"] == "max_prompt_tokens"
-    assert c["overhead_share"] == pytest.approx(0.013 / (0.013 + 8176 / 1_000_000))
-    assert c["predicted_stall_steps"] < 32  # the target was out of reach: the notebook says so
-    words = choice_in_words(c, gpu)
+    assert c["overhead_share"] == pytest.approx(0.013 / predict_prefill_s(GPU_PROBE, SMOLLM2, 8176))
+    assert c["overhead_share"] > 0.5 and c["predicted_stall_steps"] < 32  # the target was out of reach
+    words = choice_in_words(c, GPU_PROBE)
     assert "the longest prompt the engine takes" in words and "launch-bound" in words
     assert f"About {c['overhead_share']:.0%} of that prefill is the step's fixed cost" in words
 
 
 def test_sizing_refuses_nonsense():
     with pytest.raises(ValueError):
-        choose_long_prompt(PROBE, stall_steps=0)
+        choose_long_prompt(PROBE, SMOLLM2, stall_steps=0)
     with pytest.raises(ValueError):
-        choose_long_prompt(PROBE, max_prompt_tokens=8)
+        choose_long_prompt(PROBE, SMOLLM2, max_prompt_tokens=8)
     with pytest.raises(ValueError):
         budget_for(640, 4, 0)
 
@@ -232,7 +245,8 @@ def test_budget_for_cuts_the_prompt_into_about_that_many_chunks():
 
 def test_estimate_counts_every_chunk_step():
     probe = dict(PROBE, overhead_s=0.01)
-    off = estimate_sweep_s(probe, 640, [None], 4, 64, inject_after_steps=8, tail_steps=8)
-    assert off == pytest.approx(2 * 0.01 + (640 + 256) / 500 + 17 * 0.04)
-    on = estimate_sweep_s(probe, 640, [84], 4, 64, inject_after_steps=8, tail_steps=8, runs_per_setting=2)
-    assert on == pytest.approx(2 * (9 * 0.01 + (640 + 256) / 500 + 24 * 0.04))  # 8 chunks of 80 tokens
+    prefill = predict_prefill_s(probe, SMOLLM2, 640)
+    off = estimate_sweep_s(probe, SMOLLM2, 640, [None], 4, 64, inject_after_steps=8, tail_steps=8)
+    assert off == pytest.approx(prefill + 0.01 + 256 / 500 + 17 * 0.04, rel=0.01)  # best rate: 500 tok/s
+    on = estimate_sweep_s(probe, SMOLLM2, 640, [84], 4, 64, inject_after_steps=8, tail_steps=8, runs_per_setting=2)
+    assert on == pytest.approx(2 * (prefill + 8 * 0.01 + 256 / 500 + 24 * 0.04), rel=0.01)  # 8 chunks of 80 tokens

@@ -179,12 +179,12 @@ def test_chunked_itl_traces_one_panel_per_run():
 
 
 def test_chunked_prefill_tradeoff():
-    sweep = {"long_prompt_tokens": 640, "off": _chunked_run(None, 1300.0, 1250.0),
+    sweep = {"long_prompt_tokens": 640, "num_decoders": 4, "off": _chunked_run(None, 1300.0, 1250.0),
              "on": [_chunked_run(b, 100.0 + b, 1250.0 + 4000 / b) for b in (32, 64, 128)]}
     fig = plots.chunked_prefill_tradeoff(sweep)
     png(fig)
     assert [x for x, _ in labels(fig)] == ["token budget per step, max_num_batched_tokens"] * 2
-    assert fig.axes[0].get_xscale() == "log"
+    assert fig.axes[0].get_xscale() == "log" and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["32", "64", "128"]
 
 
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "utilization_trace", "curve", "phase_costs",
