@@ -530,3 +530,61 @@ def quantization_ratios(result: dict, title: str = "Quantization: time against t
     ax.set_title(title, fontsize=10)
     _legend(ax, fontsize=7)
     return fig
+
+
+def _run_label(run: dict) -> str:
+    policy = "chunking off" if run["budget_tokens"] is None else f"chunking on, budget {run['budget_tokens']} tokens"
+    return f"{policy}: worst gap {run['worst_itl_ms']:.0f} ms, newcomer TTFT {run['ttft_ms']:.0f} ms"
+
+
+def chunked_itl_traces(runs: Sequence[dict], title: str = "A long prompt arrives while others decode") -> Figure:
+    """``chunked_experiment.long_prompt_run`` results, one panel each on shared axes: every decoder's
+    inter-token gaps against time since the newcomer arrived (each gap a step over the interval it
+    lasted, a dot at the token that ended it), the newcomer's wait (arrival to first token) shaded,
+    and the decoders' gap before the arrival dashed."""
+    fig = Figure(figsize=(9, 2.6 * max(1, len(runs)) + 0.6), layout="constrained")
+    axes = fig.subplots(max(1, len(runs)), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    for ax, run in zip(axes, runs):
+        ax.axvspan(0, run["ttft_ms"] / 1e3, color=PHASE_COLORS["prefill"], alpha=0.15,
+                   label=f"newcomer waits for its first token ({run['long_prompt_tokens']}-token prompt)")
+        for i, trace in enumerate(run["traces"]):
+            # Each gap drawn over the time it lasted: from the token before to the token ending it.
+            t = np.array(trace, dtype=float).reshape(-1, 2)
+            ax.step(t[:, 0], t[:, 1], where="pre", marker=".", lw=0.8, ms=4, color=PHASE_COLORS["decode"], alpha=0.6,
+                    label="each decoder's inter-token gaps" if i == 0 else None)
+        ax.axhline(run["baseline_itl_ms"], color="black", ls="--", lw=0.8,
+                   label=f"gap before the arrival: {run['baseline_itl_ms']:.0f} ms")
+        ax.set_ylabel("ITL (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(_run_label(run), fontsize=9)
+        _legend(ax, fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("time since the long prompt arrived (s)")
+    fig.suptitle(title)
+    return fig
+
+
+def chunked_prefill_tradeoff(sweep: dict, title: str = "The token budget: the decoders' worst gap, the newcomer's TTFT"
+                             ) -> Figure:
+    """``chunked_experiment.budget_sweep``'s result: against the token budget, the decoders' worst
+    inter-token gap (left) and the newcomer's TTFT (right), medians over the repeats; chunking
+    off drawn as a dashed line on both."""
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2, sharex=True)
+    on, off = sweep["on"], sweep["off"]
+    budgets = [r["budget_tokens"] for r in on]
+    left.plot(budgets, [r["worst_itl_ms"] for r in on], "o-", color=PHASE_COLORS["decode"], label="chunking on")
+    left.axhline(off["worst_itl_ms"], color="black", ls="--", label=f"chunking off: {off['worst_itl_ms']:.0f} ms")
+    left.axhline(off["baseline_itl_ms"], color="grey", ls=":", label=f"no newcomer: {off['baseline_itl_ms']:.0f} ms")
+    left.set_ylabel("decoders' worst gap (ms)")
+    right.plot(budgets, [r["ttft_ms"] for r in on], "o-", color=PHASE_COLORS["prefill"], label="chunking on")
+    right.axhline(off["ttft_ms"], color="black", ls="--", label=f"chunking off: {off['ttft_ms']:.0f} ms")
+    right.set_ylabel("newcomer's TTFT (ms)")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_xlabel("token budget per step, max_num_batched_tokens")
+        ax.set_ylim(bottom=0)
+        _legend(ax, fontsize=8)
+    fig.suptitle(f"{title} ({sweep['long_prompt_tokens']}-token prompt, {sweep['num_decoders']} decoders)")
+    return fig

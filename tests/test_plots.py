@@ -276,10 +276,31 @@ def test_quantization_ratios_draws_measured_bars_and_predicted_marks():
     assert ax.get_ylabel() == "time / float model's time"
 
 
+def _chunked_run(budget, worst, ttft):
+    return {"budget_tokens": budget, "worst_itl_ms": worst, "ttft_ms": ttft, "baseline_itl_ms": 40.0,
+            "long_prompt_tokens": 640, "traces": [[[-0.08, 40.0], [-0.04, 41.0], [1.3, worst], [1.34, 40.0]]] * 3}
+
+def test_chunked_itl_traces_one_panel_per_run():
+    fig = plots.chunked_itl_traces([_chunked_run(None, 1300.0, 1250.0), _chunked_run(96, 220.0, 1500.0)])
+    png(fig)
+    assert len(fig.axes) == 2 and labels(fig)[-1] == ("time since the long prompt arrived (s)", "ITL (ms)")
+    assert fig.axes[0].get_title().startswith("chunking off") and "budget 96 tokens" in fig.axes[1].get_title()
+    png(plots.chunked_itl_traces([_chunked_run(None, 1.0, 1.0) | {"traces": [[]]}]))  # a decoder with no gap
+
+def test_chunked_prefill_tradeoff():
+    sweep = {"long_prompt_tokens": 640, "num_decoders": 4, "off": _chunked_run(None, 1300.0, 1250.0),
+             "on": [_chunked_run(b, 100.0 + b, 1250.0 + 4000 / b) for b in (32, 64, 128)]}
+    fig = plots.chunked_prefill_tradeoff(sweep)
+    png(fig)
+    assert [x for x, _ in labels(fig)] == ["token budget per step, max_num_batched_tokens"] * 2
+    assert fig.axes[0].get_xscale() == "log" and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["32", "64", "128"]
+
+
 FIGURES = ["roofline", "latency_cdfs", "step_timeline", "request_phases", "utilization_trace", "curve",
            "phase_costs", "ttft_vs_hit_rate", "speculative_sweep", "top_ops_figure", "goodput_sweep",
            "decode_bytes_and_tpot", "recompute_vs_cache", "block_tables", "kv_concurrency", "batch_scaling",
-           "batching_timeline", "compared_cdfs", "quantization_ratios"]
+           "batching_timeline", "compared_cdfs", "quantization_ratios", "chunked_itl_traces",
+           "chunked_prefill_tradeoff"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
