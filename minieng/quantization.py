@@ -263,16 +263,17 @@ def matmul_bytes(model_config: ModelConfig, scheme: str | None, group_size: int,
     """Bytes the matrix products read per step, scales included: the decoder layers' weights
     and the LM head's, for ``flops.step_work`` and the memory plan.
 
-    None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one float32 scale
-    per output channel. int4: half a byte per weight and a scale and a zero (``dtype_bytes``
-    each) per group of ``group_size`` inputs.
+    None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one scale per
+    output channel. int4: half a byte per weight and a scale and a zero per group of
+    ``group_size`` inputs. Scales and zeros are kept in the model's dtype (``dtype_bytes``; on a
+    CPU float32, as fbgemm keeps them).
     """
     def nbytes(out: int, inp: int) -> float:
         if scheme is None:
             return out * inp * dtype_bytes
         if scheme == "int4":
             return out * inp / 2 + out * (inp // group_size) * 2 * dtype_bytes
-        return out * inp + 4 * out
+        return out * inp + out * dtype_bytes
 
     shapes = linear_shapes(model_config)
     layers = sum(count * nbytes(out, inp) for name, (out, inp, count) in shapes.items() if name != "lm_head")

@@ -248,10 +248,13 @@ def test_matmul_bytes_is_what_the_layers_hold(tiny_llama):
     small = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
                         max_position_embeddings=64, tie_word_embeddings=True)
-    held = {name: count * Int4Linear(torch.randn(out, inp), None, 64).weight_bytes
-            for name, (out, inp, count) in linear_shapes(small).items()}
-    assert matmul_bytes(small, "int4", 64, 4) == MatmulBytes(sum(v for n, v in held.items() if n != "lm_head"),
-                                                             held["lm_head"])
+    for scheme, make, dtype in [("int4", lambda w: Int4Linear(w, None, 64), torch.float32),
+                                ("int8", lambda w: Int8WeightOnlyLinear(w, None), torch.bfloat16),  # CUDA's, in bf16
+                                ("w8a8", lambda w: W8A8Linear(w, None), torch.bfloat16)]:
+        held = {name: count * make(torch.randn(out, inp, dtype=dtype)).weight_bytes
+                for name, (out, inp, count) in linear_shapes(small).items()}
+        assert matmul_bytes(small, scheme, 64, dtype.itemsize) == MatmulBytes(
+            sum(v for n, v in held.items() if n != "lm_head"), held["lm_head"]), scheme
 
 
 def test_bytes_per_weight_with_scales_for_the_default_shape():
