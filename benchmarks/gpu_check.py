@@ -269,8 +269,8 @@ def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: 
     engine = LLMEngine(model=str(path), load_format=load_format, device=str(device), max_num_seqs=max(p["quant_batches"]),
                        max_num_batched_tokens=p["quant_prompt"], max_model_len=min(p["quant_prompt"] + 512, p["max_position"]),
                        kv_cache_memory_gib=2.0 if device.type == "cuda" else 0.25, enable_prefix_caching=False)
-    cfg = QuantBenchConfig(schemes=device_schemes(engine.device) if engine.dtype == torch.bfloat16 or device.type == "cpu"
-                           else ["int8", "w8a8"], prompt_tokens=p["quant_prompt"], batch_sizes=p["quant_batches"],
+    cfg = QuantBenchConfig(schemes=device_schemes(engine.device, engine.dtype), prompt_tokens=p["quant_prompt"],
+                           batch_sizes=p["quant_batches"],
                            output_tokens=p["output_tokens"], repeats=p["repeats"], quality_prompts=1,
                            quality_tokens=8 if p is SMOKE else 32)
     result = run_quantization(engine, cfg, peaks)

@@ -113,7 +113,8 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, n, cfg.repeats)
         ttft, steps = minieng_prefill(engine, prompts)
         row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
-               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
+                                               engine.matmul_bytes)}
         if hf is not None:
             row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
             row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
@@ -124,7 +125,8 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         prompts = text_prompts(tok, cfg.decode_prompt_len, b)
         tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
         row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
-               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)}
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
+                                               engine.matmul_bytes)}
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)

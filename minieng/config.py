@@ -11,6 +11,7 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 QUANTIZATION_SCHEMES = ("int8", "int4", "w8a8")  # what each is and runs on: quantization.py
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what tinygemm's int4 kernels accept
 GREEDY_TEMPERATURE = 1e-5
 
 
@@ -243,8 +244,8 @@ class EngineConfig:
         _require(self.quantization in (None, *QUANTIZATION_SCHEMES), "quantization", self.quantization, schemes)
         _require(self.draft_quantization in (None, *QUANTIZATION_SCHEMES), "draft_quantization",
                  self.draft_quantization, schemes)
-        _require(self.quantization_group_size in (32, 64, 128, 256), "quantization_group_size",
-                 self.quantization_group_size, "int4 kernels take 32, 64, 128 or 256")
+        _require(self.quantization_group_size in INT4_GROUP_SIZES, "quantization_group_size",
+                 self.quantization_group_size, f"int4 kernels take one of {INT4_GROUP_SIZES}")
         _require(self.ngram_max >= 1, "ngram_max", self.ngram_max, "must be >= 1")
         _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
                  self.max_num_batched_tokens,

@@ -78,7 +78,8 @@ class LLMEngine:
             plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
             loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
         draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
-        self.model = engine_model(loaded.model, config.quantization, config.quantization_group_size)
+        config, self.model = engine_model(config, loaded.model)  # the config names a loaded model's scheme
+        self.config = config
         if loaded_here:  # nobody else holds the float matrices: let them go
             loaded = replace(loaded, model=self.model)
         self.loaded, self.tokenizer = loaded, loaded.tokenizer

@@ -91,18 +91,20 @@ def check_quantization(config: EngineConfig, model_config: ModelConfig, device: 
         check(config.draft_quantization, config.quantization_group_size, model_config, device, dtype)
 
 
-def engine_model(model, scheme: str | None, group_size: int):
-    """The model the engine runs: ``model`` quantized with ``scheme`` (a copy sharing the
-    embedding and norms), or ``model`` itself for None. Raises ``ValueError`` for a model
-    already quantized with another scheme, or a quantized model where None was asked."""
-    from .quantization import model_quantization, quantize_model
+def engine_model(config: EngineConfig, model) -> tuple[EngineConfig, object]:
+    """The model the engine runs and the config that describes it: ``model`` quantized with
+    ``config.quantization`` (a copy sharing the embedding and norms); or, with None, ``model``
+    as it is, and a model ``quantization.quantize_model`` made (a quantized draft reused as a
+    model of its own) runs with its scheme, which the returned config then names. Raises
+    ``ValueError`` for a model already quantized with another scheme."""
+    from .quantization import SCHEMES, model_quantization, quantize_model
 
-    if scheme is not None:
-        return quantize_model(model, scheme, group_size)
-    if model_quantization(model) is not None:
-        raise ValueError(f"the loaded model is quantized ({model_quantization(model)[0]}): set quantization to "
-                         "that scheme, or load the float model")
-    return model
+    if config.quantization is not None:
+        return config, quantize_model(model, config.quantization, config.quantization_group_size)
+    done = model_quantization(model)
+    if done is not None and done[0] in SCHEMES:  # not a dequantized reference: its bytes are the kernels'
+        config = replace(config, quantization=done[0], quantization_group_size=done[1] or config.quantization_group_size)
+    return config, model
 
 
 def engine_matmul_bytes(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype):

@@ -6,7 +6,9 @@ quantized matrices). In rounds, every engine runs the same requests in turn, so 
 float engine is taken within one round of one run (timings on a shared machine drift):
 
 - TTFT of one ``prompt_tokens``-token prompt alone (prefill);
-- TPOT at each batch size (decode), every request decoding together.
+- TPOT at each batch size (decode), every request decoding together, taken as the median
+  decode step (each step emits one token per sequence): a step stalled by another job on a
+  shared machine moves a mean, not a median.
 
 Predictions (the roofline, DESIGN.md section 5):
 - decode is memory-bound, so its time follows the bytes of a decode step: TPOT ratio ~ bytes
@@ -34,7 +36,7 @@ from .engine import LLMEngine
 from .flops import decode_work, phase_utilization
 from .hardware import Peak, synchronize
 from .quant_quality import quality, reference_sequences
-from .quantization import KERNELS, SCHEMES, make_linear
+from .quantization import KERNELS, SCHEMES, check_supported, make_linear
 from .workload import text_prompts
 
 
@@ -54,9 +56,17 @@ class QuantBenchConfig:
     quality_tokens: int = 64
 
 
-def device_schemes(device: torch.device) -> list[str]:
-    """The schemes with a kernel on ``device`` (``quantization.KERNELS``); bf16-only int4 needs bf16."""
-    return [s for s in SCHEMES if (s, device.type) in KERNELS]
+def device_schemes(device: torch.device, dtype: torch.dtype) -> list[str]:
+    """The schemes whose kernel runs on ``device`` in ``dtype`` (``quantization.check_supported``:
+    int4 needs bfloat16, a CPU float32)."""
+    out = []
+    for scheme in SCHEMES:
+        try:
+            check_supported(scheme, device, dtype)
+        except ValueError:
+            continue
+        out.append(scheme)
+    return out
 
 
 @torch.inference_mode()
@@ -147,7 +157,7 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
     if engine.config.quantization is not None:
         raise ValueError("run_quantization compares schemes with the float model: "
                          "pass an engine with quantization=None")
-    schemes = cfg.schemes if cfg.schemes is not None else device_schemes(engine.device)
+    schemes = cfg.schemes if cfg.schemes is not None else device_schemes(engine.device, engine.dtype)
     say = progress or (lambda msg: None)
     engines = {None: engine}
     for s in schemes:
@@ -170,8 +180,8 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
             ttft[s].append(t)
             steps[s]["prefill"] += st
             for b in cfg.batch_sizes:
-                t, st = minieng_decode(e, text_prompts(tok, cfg.decode_prompt_len, b), cfg.output_tokens)
-                tpot[s][b].append(t)
+                _, st = minieng_decode(e, text_prompts(tok, cfg.decode_prompt_len, b), cfg.output_tokens)
+                tpot[s][b].append(statistics.median(step.duration_s for step in st))
                 if b == cfg.batch_sizes[0]:
                     steps[s]["decode"] += st
     say("quantization: kernel FLOP rates and accuracy")
@@ -185,7 +195,7 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
     rows = []
     for s, e in engines.items():
         key = s or "none"
-        row = {"scheme": key, "kernel": KERNELS[s, engine.device.type].ops if s else f"{engine.dtype} (float)",
+        row = {"scheme": key, "kernel": KERNELS[s, engine.device.type] if s else f"{engine.dtype} (float)",
                "weight_bytes": e.memory_plan.weight_bytes,
                "matmul_bytes": (e.matmul_bytes.layers + e.matmul_bytes.lm_head) if e.matmul_bytes else
                engine.model_config.num_matmul_params * dtype_bytes,

@@ -60,7 +60,7 @@ class FbgemmLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.digits = digits
         self.in_features, self.out_features = q.shape[1], q.shape[0]
-        self.weight_bytes = q.numel() + 4 * q.shape[0]  # int8 weights, float32 scales
+        self.weight_bytes = q.numel() + 4 * q.shape[0]  # int8 weights, float32 scales (fbgemm's)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -96,7 +96,7 @@ class Int8WeightOnlyLinear(nn.Module):
         self.weight_bytes = q.numel() + scale.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x, self.qweight, self.scale)
+        y = torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
         return y if self.bias is None else y + self.bias
 
 
@@ -136,6 +136,7 @@ class Int4Linear(nn.Module):
         self.weight_bytes = out_features * in_features // 2 + self.scales_and_zeros.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
         if x.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         else:
@@ -156,9 +157,9 @@ class W8A8Linear(nn.Module):
         super().__init__()
         q, scale = quantize_per_channel_int8(weight.detach())
         self.register_buffer("qweight", q)  # [out, in] int8; the product reads its transpose, column-major
-        self.register_buffer("scale", scale.float())  # [out]
+        self.register_buffer("scale", scale.to(weight.dtype))  # [out], in the model's dtype
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
-        self.weight_bytes = q.numel() + 4 * scale.numel()
+        self.weight_bytes = q.numel() + scale.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -169,7 +170,7 @@ class W8A8Linear(nn.Module):
         if padded != rows:
             xq = torch.cat([xq, xq.new_zeros(padded - rows, xq.shape[1])])
         acc = torch._int_mm(xq, self.qweight.t())[:rows]  # [rows, out] int32
-        y = acc.float() * s * self.scale
+        y = acc.float() * s * self.scale.float()
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)

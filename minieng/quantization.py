@@ -44,35 +44,24 @@ torch's ops directly and needs no torchao. A CUDA kernel this torch lacks is ref
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from .config import QUANTIZATION_SCHEMES, ModelConfig
+from .config import INT4_GROUP_SIZES, QUANTIZATION_SCHEMES, ModelConfig
 from .flops import MatmulBytes
 
 SCHEMES = QUANTIZATION_SCHEMES
 DEFAULT_GROUP_SIZE = 64  # divides 576 and 1,536 (the default model), 2,048 and 8,192 (1.7B)
-INT4_GROUP_SIZES = (32, 64, 128, 256)  # what tinygemm's kernels accept
 ACTIVATION_LEVELS_7BIT = 63  # fbgemm's per-token codes: [-63, 63] (see ``FbgemmLinear``)
 CPU_DIGIT_BASE = 126  # the second 7-bit digit's weight: 2 x 63
 
 
-@dataclass(frozen=True)
-class Kernel:
-    """What one scheme runs on one device: the op, and the accuracy class of its activations."""
-
-    ops: str
-    activations: str
-
-
-KERNELS: dict[tuple[str, str], Kernel] = {
-    ("int8", "cpu"): Kernel("fbgemm int8 GEMM, activations in two 7-bit digits per token", "16-bit class"),
-    ("w8a8", "cpu"): Kernel("fbgemm int8 GEMM, 7-bit activations per token", "7-bit per token"),
-    ("int8", "cuda"): Kernel("torch._weight_int8pack_mm", "model dtype"),
-    ("int4", "cuda"): Kernel("torch._weight_int4pack_mm (tinygemm; bfloat16)", "model dtype"),
-    ("w8a8", "cuda"): Kernel("torch._int_mm (cuBLASLt int8), 8-bit activations per token", "8-bit per token"),
+KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
+    ("int8", "cpu"): "fbgemm int8 GEMM, activations in two 7-bit digits per token",
+    ("w8a8", "cpu"): "fbgemm int8 GEMM, 7-bit activations per token",
+    ("int8", "cuda"): "torch._weight_int8pack_mm",
+    ("int4", "cuda"): "torch._weight_int4pack_mm (tinygemm; bfloat16)",
+    ("w8a8", "cuda"): "torch._int_mm (cuBLASLt int8), 8-bit activations per token",
 }
 REFUSED: dict[tuple[str, str], str] = {
     ("int4", "cpu"): ("no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
@@ -84,14 +73,14 @@ def what_runs_where() -> str:
     """The table of ``KERNELS`` as one line per device, for error messages."""
     lines = []
     for device in ("cpu", "cuda"):
-        runs = [f"{s} ({KERNELS[s, device].ops})" for s in SCHEMES if (s, device) in KERNELS]
+        runs = [f"{s} ({KERNELS[s, device]})" for s in SCHEMES if (s, device) in KERNELS]
         lines.append(f"{device}: " + "; ".join(runs))
     return " | ".join(lines)
 
 
-def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> Kernel:
-    """The kernel ``scheme`` runs on ``device`` in ``dtype``; ``ValueError`` (saying what runs where)
-    for an unknown scheme or an unsupported pair."""
+def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> str:
+    """What ``scheme`` runs on ``device`` in ``dtype`` (``KERNELS``); ``ValueError`` (saying what
+    runs where) for an unknown scheme or an unsupported pair."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization={scheme!r} is invalid: use None or one of {', '.join(SCHEMES)}")
     kind = device.type
@@ -119,7 +108,7 @@ def _probe_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None
     try:
         make_linear(scheme, device.type, weight, None, 32)(torch.randn(2, 64, device=device, dtype=dtype))
     except RuntimeError as e:  # NotImplementedError included: no kernel for this device in this torch
-        raise ValueError(f"quantization={scheme!r}: {KERNELS[scheme, 'cuda'].ops} does not run here "
+        raise ValueError(f"quantization={scheme!r}: {KERNELS[scheme, 'cuda']} does not run here "
                          f"(torch {torch.__version__}: {type(e).__name__}: {str(e).splitlines()[0]}). "
                          f"What runs where: {what_runs_where()}") from e
 
@@ -274,16 +263,17 @@ def matmul_bytes(model_config: ModelConfig, scheme: str | None, group_size: int,
     """Bytes the matrix products read per step, scales included: the decoder layers' weights
     and the LM head's, for ``flops.step_work`` and the memory plan.
 
-    None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one float32 scale
-    per output channel. int4: half a byte per weight and a scale and a zero (``dtype_bytes``
-    each) per group of ``group_size`` inputs.
+    None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one scale per
+    output channel. int4: half a byte per weight and a scale and a zero per group of
+    ``group_size`` inputs. Scales and zeros are kept in the model's dtype (``dtype_bytes``; on a
+    CPU float32, as fbgemm keeps them).
     """
     def nbytes(out: int, inp: int) -> float:
         if scheme is None:
             return out * inp * dtype_bytes
         if scheme == "int4":
             return out * inp / 2 + out * (inp // group_size) * 2 * dtype_bytes
-        return out * inp + 4 * out
+        return out * inp + out * dtype_bytes
 
     shapes = linear_shapes(model_config)
     layers = sum(count * nbytes(out, inp) for name, (out, inp, count) in shapes.items() if name != "lm_head")

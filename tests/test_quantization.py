@@ -196,14 +196,21 @@ def test_the_self_draft_uses_the_same_layers(tiny_engine):
     assert out == tiny_engine().generate(random_prompts([7], VOCAB, seed=2), greedy(8))[0].token_ids
 
 
-def test_a_loaded_quantized_model_needs_its_scheme(tiny_llama):
+def test_a_loaded_quantized_model_runs_with_its_own_scheme(tiny_llama):
+    """A quantized model handed to an engine (a quantized draft reused on its own) keeps its
+    scheme, and the engine's config and bytes say so; asking it for another scheme is refused."""
     _, loaded = tiny_llama
     from dataclasses import replace
 
     quantized = replace(loaded, model=quantize_model(loaded.model, "w8a8"))
+    engine = make_engine(quantized)
+    assert engine.model is quantized.model and engine.config.quantization == "w8a8"
+    assert engine.matmul_bytes == matmul_bytes(loaded.model.config, "w8a8", 64, 4)
     assert make_engine(quantized, quantization="w8a8").model is quantized.model
-    with pytest.raises(ValueError, match="quantized"):
-        make_engine(quantized)
+    with pytest.raises(ValueError, match="already quantized"):
+        make_engine(quantized, quantization="int8")
+    reference = replace(loaded, model=reference_model(loaded.model, "int4", 32))  # float weights: float bytes
+    assert make_engine(reference).matmul_bytes is None
 
 
 def test_quality_is_perfect_against_itself_and_measures_a_scheme(tiny_llama):
@@ -241,10 +248,13 @@ def test_matmul_bytes_is_what_the_layers_hold(tiny_llama):
     small = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
                         max_position_embeddings=64, tie_word_embeddings=True)
-    held = {name: count * Int4Linear(torch.randn(out, inp), None, 64).weight_bytes
-            for name, (out, inp, count) in linear_shapes(small).items()}
-    assert matmul_bytes(small, "int4", 64, 4) == MatmulBytes(sum(v for n, v in held.items() if n != "lm_head"),
-                                                             held["lm_head"])
+    for scheme, make, dtype in [("int4", lambda w: Int4Linear(w, None, 64), torch.float32),
+                                ("int8", lambda w: Int8WeightOnlyLinear(w, None), torch.bfloat16),  # CUDA's, in bf16
+                                ("w8a8", lambda w: W8A8Linear(w, None), torch.bfloat16)]:
+        held = {name: count * make(torch.randn(out, inp, dtype=dtype)).weight_bytes
+                for name, (out, inp, count) in linear_shapes(small).items()}
+        assert matmul_bytes(small, scheme, 64, dtype.itemsize) == MatmulBytes(
+            sum(v for n, v in held.items() if n != "lm_head"), held["lm_head"]), scheme
 
 
 def test_bytes_per_weight_with_scales_for_the_default_shape():
@@ -283,7 +293,7 @@ def test_unsupported_pairs_raise_and_say_what_runs_where():
         check_supported("w8a8", torch.device("cpu"), torch.bfloat16)
     with pytest.raises(ValueError, match="does not run on meta"):
         check_supported("int8", torch.device("meta"), torch.float32)
-    assert "tinygemm" in KERNELS["int4", "cuda"].ops and ("int4", "cpu") not in KERNELS
+    assert "tinygemm" in KERNELS["int4", "cuda"] and ("int4", "cpu") not in KERNELS
 
 
 def test_a_kernel_this_torch_lacks_is_refused_with_its_reason(monkeypatch):
