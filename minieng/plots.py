@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from .flops import format_percent
 from .hardware import Peak
@@ -340,6 +341,7 @@ def batch_scaling(rows: Sequence[dict], knee_batch: int | None = None, compute_b
     right.set_ylabel("TPOT (ms)")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 1, 2, 4, ... rather than 2^0, 2^1, ...
         ax.set_yscale("log")
         ax.set_xlabel("batch size (sequences decoding together)")
         _legend(ax, fontsize=7)
