@@ -87,5 +87,35 @@ def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | None = 
         fp["cuda_version"] = torch.version.cuda
         fp.update(read_clocks(device))  # driver, SM clock, temperature, throttling; N/A as None
     else:
-        fp["device_name"] = platform.processor() or platform.machine()
+        fp["device_name"] = cpu_name()
     return fp
+
+
+# Fields of ``fingerprint`` that change from one moment to the next on the same machine.
+MOMENTARY_FIELDS = ("sm_clock_mhz", "temperature_c", "throttle_reasons")
+
+
+def environment(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
+    """``fingerprint`` less its momentary fields (clocks, temperature) plus the host's name: what
+    must match for a stored result to stand for a new measurement here."""
+    import platform
+
+    fp = fingerprint(device, dtype)
+    for field_name in MOMENTARY_FIELDS:
+        fp.pop(field_name, None)
+    return fp | {"host": platform.node()}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo), else what ``platform`` knows (often only the
+    architecture, e.g. "x86_64")."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -28,22 +28,42 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
-def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None) -> dict:
-    """Return ``compute()``'s JSON result, stored on disk under ``name`` and a hash of ``params``.
+def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None,
+           device: str | None = None) -> dict:
+    """Return ``compute()``'s JSON result, stored on disk under ``name`` and a hash of ``params``
+    and of the environment it is measured in.
 
-    A re-run (or a reconnected Colab session) with the same parameters reads the file instead of
-    measuring again. Delete the ``results/`` folder to measure afresh.
+    The environment is ``harness.environment`` for ``device`` (default: CUDA when available, else
+    CPU): device name, host, torch and minieng versions, threads, driver; plus the smoke switch.
+    A re-run (or a reconnected Colab session) with the same parameters on the same machine reads
+    the file instead of measuring again and says when and where it was measured; a result from
+    another machine, another torch or a smoke run is never shown as this run's. The folder is
+    ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the working directory (the
+    notebook's folder); delete a file to measure again.
     """
+    import datetime
+
+    import torch
+
+    from .harness import environment
+
     directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
-    key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    where = environment(device) | {"smoke": smoke_mode()}
+    key = hashlib.sha256(json.dumps({"params": params, "environment": where}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:16]
     path = directory / f"{name}-{key}.json"
     if path.is_file():
-        print(f"(cached result from {path}; delete it to measure again)")
-        return json.loads(path.read_text())["result"]
+        stored = json.loads(path.read_text())
+        print(f"(cached result, measured {stored.get('measured_at', 'at an unrecorded time')} on "
+              f"{where['device_name']} ({where['host']}), read from {path}; delete it to measure again)")
+        return stored["result"]
     result = compute()
     directory.mkdir(parents=True, exist_ok=True)
+    measured_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"params": params, "result": result}, default=str))
+    tmp.write_text(json.dumps({"params": params, "environment": where, "measured_at": measured_at,
+                               "result": result}, default=str))
     tmp.replace(path)
     return result
 

@@ -7,11 +7,19 @@ transformers or huggingface_hub). Tests that need the embedded default model are
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests never write into the notebooks' results folder (a reader would see the tests' smoke results
+# as their own): every cached result of this process and its kernels goes to a folder of its own.
+_RESULTS = tempfile.mkdtemp(prefix="minieng-test-results-")
+os.environ["MINIENG_RESULTS_DIR"] = _RESULTS
+atexit.register(shutil.rmtree, _RESULTS, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -40,3 +40,5 @@ def test_notebook_is_stripped_and_follows_the_machinery(path):
     assert "github.com/minieng" not in json.dumps(nb), f"{path.name}: points at a repository never published"
     assert "Predict" in markdown, f"{path.name}: the reader predicts before measuring"
     assert "claims_table(" in source, f"{path.name}: ends with the seed-claims table"
+    assert "README.md#why-your-numbers-differ-from-mine" in markdown, (
+        f"{path.name}: link the README's 'Why your numbers differ from mine' from the first cell")

@@ -55,6 +55,43 @@ def test_cached_default_directory_follows_the_environment_at_call_time(tmp_path,
     assert list(target.glob("x-*.json")), "MINIENG_RESULTS_DIR set after import was ignored"
 
 
+def _other_machine(real):
+    return lambda device="cpu", dtype=None: real(device, dtype) | {"host": "someone-elses-laptop"}
+
+
+def test_cached_never_shows_another_environments_result_as_this_runs(tmp_path, monkeypatch, capsys):
+    """A result measured elsewhere (another host, torch, device), or in smoke mode, is measured
+    afresh; a reused one says when and where it was measured."""
+    from minieng import harness
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"ttft_ms": float(len(calls))}
+
+    monkeypatch.delenv("MINIENG_SMOKE", raising=False)
+    first = widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path)
+    stored = json.loads(next(tmp_path.glob("ttft-*.json")).read_text())
+    assert stored["environment"]["host"] and stored["environment"]["smoke"] is False
+    assert stored["measured_at"].endswith("UTC")
+    assert "sm_clock_mhz" not in stored["environment"]  # momentary fields never split the cache
+
+    monkeypatch.setattr(harness, "environment", _other_machine(harness.environment))
+    elsewhere = widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path)
+    assert (first, elsewhere) == ({"ttft_ms": 1.0}, {"ttft_ms": 2.0})
+    monkeypatch.undo()
+
+    monkeypatch.setenv("MINIENG_SMOKE", "1")
+    assert widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path) == {"ttft_ms": 3.0}
+    monkeypatch.delenv("MINIENG_SMOKE")
+    capsys.readouterr()
+    assert widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path) == {"ttft_ms": 1.0}
+    out = capsys.readouterr().out
+    assert f"measured {stored['measured_at']} on {stored['environment']['device_name']}" in out
+    assert len(calls) == 3 and len(list(tmp_path.glob("ttft-*.json"))) == 3
+
+
 def test_int_slider_and_dropdown():
     s = widgets.int_slider("batch", 4, 1, 32, step=1)
     assert s.continuous_update is False
