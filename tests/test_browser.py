@@ -208,9 +208,9 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
         assert page.evaluate(UNRUN_CELLS) == [], f"{name}: code cells left unrun"
 
         # Widgets rendered as widgets, not as the text a viewer without ipywidgets shows.
-        page.wait_for_selector(".widget-slider", timeout=30_000)
         fallbacks = [t for t in texts if re.search(r"\b(IntSlider|VBox)\(", t)]
         assert not fallbacks, f"{name}: a panel rendered as text, not widgets: {fallbacks[0][:200]}"
+        page.wait_for_selector(".widget-slider", timeout=30_000)
         sliders = page.evaluate(SLIDERS)
         print(f"{name}: sliders " + ", ".join(f"{s['description']!r} track {s['track_px']:.0f} px" for s in sliders))
         assert len(sliders) == n_sliders, f"{name}: expected {n_sliders} slider widgets, found {sliders}"
