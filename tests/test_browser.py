@@ -81,7 +81,7 @@ def chromium_path():
 
 @pytest.fixture(scope="module")
 def lab(chromium_path, tmp_path_factory):
-    """A JupyterLab server over copies of the notebooks: (base URL, token, notebooks folder)."""
+    """A JupyterLab server over copies of the notebooks: (base URL, token)."""
     root = tmp_path_factory.mktemp("lab")
     notebooks = root / "notebooks"
     notebooks.mkdir()
@@ -104,14 +104,15 @@ def lab(chromium_path, tmp_path_factory):
            "--LabApp.expose_app_in_browser=True"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI runners often run as root
-    log = open(root / "jupyterlab.log", "w")
-    server = subprocess.Popen(cmd, cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log = root / "jupyterlab.log"
     base = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        server = subprocess.Popen(cmd, cwd=notebooks, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
             if server.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {server.returncode}:\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
+                pytest.fail(f"JupyterLab exited with {server.returncode}:\n{log.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
                     if r.status == 200:
@@ -119,9 +120,9 @@ def lab(chromium_path, tmp_path_factory):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
+                pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield base, token, notebooks
+        yield base, token
     finally:
         server.terminate()  # the server shuts its kernels down as it exits
         try:
@@ -129,9 +130,8 @@ def lab(chromium_path, tmp_path_factory):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-        log.close()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(root / "jupyterlab.log", ARTIFACTS / "jupyterlab.log")
+        shutil.copy(log, ARTIFACTS / "jupyterlab.log")
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def shoot(page, name: str, element=None) -> None:
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS), ids=lambda n: n.split("_")[0])
 def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
-    base, token, notebooks = lab
+    base, token = lab
     moved_text, n_sliders = NOTEBOOKS[name]
     stem = Path(name).stem
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
