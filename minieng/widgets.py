@@ -74,17 +74,51 @@ def announce(what: str, estimate_s: float) -> None:
     print(f"{what}: about {when} on this device")
 
 
+# ipywidgets gives every control 300 px in all, description included: a long description
+# ("description_width": "initial") leaves the slider beside it a track of a few pixels. So each
+# control is as wide as its description plus a body of fixed width, and a panel gives all its
+# controls the longest description's width, so their tracks line up. Widths are CSS (``ch``: the
+# width of a digit, a little more than an average letter), which ipywidgets 7 and 8 both pass on.
+SLIDER_BODY_PX = 320  # track and readout
+DROPDOWN_BODY_PX = 220  # the option box
+
+
+def _fit(control, description_ch: int, body_px: int) -> None:
+    """Give ``control`` a description column ``description_ch`` characters wide and ``body_px``
+    beside it (narrower only when its container is)."""
+    control.style.description_width = f"{description_ch}ch"
+    control.layout.width = f"calc({description_ch}ch + {body_px}px)"
+    control.layout.max_width = "100%"
+
+
 def int_slider(description: str, value: int, min: int, max: int, step: int = 1):
+    """An ``IntSlider`` that fires on release, sized so its track stays usable beside any description."""
     import ipywidgets as w
 
-    return w.IntSlider(value=value, min=min, max=max, step=step, description=description,
-                       continuous_update=False, style={"description_width": "initial"})
+    slider = w.IntSlider(value=value, min=min, max=max, step=step, description=description,
+                         continuous_update=False)
+    _fit(slider, len(description), SLIDER_BODY_PX)
+    return slider
 
 
 def dropdown(description: str, options, value):
+    """A ``Dropdown`` sized like ``int_slider``: its option box keeps its width beside any description."""
     import ipywidgets as w
 
-    return w.Dropdown(options=options, value=value, description=description, style={"description_width": "initial"})
+    menu = w.Dropdown(options=options, value=value, description=description)
+    _fit(menu, len(description), DROPDOWN_BODY_PX)
+    return menu
+
+
+def _body_px(control) -> int | None:
+    """The body width ``int_slider``/``dropdown`` give ``control``; None for other widgets."""
+    import ipywidgets as w
+
+    if isinstance(control, w.Dropdown):
+        return DROPDOWN_BODY_PX
+    if isinstance(control, (w.IntSlider, w.FloatSlider)):
+        return SLIDER_BODY_PX
+    return None
 
 
 def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run", run_now: bool = True):
@@ -105,6 +139,12 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
             callback(**{name: c.value for name, c in controls.items()})
 
     run.on_click(fire)
+    # One description column for the panel: the sliders' tracks start and end at the same x.
+    sized = [(c, _body_px(c)) for c in controls.values() if _body_px(c) is not None]
+    if sized:
+        description_ch = max(len(c.description) for c, _ in sized)
+        for c, body_px in sized:
+            _fit(c, description_ch, body_px)
     panel = w.VBox([*controls.values(), run, out])
     if run_now:
         fire()

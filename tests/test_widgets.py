@@ -100,6 +100,31 @@ def test_int_slider_and_dropdown():
     assert d.value == "b" and list(d.options) == ["a", "b"]
 
 
+def test_controls_keep_their_body_beside_a_long_description():
+    """ipywidgets' 300 px default left a 30-character description's slider a zero-width track
+    (notebook 07); each control is now its description's width plus a fixed body."""
+    long = widgets.int_slider("shared share of the prompt (%)", 50, 0, 99)
+    assert long.style.description_width == "30ch"
+    assert long.layout.width == f"calc(30ch + {widgets.SLIDER_BODY_PX}px)"
+    short = widgets.int_slider("k", 1, 1, 8)
+    assert short.layout.width == f"calc(1ch + {widgets.SLIDER_BODY_PX}px)"
+    menu = widgets.dropdown("scheme", ["none", "int8"], "none")
+    assert (menu.style.description_width, menu.layout.width) == ("6ch", f"calc(6ch + {widgets.DROPDOWN_BODY_PX}px)")
+
+
+def test_run_panel_gives_its_controls_one_description_column():
+    import ipywidgets as w
+
+    slider = widgets.int_slider("n", 3, 1, 10)
+    menu = widgets.dropdown("a longer description", ["x", "y"], "x")
+    other = w.Checkbox(description="other widgets are left as they are")
+    widgets.run_panel({"n": slider, "mode": menu, "flag": other}, lambda n, mode, flag: None)
+    assert slider.style.description_width == menu.style.description_width == "20ch"
+    assert slider.layout.width == f"calc(20ch + {widgets.SLIDER_BODY_PX}px)"
+    assert menu.layout.width == f"calc(20ch + {widgets.DROPDOWN_BODY_PX}px)"
+    assert other.layout.width is None
+
+
 def _button(panel):
     import ipywidgets as w
 
