@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test lab gpu-check clean
+.PHONY: setup run bench test lab gpu-check dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -49,6 +49,12 @@ gpu-check: setup
 # JupyterLab refuses to start as root (containers, workshop VMs) unless told it may.
 lab: setup
 	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# The wheel and sdist a workshop host publishes (an index, a file server): dist/. The wheel carries
+# the package, data/ and the notebooks (`python -m minieng notebooks DEST` copies them out).
+dist: setup
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
 
 clean:
 	rm -rf $(VENV)

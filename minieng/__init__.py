@@ -6,6 +6,7 @@ Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded defaul
 from .config import EngineConfig, ModelConfig, SamplingParams
 from .engine import LLMEngine
 from .outputs import RequestOutput, StepRecord
+from .package_data import data_path
 
-__all__ = ["EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord"]
+__all__ = ["EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord", "data_path"]
 __version__ = "0.1.0"

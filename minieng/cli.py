@@ -4,6 +4,7 @@
   python -m minieng bench               prefill and decode sweeps, serving runs, experiments
   python -m minieng serve               an OpenAI-compatible HTTP server (127.0.0.1:8000)
   python -m minieng loadgen --base-url URL   load any OpenAI-compatible server, report its latencies
+  python -m minieng notebooks DEST      copy the course's notebooks into DEST, to open in JupyterLab
 
 Run a command with --help for its options.
 """
@@ -135,12 +136,15 @@ def _workload_specs(args):
         return w.fixed_workload(args.num_requests, args.prompt_tokens, args.output_tokens_per_request, 1 / args.rate if args.rate else 0.0)
     if args.workload == "poisson":
         return w.poisson_workload(args.num_requests, args.rate or 1.0, args.prompt_tokens, args.output_tokens_per_request, args.seed)
-    if not args.trace:
-        raise ValueError("--workload trace needs --trace PATH (a CSV with TIMESTAMP, ContextTokens, "
-                         "GeneratedTokens, e.g. ../shared/data/azure-llm-trace-2023/conv.csv)")
-    specs = w.read_trace(args.trace, args.num_requests)
-    if not specs:
-        raise ValueError(f"{args.trace} holds no requests to replay")
+    if args.trace:
+        specs = w.read_trace(args.trace, args.num_requests)
+        if not specs:
+            raise ValueError(f"{args.trace} holds no requests to replay")
+    else:
+        specs = w.sampled_trace_workload(args.num_requests, args.trace_service, args.seed)
+        print(f"trace workload: {len(specs)} requests sampled from the Azure 2023 {args.trace_service} trace's "
+              f"quantiles ({w.TRACE_QUANTILES.parent.name}/), not the trace itself; --trace CSV replays the real one",
+              file=sys.stderr)
     return w.scale_workload(specs, args.time_scale, args.length_scale, args.max_prompt_tokens, args.max_output_tokens)
 
 
@@ -278,12 +282,17 @@ def cmd_serve(args) -> int:
 
 def _workload_args(s, choices: list[str], default: str | None) -> None:
     """The workload and SLO options shared by ``bench --workload`` and ``loadgen``."""
+    from .workload import TRACE_SERVICES
+
     s.add_argument("--workload", choices=choices, default=default)
     s.add_argument("--num-requests", type=int, default=16)
     s.add_argument("--rate", type=float, default=None, help="requests/s (poisson: default 1; fixed: default all at once)")
     s.add_argument("--prompt-tokens", type=int, default=128)
     s.add_argument("--output-tokens-per-request", type=int, default=32)
-    s.add_argument("--trace", default=None, help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)")
+    s.add_argument("--trace", default=None, help="trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens); without it, "
+                   "requests are sampled from the Azure 2023 trace's quantiles kept in the course's data/")
+    s.add_argument("--trace-service", choices=TRACE_SERVICES, default="conv",
+                   help="the Azure trace's service sampled when no --trace is given")
     s.add_argument("--time-scale", type=float, default=1.0, help="trace arrival times x this (4 = a quarter of the rate)")
     s.add_argument("--length-scale", type=float, default=0.25, help="trace lengths x this, for a small machine")
     s.add_argument("--max-prompt-tokens", type=int, default=1024)
@@ -331,6 +340,15 @@ def cmd_loadgen(args) -> int:
         for error in result.errors[:5]:
             print(f"  error: {error}")
     return 0 if not result.errors else 1
+
+
+def cmd_notebooks(args) -> int:
+    from .package_data import copy_notebooks
+
+    copied, kept = copy_notebooks(args.dest)
+    print(f"copied {len(copied)} notebooks into {args.dest}" + (f"; kept {len(kept)} already there" if kept else ""))
+    print(f"open them with: jupyter lab {args.dest}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     lg.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     _workload_args(lg, choices=["poisson", "trace", "fixed"], default="poisson")
     lg.set_defaults(func=cmd_loadgen)
+    nb = sub.add_parser("notebooks", help="copy the course's notebooks into a folder (an installed wheel carries them)")
+    nb.add_argument("dest", help="folder to copy into (created if needed); notebooks already there are kept")
+    nb.set_defaults(func=cmd_notebooks)
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.
     flags = {a.dest: a.option_strings[-1] for p in (g, b, v, lg) for a in p._actions if a.option_strings and a.dest != "help"}

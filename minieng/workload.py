@@ -1,14 +1,20 @@
 """Workloads: request streams (fixed, Poisson, trace replay) and real-text prompts of exact lengths.
 
-The text is public-domain prose shipped in the repository's ``data/text/`` (Jane Austen's
+The text is public-domain prose shipped in the course's ``data/text/`` (Jane Austen's
 *Pride and Prejudice*, chapters 1-11; see its README). Real text rather than random ids: the
 attention patterns and the tokens generated look like a real workload's.
+
+The Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA 2024; CC BY 4.0) is read from a
+CSV the user has (``read_trace``); the course itself carries only quantiles derived from it
+(``data/azure-llm-trace-2023/``), from which ``sampled_trace_workload`` draws trace-shaped
+requests where the CSV is absent.
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -16,15 +22,22 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-DEFAULT_TEXT = DATA_DIR / "text" / "pride_and_prejudice.txt"
+from .package_data import data_path
+
+DEFAULT_TEXT = data_path("text", "pride_and_prejudice.txt")
+TRACE_QUANTILES = data_path("azure-llm-trace-2023", "quantiles.json")
+TRACE_SERVICES = ("conv", "code")
+# The probabilities at which the trace's quantiles are kept: every percentile, finer in the top
+# one, where the few longest gaps (minutes, in code.csv) carry much of the mean gap.
+TRACE_PROBABILITIES = tuple([p / 100 for p in range(99)] + [(990 + i) / 1000 for i in range(10)]
+                            + [0.9995, 0.9999, 1.0])
 
 
 @lru_cache(maxsize=4)
 def _text_token_ids(tokenizer, path: Path) -> tuple[int, ...]:
     if not path.is_file():
-        raise ValueError(f"{path} not found: run from a clone of the minieng repository "
-                         "(the text corpus lives in its data/ folder)")
+        raise ValueError(f"{path} not found: install minieng from its wheel or sdist, or run from a "
+                         "clone of the repository (the text corpus lives in its data/ folder)")
     return tuple(tokenizer.encode(path.read_text(encoding="utf-8"), add_special_tokens=False))
 
 
@@ -98,6 +111,70 @@ def read_trace(path: str | Path, num_requests: int | None = None, skip: int = 0)
     times = [_parse_timestamp(r["TIMESTAMP"]) for r in rows]
     return [RequestSpec(t - times[0], int(r["ContextTokens"]), int(r["GeneratedTokens"]))
             for t, r in zip(times, rows)]
+
+
+def trace_quantiles(specs: list[RequestSpec], probabilities=TRACE_PROBABILITIES) -> dict:
+    """Figures derived from a trace, the kind its licence lets the course keep instead of rows.
+
+    ``specs``: the whole trace in arrival order (``read_trace``), at least 2 requests.
+    Returns ``num_requests``, ``duration_s`` (first to last arrival), ``rate_per_s`` (gaps per
+    second of that span), and the quantiles at ``probabilities`` (numpy's linear interpolation)
+    of ``prompt_tokens``, ``output_tokens`` and ``interarrival_s`` (the gaps between successive
+    arrivals). Tokens are rounded to 1e-3, seconds to 1e-6. Raises ``ValueError`` for fewer than
+    2 requests."""
+    if len(specs) < 2:
+        raise ValueError(f"a trace of {len(specs)} request(s) has no inter-arrival gap: give at least 2")
+    arrivals = np.array([s.arrival_s for s in specs])
+    gaps = np.diff(arrivals)
+    duration_s = float(arrivals[-1] - arrivals[0])
+
+    def q(values, digits):
+        return [round(float(v), digits) for v in np.quantile(np.asarray(values, dtype=float), probabilities)]
+
+    return {"num_requests": len(specs), "duration_s": round(duration_s, 6),
+            "rate_per_s": round(len(gaps) / duration_s, 6),
+            "prompt_tokens": q([s.prompt_tokens for s in specs], 3),
+            "output_tokens": q([s.output_tokens for s in specs], 3),
+            "interarrival_s": q(gaps, 6)}
+
+
+def stored_trace_quantiles(service: str = "conv", path: Path = TRACE_QUANTILES) -> dict:
+    """The quantiles kept in the course (``data/azure-llm-trace-2023/quantiles.json``) for one
+    service of the Azure trace: ``trace_quantiles``'s figures plus their ``probabilities``.
+    Raises ``ValueError`` for an unknown service or a missing file."""
+    if service not in TRACE_SERVICES:
+        raise ValueError(f"trace service {service!r} unknown; use one of {', '.join(TRACE_SERVICES)}")
+    if not path.is_file():
+        raise ValueError(f"{path} not found: install minieng from its wheel or sdist, or run from a clone "
+                         "of the repository (the trace's quantiles live in its data/ folder)")
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    return {"probabilities": stored["probabilities"], **stored["services"][service]}
+
+
+def sampled_trace_workload(num_requests: int, service: str = "conv", seed: int = 0,
+                           quantiles: dict | None = None) -> list[RequestSpec]:
+    """Trace-shaped requests sampled from the trace's quantiles, not the trace itself.
+
+    Each request's prompt length, output length and gap to the previous arrival are drawn by
+    inverse-CDF sampling (one uniform draw each, linear between the stored quantiles; lengths
+    rounded, at least 1 token), independently: the marginal distributions are the trace's, the
+    correlations between them (a long prompt with a long answer, bursts of arrivals) are not kept.
+    The first request arrives at t = 0. ``quantiles``: ``stored_trace_quantiles(service)`` unless
+    given. Reproducible per ``seed``. Raises ``ValueError`` for ``num_requests`` < 1 or an
+    unknown service.
+    """
+    _check_positive(num_requests=num_requests)
+    q = quantiles if quantiles is not None else stored_trace_quantiles(service)
+    u = np.random.default_rng(seed).random((3, num_requests))
+
+    def draw(name, row):
+        return np.interp(u[row], q["probabilities"], q[name])
+
+    prompts = np.maximum(1, np.rint(draw("prompt_tokens", 0))).astype(int)
+    outputs = np.maximum(1, np.rint(draw("output_tokens", 1))).astype(int)
+    gaps = draw("interarrival_s", 2)
+    arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+    return [RequestSpec(float(t), int(p), int(o)) for t, p, o in zip(arrivals, prompts, outputs)]
 
 
 def scale_workload(specs: list[RequestSpec], time_scale: float = 1.0, length_scale: float = 1.0,

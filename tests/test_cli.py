@@ -87,13 +87,28 @@ def no_model_load(monkeypatch):
     (["generate", "  \n "], "prompt is empty"),
     (["generate", "", "--raw"], "prompt is empty"),
     (["bench", "--output-tokens", "1"], "--output-tokens=1"),
-    (["bench", "--workload", "trace"], "--workload trace needs --trace"),
+    (["bench", "--workload", "trace", "--trace", "/nonexistent/conv.csv"], "/nonexistent/conv.csv not found"),
 ])
 def test_bad_arguments_are_refused_before_the_model_loads(capsys, no_model_load, argv, expected):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.startswith("error:") and expected in err, err
     assert not re.search(r"(?<![\w-])(max_tokens|temperature|top_p|top_k)=", err), "API wording on the command line"
+
+
+def test_trace_workload_without_a_csv_is_sampled_from_the_quantiles(capsys):
+    """No --trace: requests sampled from the stored quantiles of --trace-service, scaled as asked,
+    and a line that says they are not the trace itself."""
+    from argparse import Namespace
+
+    from minieng.workload import sampled_trace_workload, scale_workload
+
+    args = Namespace(workload="trace", trace=None, trace_service="code", num_requests=7, seed=3, time_scale=2.0,
+                     length_scale=0.5, max_prompt_tokens=600, max_output_tokens=20)
+    specs = cli._workload_specs(args)
+    assert specs == scale_workload(sampled_trace_workload(7, "code", seed=3), 2.0, 0.5, 600, 20)
+    err = capsys.readouterr().err
+    assert "7 requests sampled from the Azure 2023 code trace's quantiles" in err and "not the trace itself" in err
 
 
 def test_errors_use_the_command_line_words(capsys):

@@ -1,19 +1,25 @@
-"""Workloads: fixed and Poisson streams, the Azure trace replayed, scaling, real-text prompts.
+"""Workloads: fixed and Poisson streams, the Azure trace replayed or sampled, scaling, real-text prompts.
 
 The trace is read from ``../shared/data/azure-llm-trace-2023/`` beside the repository (never
-copied into it); its tests skip where that folder is absent.
+copied into it); its tests skip where that folder is absent. The quantiles derived from it, which
+the course keeps in ``data/azure-llm-trace-2023/``, are tested anywhere: the workload sampled
+from them, and (where the CSVs are present) that they are what the script derives.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from minieng.workload import (RequestSpec, fixed_workload, poisson_workload, read_trace, scale_workload,
-                              text_prompts, workload_prompts)
+from minieng.workload import (TRACE_QUANTILES, TRACE_SERVICES, RequestSpec, fixed_workload, poisson_workload,
+                              read_trace, sampled_trace_workload, scale_workload, stored_trace_quantiles,
+                              text_prompts, trace_quantiles, workload_prompts)
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO.parent / "shared" / "data" / "azure-llm-trace-2023" / "conv.csv"
@@ -152,6 +158,126 @@ def test_read_trace_of_a_small_file(tmp_path):
                     "2023-11-17 00:00:01,20,4\n")  # across midnight, no fractional part
     specs = read_trace(path)
     assert specs == [RequestSpec(0.0, 10, 3), RequestSpec(pytest.approx(1.5), 20, 4)]
+
+
+# -- the trace's quantiles, and the workload sampled from them ------------------------------------
+
+@needs_trace
+def test_stored_quantiles_are_what_the_script_derives_from_the_csvs(tmp_path):
+    """data/azure-llm-trace-2023/ holds exactly what benchmarks/trace_quantiles.py writes from the CSVs."""
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "trace_quantiles.py"),
+                          "--source", str(TRACE.parent), "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name in ("quantiles.json", "README.md"):
+        assert (tmp_path / name).read_text(encoding="utf-8") == (TRACE_QUANTILES.parent / name).read_text(encoding="utf-8"), name
+    # And the figures are the CSV's: its request count and its median prompt length.
+    specs = read_trace(TRACE)
+    conv = stored_trace_quantiles("conv")
+    assert conv["num_requests"] == len(specs)
+    assert conv["prompt_tokens"][conv["probabilities"].index(0.5)] == np.median([s.prompt_tokens for s in specs])
+
+
+def test_stored_quantiles_carry_the_attribution_and_no_rows():
+    doc = json.loads(TRACE_QUANTILES.read_text(encoding="utf-8"))
+    assert "CC BY 4.0" in doc["license"] and "Splitwise" in doc["attribution"]
+    readme = (TRACE_QUANTILES.parent / "README.md").read_text(encoding="utf-8")
+    assert "CC BY 4.0" in readme and "Splitwise" in readme and "AzurePublicDataset" in readme
+    assert sorted(p.name for p in TRACE_QUANTILES.parent.iterdir()) == ["README.md", "quantiles.json"]
+    probs = doc["probabilities"]
+    assert probs[0] == 0.0 and probs[-1] == 1.0 and all(a < b for a, b in zip(probs, probs[1:]))
+    for service in TRACE_SERVICES:
+        q = stored_trace_quantiles(service)
+        for name in ("prompt_tokens", "output_tokens", "interarrival_s"):
+            assert len(q[name]) == len(probs)
+            assert all(a <= b for a, b in zip(q[name], q[name][1:])), (service, name)  # a quantile function
+        assert q["rate_per_s"] == pytest.approx((q["num_requests"] - 1) / q["duration_s"], rel=1e-5)
+
+
+@pytest.mark.parametrize("service", TRACE_SERVICES)
+def test_stored_quantiles_carry_the_trace_rate(service):
+    """The mean gap of the distribution the sampler draws from (linear between the stored
+    quantiles) is the trace's own mean gap within 1%: the fine grid in the top percentile keeps
+    the rare long gaps (minutes, in code.csv) that a grid of percentiles alone would smear."""
+    q = stored_trace_quantiles(service)
+    p, g = np.array(q["probabilities"]), np.array(q["interarrival_s"])
+    mean_gap_s = float(np.sum(np.diff(p) * (g[1:] + g[:-1]) / 2))
+    assert mean_gap_s == pytest.approx(1 / q["rate_per_s"], rel=0.01)
+
+
+@pytest.mark.parametrize("service", TRACE_SERVICES)
+def test_sampled_workload_has_the_stored_quantiles(service):
+    """Inverse-CDF sampling: at every stored probability p with quantile x, the sampled share at or
+    below x is p. Lengths are rounded to whole tokens, so the check brackets x by half a token:
+    share(< x - 0.5) <= p <= share(<= x + 0.5), each within 0.02. For 20,000 draws a share's
+    standard error is at most 0.0035, so 0.02 is 5.7 of them (odds below 1e-8 per probability for
+    a correct sampler; the seed is fixed, so the test is deterministic)."""
+    n, tol = 20_000, 0.02
+    q = stored_trace_quantiles(service)
+    specs = sampled_trace_workload(n, service, seed=1)
+    gaps = np.diff([s.arrival_s for s in specs])
+    for name, values, half in (("prompt_tokens", [s.prompt_tokens for s in specs], 0.5),
+                               ("output_tokens", [s.output_tokens for s in specs], 0.5),
+                               ("interarrival_s", gaps, 0.0)):
+        values = np.sort(values)
+        for p, x in zip(q["probabilities"], q[name]):
+            below = np.searchsorted(values, x - half, side="left") / len(values)
+            at_or_below = np.searchsorted(values, x + half, side="right") / len(values)
+            assert below - tol <= p <= at_or_below + tol, (name, p, x, below, at_or_below)
+
+
+def test_sampled_workload_rate():
+    """conv's gaps have a coefficient of variation of about 1.1, so the mean of 20,000 sampled gaps
+    has a relative standard error under 1%: 5% is over 5 of them."""
+    q = stored_trace_quantiles("conv")
+    specs = sampled_trace_workload(20_000, "conv", seed=2)
+    assert (len(specs) - 1) / specs[-1].arrival_s == pytest.approx(q["rate_per_s"], rel=0.05)
+
+
+def test_sampled_workload_is_a_trace_shaped_request_list():
+    """What ``read_trace`` returns: RequestSpecs from t = 0, in arrival order, whole tokens >= 1."""
+    specs = sampled_trace_workload(50, "code", seed=0)
+    assert len(specs) == 50 and all(isinstance(s, RequestSpec) for s in specs)
+    assert specs[0].arrival_s == 0.0
+    assert all(b.arrival_s >= a.arrival_s for a, b in zip(specs, specs[1:]))
+    assert all(isinstance(s.prompt_tokens, int) and s.prompt_tokens >= 1 and s.output_tokens >= 1 for s in specs)
+    assert specs == sampled_trace_workload(50, "code", seed=0)
+    assert specs != sampled_trace_workload(50, "code", seed=1)
+    assert specs != sampled_trace_workload(50, "conv", seed=0)
+
+
+def test_sampled_workload_from_given_quantiles():
+    """One step from 10 to 20 tokens: every draw lands in [10, 20]; a constant gap spaces arrivals evenly."""
+    q = {"probabilities": [0.0, 1.0], "prompt_tokens": [10, 20], "output_tokens": [3, 3], "interarrival_s": [0.5, 0.5]}
+    specs = sampled_trace_workload(200, seed=4, quantiles=q)
+    assert {s.output_tokens for s in specs} == {3}
+    assert all(10 <= s.prompt_tokens <= 20 for s in specs)
+    assert len({s.prompt_tokens for s in specs}) > 5
+    assert [s.arrival_s for s in specs[:3]] == [0.0, 0.5, 1.0]
+
+
+def test_trace_quantiles_by_hand():
+    specs = [RequestSpec(0.0, 10, 1), RequestSpec(1.0, 20, 2), RequestSpec(3.0, 30, 3), RequestSpec(4.0, 40, 4)]
+    q = trace_quantiles(specs, probabilities=(0.0, 0.5, 1.0))
+    assert q == {"num_requests": 4, "duration_s": 4.0, "rate_per_s": 0.75, "prompt_tokens": [10.0, 25.0, 40.0],
+                 "output_tokens": [1.0, 2.5, 4.0], "interarrival_s": [1.0, 1.0, 2.0]}
+    with pytest.raises(ValueError, match="at least 2"):
+        trace_quantiles(specs[:1])
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: sampled_trace_workload(0), "must be > 0"),
+    (lambda: sampled_trace_workload(3, "chat"), "unknown"),
+    (lambda: stored_trace_quantiles("chat"), "conv, code"),
+])
+def test_sampled_workload_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_stored_quantiles_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        stored_trace_quantiles("conv", path=tmp_path / "quantiles.json")
 
 
 # -- scaling --------------------------------------------------------------------------------------
