@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test lab gpu-check clean
+.PHONY: setup run bench test course lab gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -39,6 +39,11 @@ run bench: setup
 test: setup
 	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q tests
 	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q --nbmake notebooks
+
+# The whole course in full mode: every notebook executed, as HTML in course-output/ with an index
+# page, and the seed claims tabled (COURSE_ARGS, e.g. --only 01,07 or --smoke, passes options).
+course: setup
+	$(BIN)/python -m minieng course $(COURSE_ARGS)
 
 # The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json.
 gpu-check: setup
