@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
@@ -86,8 +86,8 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar)
     except CellExecutionError as e:
         line = f"{e.ename}: {e.evalue}" if e.ename else str(e).strip().splitlines()[-1]
         status, error = "failed", " ".join(line.split())[:300]
-    except DeadKernelError as e:
-        status, error = "failed", f"the kernel died ({e})"
+    except Exception as e:  # the kernel died or would not start: this notebook failed, the course goes on
+        status, error = "failed", " ".join(f"{type(e).__name__}: {e}".split())[:300]
     wall_s = time.perf_counter() - start
     nbformat.write(nb, output_dir / path.name)
     page = output_dir / f"{path.stem}.html"
