@@ -3,7 +3,8 @@
 ``python -m minieng course`` (``make course``) runs each notebook in a kernel of its own
 (nbclient), with the notebooks folder as its working directory (where the notebooks find their
 data) and its result cache under the output folder, never the source tree's ``results/``. It
-writes per notebook the executed ``.ipynb`` and its HTML (nbconvert), then ``index.html`` and
+writes per notebook the executed ``.ipynb`` (widgets live when opened in Jupyter) and a static HTML
+page (nbconvert; each panel shown by its default result), then ``index.html`` and
 ``course.json``, and returns one table of the seed claims with what each notebook measured.
 A notebook that fails or runs out of time is reported, with what it had shown so far, and the
 rest still run.
@@ -58,6 +59,35 @@ def claims_rows(nb) -> list[list[str]]:
             for row in out.get("data", {}).get(CLAIMS_MIMETYPE, {}).get("rows", [])]
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PANEL_NOTE = ("<p><em>An interactive panel: its controls work when you run the notebook. Its result for the "
+              "default values:</em></p>")
+
+
+def static_panels(nb):
+    """A copy of an executed notebook for a static page: each widget panel replaced by what its
+    ``Output`` widgets showed (the panel's run with the default values), so the HTML needs no widget
+    JavaScript and no network. The widgets themselves are dropped."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+    def shown(model_id: str) -> list:
+        model = state.get(model_id.removeprefix("IPY_MODEL_"), {})
+        if model.get("model_name") == "OutputModel":
+            return [nbformat.from_dict(o) for o in model["state"].get("outputs", [])]
+        children = model.get("state", {}).get("children", [])
+        return [o for child in children if isinstance(child, str) for o in shown(child)]
+
+    note = nbformat.v4.new_output("display_data", data={"text/html": PANEL_NOTE})
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for out in cell.outputs for o in
+                            ([note, *shown(out["data"][WIDGET_VIEW]["model_id"])] if WIDGET_VIEW in out.get("data", {}) else [out])]
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
 def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar) -> dict:
     """Execute one notebook, write its executed copy and HTML into ``output_dir``.
 
@@ -68,7 +98,8 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar)
     deadline = []  # set at the first cell: the kernel's start-up is not counted
 
     def time_left(cell) -> int:
-        deadline or deadline.append(time.monotonic() + timeout_s)
+        if not deadline:
+            deadline.append(time.monotonic() + timeout_s)
         return max(1, int(deadline[0] - time.monotonic()))
 
     def on_cell_start(cell, cell_index):
@@ -91,7 +122,7 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar)
     wall_s = time.perf_counter() - start
     nbformat.write(nb, output_dir / path.name)
     page = output_dir / f"{path.stem}.html"
-    page.write_text(HTMLExporter().from_notebook_node(nb)[0], encoding="utf-8")
+    page.write_text(HTMLExporter().from_notebook_node(static_panels(nb))[0], encoding="utf-8")
     return {"name": path.stem, "status": status, "error": error, "wall_s": round(wall_s, 1), "html": page.name,
             "rows": claims_rows(nb)}
 

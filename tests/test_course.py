@@ -27,6 +27,8 @@ def notebooks(tmp_path):
                    "import os\nfrom minieng.widgets import smoke_mode\n"
                    "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
                    "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])",
+                   "from minieng.widgets import int_slider, run_panel\n"
+                   "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
                    "from minieng.widgets import claims_table\n"
                    "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
                    "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])")
@@ -56,6 +58,10 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     failed_page = (out / "01_raises.html").read_text()
     assert "before" in failed_page and "broken on purpose" in failed_page
     assert not (out / "02_not_selected.html").exists()
+    # a panel's page shows what its run with the default values printed, with no widget to render
+    page = (out / "00_measures.html").read_text()
+    assert "panel ran with n=3" in page and "An interactive panel" in page
+    assert "application/vnd.jupyter.widget-view+json" not in page
 
     table = {(c["id"], c["notebook"]): c for c in summary["seed_claims"]}
     s1 = table["S1", "00_measures"]
