@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test lab gpu-check dist clean
+.PHONY: setup run bench test course lab gpu-check dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -41,6 +41,11 @@ test: setup
 	# Their cached results go to a temporary folder, never into notebooks/results.
 	results=$$(mktemp -d) && MINIENG_SMOKE=1 MINIENG_RESULTS_DIR=$$results $(BIN)/python -m pytest -q --nbmake notebooks; \
 	  status=$$?; rm -rf $$results; exit $$status
+
+# The whole course in full mode: every notebook executed, as HTML in course-output/ with an index
+# page, and the seed claims tabled (COURSE_ARGS, e.g. --only 01,07 or --smoke, passes options).
+course: setup
+	$(BIN)/python -m minieng course $(COURSE_ARGS)
 
 # The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json.
 gpu-check: setup

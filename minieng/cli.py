@@ -5,6 +5,7 @@
   python -m minieng serve               an OpenAI-compatible HTTP server (127.0.0.1:8000)
   python -m minieng loadgen --base-url URL   load any OpenAI-compatible server, report its latencies
   python -m minieng notebooks DEST      copy the course's notebooks into DEST, to open in JupyterLab
+  python -m minieng course              run every notebook, write them as HTML, table the seed claims
 
 Run a command with --help for its options.
 """
@@ -351,6 +352,22 @@ def cmd_notebooks(args) -> int:
     return 0
 
 
+def cmd_course(args) -> int:
+    try:
+        from .course import report, run_course
+    except ImportError as e:
+        raise ValueError(f"the course needs {e.name}: pip install -e '.[notebooks]'") from None
+
+    only = [x for x in args.only.split(",") if x.strip()] if args.only else None
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout={args.timeout}: seconds a notebook may run, > 0")
+    kwargs = {"notebooks_dir": args.notebooks} if args.notebooks else {}
+    summary = run_course(output_dir=args.output, only=only, smoke=args.smoke, timeout_s=args.timeout, **kwargs)
+    print(report(summary))
+    print(f"\n{summary['mode']} mode, {summary['wall_s'] / 60:.1f} min; open {args.output}/index.html")
+    return 0 if all(r["status"] == "ok" for r in summary["notebooks"]) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minieng", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -424,9 +441,17 @@ def main(argv: list[str] | None = None) -> int:
     nb = sub.add_parser("notebooks", help="copy the course's notebooks into a folder (an installed wheel carries them)")
     nb.add_argument("dest", help="folder to copy into (created if needed); notebooks already there are kept")
     nb.set_defaults(func=cmd_notebooks)
+    c = sub.add_parser("course", help="execute every notebook, write them as HTML with an index, table the seed claims")
+    c.add_argument("--output", default="course-output", help="folder for the HTML, index.html, course.json and the "
+                   "notebooks' result cache (default: course-output)")
+    c.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,07 (default: all)")
+    c.add_argument("--smoke", action="store_true", help="MINIENG_SMOKE=1: every experiment shrunk to seconds")
+    c.add_argument("--timeout", type=float, default=3600, help="seconds one notebook's cells may run (default 3600)")
+    c.add_argument("--notebooks", default=None, help="the notebooks folder (default: the course's notebooks/)")
+    c.set_defaults(func=cmd_course)
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.
-    flags = {a.dest: a.option_strings[-1] for p in (g, b, v, lg) for a in p._actions if a.option_strings and a.dest != "help"}
+    flags = {a.dest: a.option_strings[-1] for p in (g, b, v, lg, c) for a in p._actions if a.option_strings and a.dest != "help"}
     try:
         return args.func(args)
     except ValueError as e:  # bad input: say what to do, without a traceback

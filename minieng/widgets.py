@@ -164,9 +164,24 @@ def show(fig, dpi: int = 100) -> None:
 
 
 def claims_table(rows: list[tuple[str, str, str, str]]):
-    """The closing table of a notebook: (claim, seed's figure, measured here, holds?) as Markdown."""
+    """The closing table of a notebook: (claim, seed's figure, measured here, holds?) as Markdown.
+
+    A row about a seed claim starts with its id ("S7: ..."; see ``minieng.claims``). The returned
+    object displays as Markdown and carries the rows as JSON too (mimetype
+    ``claims.CLAIMS_MIMETYPE``), which ``python -m minieng course`` reads from the executed notebook.
+    """
     from IPython.display import Markdown
+
+    from .claims import CLAIMS_MIMETYPE
+
+    rows = [[str(x) for x in row] for row in rows]
+    if any(len(row) != 4 for row in rows):
+        raise ValueError("claims_table: each row is (claim, seed's figure, measured here, holds?), four items")
+
+    class ClaimsTable(Markdown):
+        def _repr_mimebundle_(self, include=None, exclude=None):
+            return {CLAIMS_MIMETYPE: {"rows": rows}}
 
     lines = ["| claim | seed | here | holds? |", "| --- | --- | --- | --- |"]
     lines += [f"| {c} | {s} | {h} | {v} |" for c, s, h, v in rows]
-    return Markdown("\n".join(lines))
+    return ClaimsTable("\n".join(lines))

@@ -1,0 +1,94 @@
+"""The seed claims the course tests, and the rows the notebooks report about them.
+
+Every notebook ends with ``widgets.claims_table(rows)``: rows of (claim, seed's figure, measured
+here, holds?). A row about a seed claim starts with its id ("S7: chunked prefill ..."); other
+rows (checks beyond the seeds) carry none. ``python -m minieng course`` collects the rows of every
+executed notebook and lays them out one seed claim after another (``seed_claims_table``).
+
+The ids follow the course's list of seed claims (S1-S15); the titles here are short paraphrases.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The extra mimetype of ``claims_table``'s display bundle: the rows as JSON, kept by any executor
+# in the notebook's outputs beside the Markdown a reader sees.
+CLAIMS_MIMETYPE = "application/vnd.minieng.claims+json"
+
+SEED_CLAIMS: dict[str, str] = {
+    "S1": "prefill and decode are two regimes: prefill moves far more tokens per second",
+    "S2": "prefill costs ~2 FLOPs per parameter per token, attention's n^2 term wins only at long context",
+    "S3": "a decode step cannot beat bytes read / memory bandwidth",
+    "S4": "tensor parallelism over two devices adds their bandwidth, minus the link's cost",
+    "S5": "the prefix-cache hit rate drives TTFT",
+    "S6": "continuous batching multiplies decode throughput almost linearly, TPOT rising far less",
+    "S7": "chunked prefill protects running decodes' inter-token gaps at a small TTFT price",
+    "S8": "speculative decoding spreads one weight read over several accepted tokens",
+    "S9": "separate prefill and decode engines pay off at scale",
+    "S10": "a bigger batch buys throughput with per-request latency: judge by goodput and P99",
+    "S11": "MFU: 40-60% in prefill, under 5% in batch-1 decode",
+    "S12": "GPU utilization reads 4-6% during decode",
+    "S13": "compute speeds prefill, bandwidth speeds decode: quantization helps decode far more",
+    "S14": "prefill cost follows the prompt's length, decode cost the answer's",
+    "S15": "time TTFT and inter-token gaps from the stream, not the total latency",
+}
+
+_ID = r"S\d{1,2}"
+_LEADING_IDS = re.compile(rf"^[\s(*_\[]*({_ID}(?:\s*(?:,|/|&|\+|and)\s*{_ID})*)(?![\w.])", re.IGNORECASE)
+# A string literal opening a claims_table row in a notebook's source: ("S7: ...  or  (f"S7: ...
+_ROW_LITERAL = re.compile(rf"\(\s*[rfRF]?[\"']({_ID}(?:\s*(?:,|/|&|\+|and)\s*{_ID})*)\s*:")
+
+
+def claim_ids(claim: str) -> list[str]:
+    """The seed-claim ids a row's claim text starts with: "S7: ..." -> ["S7"], "S3, S13: ..." ->
+    ["S3", "S13"], "(S5) ..." -> ["S5"]; [] for a row beyond the seeds. Ids not in
+    ``SEED_CLAIMS`` are dropped."""
+    match = _LEADING_IDS.match(claim)
+    if not match:
+        return []
+    return [i for i in (m.upper() for m in re.findall(_ID, match.group(1), re.IGNORECASE)) if i in SEED_CLAIMS]
+
+
+def claims_in_source(source: str) -> set[str]:
+    """The seed-claim ids a notebook's claims_table rows name, read from its code (the source of
+    the cells that call ``claims_table``): which claims the notebook is expected to measure."""
+    return {i for group in _ROW_LITERAL.findall(source) for i in claim_ids(group) if i in SEED_CLAIMS}
+
+
+def seed_claims_table(rows: dict[str, list[list[str]]], expected: dict[str, set[str]],
+                      status: dict[str, str]) -> list[dict]:
+    """One entry per (seed claim, notebook): the rows measured, and a line for each notebook that
+    should have measured a claim and did not.
+
+    ``rows``: notebook name -> its claims_table rows [claim, seed, here, holds]. ``expected``:
+    notebook name -> the ids its source names (``claims_in_source``). ``status``: notebook name ->
+    "ok", "failed", "timed out" or "not run". Returns dicts with keys id, title, notebook, claim,
+    seed, here, holds; a missing measurement has here = "not measured (notebook NN failed)" (or
+    "not run", "gave no row") and holds = "-". A claim no notebook names gets one such line.
+    """
+    table = []
+    for cid, title in SEED_CLAIMS.items():
+        lines = []
+        for name in sorted(set(rows) | set(expected)):
+            got = [r for r in rows.get(name, []) if cid in claim_ids(r[0])]
+            lines += [dict(id=cid, title=title, notebook=name, claim=r[0], seed=r[1], here=r[2], holds=r[3]) for r in got]
+            if not got and cid in expected.get(name, set()):
+                why = {"ok": "gave no row"}.get(status.get(name, "not run"), status.get(name, "not run"))
+                lines.append(dict(id=cid, title=title, notebook=name, claim="", seed="",
+                                  here=f"not measured (notebook {name.split('_')[0]} {why})", holds="-"))
+        table += lines or [dict(id=cid, title=title, notebook="", claim="", seed="",
+                                here="not measured (no notebook names it)", holds="-")]
+    return table
+
+
+def format_markdown(table: list[dict]) -> str:
+    """``seed_claims_table``'s entries as one Markdown table: claim (the notebook's words, or the
+    claim's title where nothing was measured), notebook, seed's figure, measured here, holds?"""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| claim | notebook | seed | measured here | holds? |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {cell(e['claim'] or e['id'] + ': ' + e['title'])} | {e['notebook'].split('_')[0] or '-'} | "
+              f"{cell(e['seed'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |" for e in table]
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""The whole course in one command: every notebook executed top to bottom, exported as HTML.
+
+``python -m minieng course`` (``make course``) runs each notebook in a kernel of its own
+(nbclient), with the notebooks folder as its working directory (where the notebooks find their
+data) and its result cache under the output folder, never the source tree's ``results/``. It
+writes per notebook the executed ``.ipynb`` (widgets live when opened in Jupyter) and a static HTML
+page (nbconvert; each panel shown by its default result), then ``index.html`` and
+``course.json``, and returns one table of the seed claims with what each notebook measured.
+A notebook that fails or runs out of time is reported, with what it had shown so far, and the
+rest still run.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+from nbconvert import HTMLExporter
+from tqdm.auto import tqdm
+
+from .claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
+from .widgets import SMOKE_ENV
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_NOTEBOOKS = PACKAGE_ROOT / "notebooks"
+
+
+def select_notebooks(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
+    """The notebooks of ``notebooks_dir`` in order, or those whose number is in ``only``
+    (["01", "7"]: 01_*.ipynb and 07_*.ipynb). Raises ``ValueError`` for a folder without
+    notebooks or a number that matches none."""
+    paths = sorted(Path(notebooks_dir).glob("*.ipynb"))
+    if not paths:
+        raise ValueError(f"no notebooks in {notebooks_dir}: pass --notebooks DIR, the course's notebooks folder")
+    if not only:
+        return paths
+    number = {p: int(m.group()) for p in paths if (m := re.match(r"\d+", p.name))}
+    wanted = []
+    for token in only:
+        if not token.strip().isdigit():
+            raise ValueError(f"--only {token!r}: give notebook numbers, e.g. --only 01,07")
+        match = [p for p in paths if number.get(p) == int(token)]
+        if not match:
+            raise ValueError(f"--only {token}: no such notebook; there are {', '.join(p.stem for p in paths)}")
+        wanted += match
+    return [p for p in paths if p in wanted]
+
+
+def claims_rows(nb) -> list[list[str]]:
+    """The claims_table rows an executed notebook displayed (empty if it never got there)."""
+    return [row for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+            for row in out.get("data", {}).get(CLAIMS_MIMETYPE, {}).get("rows", [])]
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+PANEL_NOTE = ("<p><em>An interactive panel: its controls work when you run the notebook. Its result for the "
+              "default values:</em></p>")
+
+
+def static_panels(nb):
+    """A copy of an executed notebook for a static page: each widget panel replaced by what its
+    ``Output`` widgets showed (the panel's run with the default values), so the HTML needs no widget
+    JavaScript and no network. The widgets themselves are dropped."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+
+    def shown(model_id: str) -> list:
+        model = state.get(model_id.removeprefix("IPY_MODEL_"), {})
+        if model.get("model_name") == "OutputModel":
+            return [nbformat.from_dict(o) for o in model["state"].get("outputs", [])]
+        children = model.get("state", {}).get("children", [])
+        return [o for child in children if isinstance(child, str) for o in shown(child)]
+
+    note = nbformat.v4.new_output("display_data", data={"text/html": PANEL_NOTE})
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for out in cell.outputs for o in
+                            ([note, *shown(out["data"][WIDGET_VIEW]["model_id"])] if WIDGET_VIEW in out.get("data", {}) else [out])]
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
+def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar) -> dict:
+    """Execute one notebook, write its executed copy and HTML into ``output_dir``.
+
+    Returns {name, status ("ok" | "failed" | "timed out"), error (the error's last line or None),
+    wall_s, html, rows}. ``timeout_s`` bounds the time of all its cells together.
+    """
+    nb = nbformat.read(path, as_version=4)
+    deadline = []  # set at the first cell: the kernel's start-up is not counted
+
+    def time_left(cell) -> int:
+        if not deadline:
+            deadline.append(time.monotonic() + timeout_s)
+        return max(1, int(deadline[0] - time.monotonic()))
+
+    def on_cell_start(cell, cell_index):
+        bar.set_postfix_str(f"{path.stem}: cell {cell_index + 1}/{len(nb.cells)}")
+
+    client = NotebookClient(nb, timeout=int(timeout_s), timeout_func=time_left, on_cell_start=on_cell_start,
+                            kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    status, error = "ok", None
+    try:
+        client.execute(env=env)
+    except CellTimeoutError:
+        status, error = "timed out", f"a cell was still running when the notebook's {timeout_s:.0f} s ran out"
+    except CellExecutionError as e:
+        line = f"{e.ename}: {e.evalue}" if e.ename else str(e).strip().splitlines()[-1]
+        status, error = "failed", " ".join(line.split())[:300]
+    except Exception as e:  # the kernel died or would not start: this notebook failed, the course goes on
+        status, error = "failed", " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    wall_s = time.perf_counter() - start
+    nbformat.write(nb, output_dir / path.name)
+    page = output_dir / f"{path.stem}.html"
+    page.write_text(HTMLExporter().from_notebook_node(static_panels(nb))[0], encoding="utf-8")
+    return {"name": path.stem, "status": status, "error": error, "wall_s": round(wall_s, 1), "html": page.name,
+            "rows": claims_rows(nb)}
+
+
+def run_course(notebooks_dir: Path = DEFAULT_NOTEBOOKS, output_dir: Path = Path("course-output"),
+               only: list[str] | None = None, smoke: bool = False, timeout_s: float = 3600,
+               progress: bool = True) -> dict:
+    """Run the course's notebooks (or ``only`` those numbers) into ``output_dir``.
+
+    Kernels get ``MINIENG_RESULTS_DIR=output_dir/results`` and, with ``smoke``, ``MINIENG_SMOKE=1``
+    (without it, full mode even if the caller's environment sets smoke). Writes one ``.ipynb`` and
+    one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
+    mode, wall_s, notebooks (see ``run_notebook``; rows included) and seed_claims
+    (``claims.seed_claims_table``).
+    """
+    notebooks_dir, output_dir = Path(notebooks_dir).resolve(), Path(output_dir).resolve()
+    every, chosen = select_notebooks(notebooks_dir), select_notebooks(notebooks_dir, only)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, MINIENG_RESULTS_DIR=str(output_dir / "results"),
+               # the kernels import the minieng that runs them
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop(SMOKE_ENV, None)
+    if smoke:
+        env[SMOKE_ENV] = "1"
+    start = time.perf_counter()
+    runs = []
+    with tqdm(chosen, unit="notebook", disable=not progress) as bar:
+        for path in bar:
+            bar.set_postfix_str(path.stem)
+            runs.append(run_notebook(path, output_dir, env, timeout_s, bar))
+            r = runs[-1]
+            bar.write(f"{r['name']}: {r['status']} in {r['wall_s']:.0f} s" + (f" ({r['error']})" if r["error"] else ""))
+    status = {r["name"]: r["status"] for r in runs}
+    expected = {p.stem: claims_in_source("\n".join(c.source for c in nbformat.read(p, as_version=4).cells
+                                                   if c.cell_type == "code" and "claims_table(" in c.source))
+                for p in every}
+    summary = {"mode": "smoke" if smoke else "full", "notebooks_dir": str(notebooks_dir),
+               "wall_s": round(time.perf_counter() - start, 1), "notebooks": runs,
+               "seed_claims": seed_claims_table({r["name"]: r["rows"] for r in runs}, expected, status)}
+    (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
+    (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
+    return summary
+
+
+def index_html(summary: dict) -> str:
+    """The output folder's front page: each notebook's page with its status and time, then the
+    seed claims table."""
+    e = html.escape
+    nb_rows = "".join(
+        f"<tr><td><a href=\"{e(r['html'])}\">{e(r['name'])}</a></td><td class=\"{'ok' if r['status'] == 'ok' else 'bad'}\">"
+        f"{e(r['status'])}</td><td>{r['wall_s']:.0f} s</td><td>{e(r['error'] or '')}</td></tr>"
+        for r in summary["notebooks"])
+    pages = {r["name"]: r["html"] for r in summary["notebooks"]}
+
+    def notebook(name: str) -> str:
+        number = e(name.split("_")[0])
+        return f"<a href=\"{e(pages[name])}\">{number}</a>" if name in pages else number
+
+    claim_rows = "".join(
+        f"<tr><td>{e(c['claim'] or c['id'] + ': ' + c['title'])}</td><td>{notebook(c['notebook'])}</td>"
+        f"<td>{e(c['seed'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>" for c in summary["seed_claims"])
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>minieng course</title>
+<style>body{{font-family:sans-serif;max-width:75em;margin:2em auto}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}} .ok{{color:#060}} .bad{{color:#b00}}</style>
+</head><body>
+<h1>minieng course, executed</h1>
+<p>{e(summary['mode'])} mode, {len(summary['notebooks'])} notebook(s) in {summary['wall_s'] / 60:.1f} min.</p>
+<table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
+<h2>The seed claims, measured here</h2>
+<p>All {len(SEED_CLAIMS)} seed claims, one line per notebook that measures each (its closing table's rows).</p>
+<table><tr><th>claim</th><th>notebook</th><th>seed</th><th>measured here</th><th>holds?</th></tr>{claim_rows}</table>
+</body></html>
+"""
+
+
+def report(summary: dict) -> str:
+    """The terminal's summary: one line per notebook, then the seed claims as Markdown."""
+    lines = [f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]]
+    return "\n".join(lines + ["", format_markdown(summary["seed_claims"])])

@@ -1,0 +1,119 @@
+"""The course command: notebooks executed into HTML with an index, failures reported, the seed
+claims tabled. Runs tiny notebooks written into a temporary folder (seconds), never the course's."""
+
+import json
+
+import pytest
+
+pytest.importorskip("nbclient", reason="the course needs nbclient (the notebooks extra)")
+pytest.importorskip("nbconvert", reason="the course needs nbconvert (the notebooks extra)")
+nbformat = pytest.importorskip("nbformat", reason="the course needs nbformat (the notebooks extra)")
+
+from minieng import claims, cli  # noqa: E402
+
+
+def write_notebook(folder, name, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+
+
+@pytest.fixture
+def notebooks(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    (folder / "data.txt").write_text("found")
+    write_notebook(folder, "00_measures.ipynb",
+                   "import os\nfrom minieng.widgets import smoke_mode\n"
+                   "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
+                   "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])",
+                   "from minieng.widgets import int_slider, run_panel\n"
+                   "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
+                   "from minieng.widgets import claims_table\n"
+                   "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
+                   "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])")
+    write_notebook(folder, "01_raises.ipynb", "print('before')", "raise RuntimeError('broken on purpose')",
+                   "from minieng.widgets import claims_table\nclaims_table([('S5: the hit rate drives TTFT', 'a', 'b', 'c')])")
+    write_notebook(folder, "02_not_selected.ipynb",
+                   "from minieng.widgets import claims_table\nclaims_table([('S8: speculation', 'a', 'b', 'c')])")
+    return folder
+
+
+def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["course", "--notebooks", str(notebooks), "--output", str(out), "--only", "0,01", "--smoke"])
+    assert rc == 1  # one notebook failed
+    summary = json.loads((out / "course.json").read_text())
+    runs = {r["name"]: r for r in summary["notebooks"]}
+    assert list(runs) == ["00_measures", "01_raises"]
+    assert runs["00_measures"]["status"] == "ok"
+    assert runs["01_raises"]["status"] == "failed"
+    assert runs["01_raises"]["error"] == "RuntimeError: broken on purpose"
+
+    index = (out / "index.html").read_text()
+    for name in runs:
+        assert f'href="{name}.html"' in index and (out / f"{name}.html").is_file()
+    assert "broken on purpose" in index
+    # the failed notebook's page keeps what it showed before the error, and the error
+    failed_page = (out / "01_raises.html").read_text()
+    assert "before" in failed_page and "broken on purpose" in failed_page
+    assert not (out / "02_not_selected.html").exists()
+    # a panel's page shows what its run with the default values printed, with no widget to render
+    page = (out / "00_measures.html").read_text()
+    assert "panel ran with n=3" in page and "An interactive panel" in page
+    assert "application/vnd.jupyter.widget-view+json" not in page
+
+    table = {(c["id"], c["notebook"]): c for c in summary["seed_claims"]}
+    s1 = table["S1", "00_measures"]
+    assert s1["here"] == "found, smoke True, 42x" and s1["holds"] == "holds"  # run in the folder, smoke mode on
+    assert table["S5", "01_raises"]["here"] == "not measured (notebook 01 failed)"
+    assert table["S8", "02_not_selected"]["here"] == "not measured (notebook 02 not run)"
+    assert table["S3", ""]["here"] == "not measured (no notebook names it)"
+    assert [c["id"] for c in summary["seed_claims"]].count("S1") == 1  # the extra row is not a seed claim
+    assert {c["id"] for c in summary["seed_claims"]} == set(claims.SEED_CLAIMS)
+
+    printed = capsys.readouterr().out
+    assert "| S1: " in printed and "found, smoke True, 42x" in printed and "notebook 01 failed" in printed
+    # the result cache went under the output folder, and nothing was written beside the notebooks
+    executed = nbformat.read(out / "00_measures.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == f"cache: {out.resolve() / 'results'}\n"
+    assert sorted(p.name for p in notebooks.iterdir()) == ["00_measures.ipynb", "01_raises.ipynb",
+                                                           "02_not_selected.ipynb", "data.txt"]
+
+
+def test_course_stops_a_notebook_at_its_timeout(tmp_path):
+    from minieng.course import run_course
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "05_slow.ipynb", "import time\ntime.sleep(60)")
+    summary = run_course(folder, tmp_path / "out", timeout_s=2, progress=False)
+    (run,) = summary["notebooks"]
+    assert run["status"] == "timed out" and run["wall_s"] < 30
+    assert (tmp_path / "out" / "05_slow.html").is_file()
+
+
+def test_only_names_an_unknown_notebook(notebooks, tmp_path, capsys):
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--only", "9"]) == 2
+    assert "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, ids", [
+    ("S7: chunked prefill", ["S7"]), ("S10: bigger batch", ["S10"]), ("S3, S13: both", ["S3", "S13"]),
+    ("(S5) hit rate", ["S5"]), ("**S2**: bold", ["S2"]), ("(beyond the seeds) KV bytes", []),
+    ("decode time follows the bytes (S3)", []), ("S99: not a seed claim", []), ("S1x: no", []),
+])
+def test_claim_ids_are_read_from_the_start_of_a_row(text, ids):
+    assert claims.claim_ids(text) == ids
+
+
+def test_every_course_notebook_names_its_seed_claims():
+    """Each row about a seed claim starts with its id, and every seed claim has a notebook."""
+    from pathlib import Path
+
+    named = set()
+    for path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        named |= claims.claims_in_source(source)
+    assert named == set(claims.SEED_CLAIMS)
