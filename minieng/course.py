@@ -26,10 +26,10 @@ from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from .claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
+from .package_data import notebooks_path
 from .widgets import SMOKE_ENV
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_NOTEBOOKS = PACKAGE_ROOT / "notebooks"
 
 
 def select_notebooks(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
@@ -127,10 +127,11 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar)
             "rows": claims_rows(nb)}
 
 
-def run_course(notebooks_dir: Path = DEFAULT_NOTEBOOKS, output_dir: Path = Path("course-output"),
+def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("course-output"),
                only: list[str] | None = None, smoke: bool = False, timeout_s: float = 3600,
                progress: bool = True) -> dict:
-    """Run the course's notebooks (or ``only`` those numbers) into ``output_dir``.
+    """Run the course's notebooks (those in ``notebooks_dir``, default the installed or checked-out
+    course's, ``package_data.notebooks_path``; or ``only`` those numbers) into ``output_dir``.
 
     Kernels get ``MINIENG_RESULTS_DIR=output_dir/results`` and, with ``smoke``, ``MINIENG_SMOKE=1``
     (without it, full mode even if the caller's environment sets smoke). Writes one ``.ipynb`` and
@@ -138,7 +139,8 @@ def run_course(notebooks_dir: Path = DEFAULT_NOTEBOOKS, output_dir: Path = Path(
     mode, wall_s, notebooks (see ``run_notebook``; rows included) and seed_claims
     (``claims.seed_claims_table``).
     """
-    notebooks_dir, output_dir = Path(notebooks_dir).resolve(), Path(output_dir).resolve()
+    notebooks_dir = Path(notebooks_dir or notebooks_path()).resolve()
+    output_dir = Path(output_dir).resolve()
     every, chosen = select_notebooks(notebooks_dir), select_notebooks(notebooks_dir, only)
     output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MINIENG_RESULTS_DIR=str(output_dir / "results"),
