@@ -12,6 +12,7 @@ rest still run.
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import os
@@ -150,6 +151,7 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
     if smoke:
         env[SMOKE_ENV] = "1"
     start = time.perf_counter()
+    started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runs = []
     with tqdm(chosen, unit="notebook", disable=not progress) as bar:
         for path in bar:
@@ -162,11 +164,24 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
                                                    if c.cell_type == "code" and "claims_table(" in c.source))
                 for p in every}
     summary = {"mode": "smoke" if smoke else "full", "notebooks_dir": str(notebooks_dir),
+               "started_at": started_at, "machine": machine(),
                "wall_s": round(time.perf_counter() - start, 1), "notebooks": runs,
                "seed_claims": seed_claims_table({r["name"]: r["rows"] for r in runs}, expected, status)}
     (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
     return summary
+
+
+def machine() -> str:
+    """Where the course ran, in words: the device the notebooks pick (CUDA when available), the
+    host, torch's version and threads (``harness.environment``)."""
+    import torch
+
+    from .harness import environment
+
+    env = environment("cuda" if torch.cuda.is_available() else "cpu")
+    return (f"{env['device_name']} ({env['device']}), host {env['host']}, torch {env['torch_version']}, "
+            f"{env['torch_threads']} threads")
 
 
 def index_html(summary: dict) -> str:
@@ -192,7 +207,8 @@ def index_html(summary: dict) -> str:
 td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}} .ok{{color:#060}} .bad{{color:#b00}}</style>
 </head><body>
 <h1>minieng course, executed</h1>
-<p>{e(summary['mode'])} mode, {len(summary['notebooks'])} notebook(s) in {summary['wall_s'] / 60:.1f} min.</p>
+<p>{e(summary['mode'])} mode, {len(summary['notebooks'])} notebook(s) in {summary['wall_s'] / 60:.1f} min,
+started {e(summary['started_at'])} on {e(summary['machine'])}.</p>
 <table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
 <h2>The seed claims, measured here</h2>
 <p>All {len(SEED_CLAIMS)} seed claims, one line per notebook that measures each (its closing table's rows).</p>
@@ -204,4 +220,5 @@ td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:lef
 def report(summary: dict) -> str:
     """The terminal's summary: one line per notebook, then the seed claims as Markdown."""
     lines = [f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]]
-    return "\n".join(lines + ["", format_markdown(summary["seed_claims"])])
+    head = [f"{summary['mode']} mode, started {summary['started_at']} on {summary['machine']}", ""]
+    return "\n".join(head + lines + ["", format_markdown(summary["seed_claims"])])

@@ -54,6 +54,11 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     for name in runs:
         assert f'href="{name}.html"' in index and (out / f"{name}.html").is_file()
     assert "broken on purpose" in index
+    # where and when it ran, so the page is never read as another machine's numbers
+    from minieng.harness import cpu_name
+
+    assert summary["started_at"].endswith("UTC") and summary["started_at"] in index
+    assert summary["machine"] in index and (cpu_name() in summary["machine"] or "cuda" in summary["machine"])
     # the failed notebook's page keeps what it showed before the error, and the error
     failed_page = (out / "01_raises.html").read_text()
     assert "before" in failed_page and "broken on purpose" in failed_page
