@@ -183,11 +183,20 @@ def check_environment(device: str = "auto") -> Environment:
 
 
 def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5) -> Measurement:
-    """FLOP/s of an n x n x n matmul (2 n^3 FLOPs) in ``dtype``: the compute ceiling."""
+    """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in ``dtype``: the compute ceiling.
+
+    The product is ``model.linear``, the kernel the engine's linear layers run, so that MFU
+    compares the engine's products with the best its own kernel does. On an x86-64 CPU in float32
+    that is oneDNN, which ran a 2048-cube at 0.18-0.19 TFLOP/s on the workshop's 2-core EPYC where
+    ``a @ b`` (MKL's sgemm) ran at 0.12-0.14 (measured, 2026-12-01): with the slower kernel as
+    the ceiling, a long prefill read 90% MFU. Elsewhere it is ``F.linear`` (cuBLAS on CUDA).
+    """
+    from .model import linear
+
     n = n or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return measure(lambda: a @ b, device, repeats=repeats).rate(2 * n**3, "FLOP/s")
+    return measure(lambda: linear(a, b), device, repeats=repeats).rate(2 * n**3, "FLOP/s")
 
 
 def measure_copy(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> Measurement:
