@@ -59,7 +59,7 @@ lab: setup
 # the package, data/ and the notebooks (`python -m minieng notebooks DEST` copies them out).
 dist: setup
 	rm -rf dist
-	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m build --no-isolation --outdir dist .  # the venv's setuptools: no download
 
 clean:
 	rm -rf $(VENV)

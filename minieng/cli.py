@@ -356,7 +356,8 @@ def cmd_course(args) -> int:
     try:
         from .course import report, run_course
     except ImportError as e:
-        raise ValueError(f"the course needs {e.name}: pip install -e '.[notebooks]'") from None
+        raise ValueError(f"the course needs {e.name or e}: pip install 'minieng[notebooks]' "
+                         "(in a checkout: pip install -e '.[notebooks]')") from None
 
     only = [x for x in args.only.split(",") if x.strip()] if args.only else None
     if args.timeout <= 0:

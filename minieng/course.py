@@ -66,6 +66,18 @@ PANEL_NOTE = ("<p><em>An interactive panel: its controls work when you run the n
               "default values:</em></p>")
 
 
+def _static(out, shown, note) -> list:
+    """One output of a static page: a widget panel becomes the note and what it showed; a widget
+    that showed nothing (a progress bar) keeps its text form; any other output stays."""
+    if WIDGET_VIEW not in out.get("data", {}):
+        return [out]
+    panel = shown(out["data"][WIDGET_VIEW]["model_id"])
+    if panel:
+        return [note, *panel]
+    text = {k: v for k, v in out["data"].items() if k == "text/plain"}
+    return [nbformat.v4.new_output("display_data", data=text)] if text else []
+
+
 def static_panels(nb):
     """A copy of an executed notebook for a static page: each widget panel replaced by what its
     ``Output`` widgets showed (the panel's run with the default values), so the HTML needs no widget
@@ -83,8 +95,7 @@ def static_panels(nb):
     nb = nbformat.from_dict(json.loads(json.dumps(nb)))
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.outputs = [o for out in cell.outputs for o in
-                            ([note, *shown(out["data"][WIDGET_VIEW]["model_id"])] if WIDGET_VIEW in out.get("data", {}) else [out])]
+            cell.outputs = [o for out in cell.outputs for o in _static(out, shown, note)]
     nb.metadata.pop("widgets", None)
     return nb
 
@@ -142,6 +153,9 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
     """
     notebooks_dir = Path(notebooks_dir or notebooks_path()).resolve()
     output_dir = Path(output_dir).resolve()
+    if output_dir == notebooks_dir:
+        raise ValueError(f"--output {output_dir} is the notebooks' own folder: the executed copies would replace "
+                         "them; give another folder (default: course-output)")
     every, chosen = select_notebooks(notebooks_dir), select_notebooks(notebooks_dir, only)
     output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, MINIENG_RESULTS_DIR=str(output_dir / "results"),

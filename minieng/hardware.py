@@ -173,9 +173,9 @@ def check_environment(device: str = "auto") -> Environment:
         props = torch.cuda.get_device_properties(dev)
         name, cc, mem = props.name, f"{props.major}.{props.minor}", props.total_memory
     else:
-        import platform
+        from .harness import cpu_name
 
-        name, cc, mem = platform.processor() or platform.machine() or "CPU", None, None
+        name, cc, mem = cpu_name() or "CPU", None, None
     return Environment(str(dev), name, cc, has_native_bf16(dev), mem, total, avail,
                        nvml_status(dev) if dev.type == "cuda" else "N/A (no CUDA device)",
                        torch.get_num_threads(), dtype, reason,

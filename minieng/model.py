@@ -54,7 +54,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.
     """
     if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        # The op itself rather than its packet, whose call checks its arguments in Python first
+        # (121 calls a decode step).
+        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 

@@ -120,13 +120,15 @@ def trace_quantiles(specs: list[RequestSpec], probabilities=TRACE_PROBABILITIES)
     Returns ``num_requests``, ``duration_s`` (first to last arrival), ``rate_per_s`` (gaps per
     second of that span), and the quantiles at ``probabilities`` (numpy's linear interpolation)
     of ``prompt_tokens``, ``output_tokens`` and ``interarrival_s`` (the gaps between successive
-    arrivals). Tokens are rounded to 1e-3, seconds to 1e-6. Raises ``ValueError`` for fewer than
+    arrivals). Tokens are rounded to 1e-3, seconds to 1e-6. Raises ``ValueError`` for arrivals out of time order or all at one instant, and for fewer than
     2 requests."""
     if len(specs) < 2:
         raise ValueError(f"a trace of {len(specs)} request(s) has no inter-arrival gap: give at least 2")
     arrivals = np.array([s.arrival_s for s in specs])
     gaps = np.diff(arrivals)
     duration_s = float(arrivals[-1] - arrivals[0])
+    if duration_s <= 0 or (gaps < 0).any():
+        raise ValueError("a trace needs its arrivals in time order, spanning more than 0 s: sort it by arrival time")
 
     def q(values, digits):
         return [round(float(v), digits) for v in np.quantile(np.asarray(values, dtype=float), probabilities)]

@@ -103,6 +103,13 @@ def test_only_names_an_unknown_notebook(notebooks, tmp_path, capsys):
     assert "no such notebook" in capsys.readouterr().err
 
 
+def test_course_never_writes_over_the_notebooks(notebooks, capsys):
+    before = {p.name: p.read_bytes() for p in notebooks.glob("*.ipynb")}
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(notebooks), "--smoke"]) == 2
+    assert "notebooks' own folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in notebooks.glob("*.ipynb")} == before
+
+
 @pytest.mark.parametrize("text, ids", [
     ("S7: chunked prefill", ["S7"]), ("S10: bigger batch", ["S10"]), ("S3, S13: both", ["S3", "S13"]),
     ("(S5) hit rate", ["S5"]), ("**S2**: bold", ["S2"]), ("(beyond the seeds) KV bytes", []),

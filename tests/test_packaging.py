@@ -82,9 +82,9 @@ def _why_no_build() -> str | None:
         import setuptools
         from packaging.version import Version
     except ImportError as e:
-        return f"{e.name} is not installed (pip install build 'setuptools>=68', or the dev extra)"
-    if Version(setuptools.__version__) < Version("68"):
-        return f"setuptools {setuptools.__version__} is older than the 68 pyproject.toml needs"
+        return f"{e.name} is not installed (pip install build 'setuptools>=77', or the dev extra)"
+    if Version(setuptools.__version__) < Version("77"):
+        return f"setuptools {setuptools.__version__} is older than the 77 pyproject.toml needs"
     return None
 
 

@@ -361,3 +361,9 @@ def test_workload_prompts_with_the_real_tokenizer(default_model):
     assert [len(p) for p in prompts] == [3, 16, 16, 128, 300]
     assert len({tuple(p) for p in prompts}) == len(prompts)
     assert prompts == workload_prompts(default_model.tokenizer, specs)  # seeded: reproducible
+
+
+@pytest.mark.parametrize("arrivals", [[0.0, 0.0, 0.0], [0.0, 2.0, 1.0]])
+def test_trace_quantiles_refuse_arrivals_out_of_order_or_at_one_instant(arrivals):
+    with pytest.raises(ValueError, match="time order"):
+        trace_quantiles([RequestSpec(t, 16, 8) for t in arrivals])
