@@ -115,6 +115,8 @@ def _run(argv, **kw) -> str:
 def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
     src, dist, venv, elsewhere = (tmp_path / d for d in ("src", "dist", "venv", "elsewhere"))
     _copy_source(src)
+    # A file someone drops into data/ (a copy of the trace's CSV) is never published.
+    (src / "data" / "azure-llm-trace-2023" / "conv.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
     # sdist first, then the wheel built from the sdist: the sdist must hold what a rebuild needs.
     _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(src)])
     (sdist,), (wheel,) = dist.glob("*.tar.gz"), dist.glob("*.whl")
@@ -131,6 +133,7 @@ def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
             "minieng/data/azure-llm-trace-2023/quantiles.json", "minieng/data/azure-llm-trace-2023/README.md",
             *(f"minieng/notebooks/{n}" for n in NOTEBOOKS)} <= in_wheel
     assert not any(n.startswith(("tests/", "data/", "notebooks/")) for n in in_wheel)
+    assert not any(n.endswith(".csv") for n in in_sdist | in_wheel)
 
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)])
     python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
