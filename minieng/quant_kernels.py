@@ -70,7 +70,7 @@ class FbgemmLinear(nn.Module):
         # Few, in-place ops, each called as directly as torch allows: at one row an op's dispatch
         # (and Python's share of it) costs about what its arithmetic does, 121 times a step.
         rows = x.shape[0]
-        x32 = x.float()
+        x32 = x if x.dtype == torch.float32 else x.float()
         s = torch.linalg.vector_norm(x32, float("inf"), -1, keepdim=True).clamp_(min=1e-30)  # [rows, 1] max|x|
         s.div_(ACTIVATION_LEVELS_7BIT)  # the per-token scale
         u = x32 / s  # each row within [-63, 63]; fbgemm rounds it
@@ -79,11 +79,11 @@ class FbgemmLinear(nn.Module):
             u = torch.cat([q1, u.sub_(q1).mul_(CPU_DIGIT_BASE)])  # [2 rows, in]: the two digits
         y = _FBGEMM_LINEAR(u, 1.0, 64, self.packed)
         if self.digits == 2:
-            y = torch.add(y[:rows], y[rows:], alpha=1 / CPU_DIGIT_BASE)
+            y = y[:rows].add_(y[rows:], alpha=1 / CPU_DIGIT_BASE)
         y = y.mul_(s)
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
 class Int8WeightOnlyLinear(nn.Module):
