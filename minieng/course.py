@@ -17,6 +17,7 @@ import html
 import json
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,11 +101,32 @@ def static_panels(nb):
     return nb
 
 
-def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar) -> dict:
+KERNEL_NAME = "minieng-course"
+
+
+def write_kernelspec(kernels_dir: Path) -> None:
+    """Write, into ``kernels_dir``, the kernelspec of a kernel of the interpreter running the
+    course (``sys.executable``): a notebook's "python3" could name another Python's kernel (one
+    registered with ``ipykernel install --user``, or conda's), with another torch and minieng."""
+    from ipykernel.kernelspec import write_kernel_spec
+
+    write_kernel_spec(Path(kernels_dir) / KERNEL_NAME)  # argv: this sys.executable -m ipykernel_launcher
+
+
+def _kernel_manager(kernels_dir: Path):
+    """nbclient's kind of kernel manager, for ``write_kernelspec``'s kernel."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+
+    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
+
+
+def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar, kernels_dir: Path) -> dict:
     """Execute one notebook, write its executed copy and HTML into ``output_dir``.
 
     Returns {name, status ("ok" | "failed" | "timed out"), error (the error's last line or None),
-    wall_s, html, rows}. ``timeout_s`` bounds the time of all its cells together.
+    wall_s, html, rows}. ``timeout_s`` bounds the time of all its cells together. The kernel is
+    ``write_kernelspec``'s, from ``kernels_dir``, whatever kernel the notebook's metadata names.
     """
     nb = nbformat.read(path, as_version=4)
     deadline = []  # set at the first cell: the kernel's start-up is not counted
@@ -117,9 +139,8 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar)
     def on_cell_start(cell, cell_index):
         bar.set_postfix_str(f"{path.stem}: cell {cell_index + 1}/{len(nb.cells)}")
 
-    client = NotebookClient(nb, timeout=int(timeout_s), timeout_func=time_left, on_cell_start=on_cell_start,
-                            kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, km=_kernel_manager(kernels_dir), timeout=int(timeout_s), timeout_func=time_left,
+                            on_cell_start=on_cell_start, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     status, error = "ok", None
     try:
@@ -167,10 +188,11 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
     start = time.perf_counter()
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runs = []
-    with tqdm(chosen, unit="notebook", disable=not progress) as bar:
+    with tqdm(chosen, unit="notebook", disable=not progress) as bar, tempfile.TemporaryDirectory() as kernels_dir:
+        write_kernelspec(Path(kernels_dir))
         for path in bar:
             bar.set_postfix_str(path.stem)
-            runs.append(run_notebook(path, output_dir, env, timeout_s, bar))
+            runs.append(run_notebook(path, output_dir, env, timeout_s, bar, Path(kernels_dir)))
             r = runs[-1]
             bar.write(f"{r['name']}: {r['status']} in {r['wall_s']:.0f} s" + (f" ({r['error']})" if r["error"] else ""))
     status = {r["name"]: r["status"] for r in runs}

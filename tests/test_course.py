@@ -26,7 +26,8 @@ def notebooks(tmp_path):
     write_notebook(folder, "00_measures.ipynb",
                    "import os\nfrom minieng.widgets import smoke_mode\n"
                    "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
-                   "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])",
+                   "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])\n"
+                   "import sys\nprint('python:', sys.executable)",
                    "from minieng.widgets import int_slider, run_panel\n"
                    "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
                    "from minieng.widgets import claims_table\n"
@@ -81,7 +82,10 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     assert "| S1: " in printed and "found, smoke True, 42x" in printed and "notebook 01 failed" in printed
     # the result cache went under the output folder, and nothing was written beside the notebooks
     executed = nbformat.read(out / "00_measures.ipynb", as_version=4)
-    assert executed.cells[0].outputs[0]["text"] == f"cache: {out.resolve() / 'results'}\n"
+    # and the kernel ran this interpreter, whatever a "python3" kernelspec elsewhere names
+    import sys
+
+    assert executed.cells[0].outputs[0]["text"] == f"cache: {out.resolve() / 'results'}\npython: {sys.executable}\n"
     assert sorted(p.name for p in notebooks.iterdir()) == ["00_measures.ipynb", "01_raises.ipynb",
                                                            "02_not_selected.ipynb", "data.txt"]
 
