@@ -144,7 +144,7 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
     start = time.perf_counter()
     status, error = "ok", None
     try:
-        client.execute(env=env)
+        client.execute(env=env, cleanup_kc=True)  # shut the kernel down: nbclient keeps one it did not create
     except CellTimeoutError:
         status, error = "timed out", f"a cell was still running when the notebook's {timeout_s:.0f} s ran out"
     except CellExecutionError as e:

@@ -32,7 +32,8 @@ def notebooks(tmp_path):
                    "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
                    "from minieng.widgets import claims_table\n"
                    "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
-                   "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])")
+                   "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])",
+                   "import os\nprint(f'kernel pid {os.getpid()}')")
     write_notebook(folder, "01_raises.ipynb", "print('before')", "raise RuntimeError('broken on purpose')",
                    "from minieng.widgets import claims_table\nclaims_table([('S5: the hit rate drives TTFT', 'a', 'b', 'c')])")
     write_notebook(folder, "02_not_selected.ipynb",
@@ -86,6 +87,12 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     import sys
 
     assert executed.cells[0].outputs[0]["text"] == f"cache: {out.resolve() / 'results'}\npython: {sys.executable}\n"
+    # each notebook's kernel was shut down when it finished (a full course would hold 11 models)
+    import os
+
+    pid = int(executed.cells[3].outputs[0]["text"].split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
     assert sorted(p.name for p in notebooks.iterdir()) == ["00_measures.ipynb", "01_raises.ipynb",
                                                            "02_not_selected.ipynb", "data.txt"]
 
