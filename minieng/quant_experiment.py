@@ -25,7 +25,6 @@ Accuracy: ``quant_quality.quality`` on held-out real prompts, with each scheme's
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -34,7 +33,8 @@ from .bench import minieng_decode, minieng_prefill
 from .config import SamplingParams
 from .engine import LLMEngine
 from .flops import decode_work, phase_utilization
-from .hardware import Peak, synchronize
+from .hardware import Peak
+from .harness import measure
 from .quant_quality import quality, reference_sequences
 from .quantization import KERNELS, SCHEMES, check_supported, make_linear
 from .workload import text_prompts
@@ -78,18 +78,8 @@ def kernel_rates(engine: LLMEngine, schemes: list[str], rows: int, group_size: i
     x = torch.randn(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
     flops = 2 * rows * weight.shape[0] * weight.shape[1]
     layers = {None: gate_up} | {s: make_linear(s, weight.device.type, weight, None, group_size) for s in schemes}
-    out = {}
-    for scheme, layer in layers.items():
-        layer(x)  # warm-up
-        times = []
-        for _ in range(repeats):
-            synchronize(weight.device)
-            start = time.perf_counter()
-            layer(x)
-            synchronize(weight.device)
-            times.append(time.perf_counter() - start)
-        out[scheme or "none"] = flops / min(times)  # the best run: a ceiling
-    return out
+    # the best run: a ceiling
+    return {scheme or "none": flops / _best_s(layer, x, repeats) for scheme, layer in layers.items()}
 
 
 def predicted_table(model_config, dtype_bytes: int, group_size: int, bandwidth_bytes_s: float,
@@ -129,21 +119,12 @@ def layer_decode_times(engine: LLMEngine, schemes=SCHEMES, group_size: int = 64,
             layers[s] = make_linear(s, weight.device.type, weight, None, group_size)
         except RuntimeError:  # a kernel this device or dtype lacks (int4 in float16): no time to show
             layers[s] = None
-    out = {}
-    for name, layer in layers.items():
-        if layer is None:
-            out[name] = None
-            continue
-        layer(x)
-        times = []
-        for _ in range(repeats):
-            synchronize(weight.device)
-            start = time.perf_counter()
-            layer(x)
-            synchronize(weight.device)
-            times.append(time.perf_counter() - start)
-        out[name] = min(times)
-    return out
+    return {name: None if layer is None else _best_s(layer, x, repeats) for name, layer in layers.items()}
+
+
+def _best_s(layer, x: torch.Tensor, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``layer(x)``, after one warm-up (``harness.measure``)."""
+    return min(measure(lambda: layer(x), x.device, warmup=1, repeats=repeats).values)
 
 
 def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak], progress=None) -> dict:
