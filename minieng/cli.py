@@ -125,6 +125,8 @@ def cmd_bench(args) -> int:
         result["quantization"] = run_quantization(engine, qcfg, [Peak.from_dict(p) for p in result["peaks"]], log)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
+        from .bench_figures import save_figures
+
         result["figures"] = save_figures(result, args.plot, engine, run)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
@@ -194,69 +196,6 @@ def run_speculative(engine, args, log) -> dict:
     result["batches"] = batch_sweep(spec, sets, args.spec_batch_k, args.spec_output_tokens, progress=log)
     result["machinery"] = [machinery_overhead(spec, prompts[0], k, args.spec_output_tokens) for k in args.spec_ks]
     return result
-
-
-def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
-    """Write the bench's figures as PNG files into ``directory``; return their paths."""
-    from pathlib import Path
-
-    from .hardware import Peak
-    from .metrics import request_metrics
-    from .plots import latency_cdfs, roofline, step_timeline, utilization_trace
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    figures = {}
-    peaks = [Peak.from_dict(p) for p in result["peaks"]]
-    points = [(f"prefill {r['prompt_tokens']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
-               r["utilization"]["achieved_tflops"] * 1e12) for r in result["prefill"]]
-    points += [(f"decode b{r['batch_size']}", r["utilization"]["arithmetic_intensity_flop_per_byte"],
-                r["utilization"]["achieved_tflops"] * 1e12) for r in result["decode"]]
-    if points:
-        figures["roofline"] = roofline(peaks, points, title=f"Roofline: minieng on {result['environment']['device_name']}")
-    serving = result.get("serving")
-    if serving and run is not None:
-        ms = [request_metrics(o) for o in run.outputs]
-        slo = serving["metrics"].get("slo") or {}
-        figures["latency_cdf"] = latency_cdfs(
-            {"TTFT": [m.ttft_s * 1e3 for m in ms if m.ttft_s is not None],
-             "TPOT": [m.tpot_s * 1e3 for m in ms if m.tpot_s is not None],
-             "ITL": [g * 1e3 for m in ms for g in m.itl_s]},
-            {k: slo[f"{k.lower()}_ms"] for k in ("TTFT", "TPOT") if slo.get(f"{k.lower()}_ms")})
-        itl_points = [(t, (t - prev) * 1e3) for o in run.outputs
-                      for (prev, _), (t, _) in zip(o.times.emissions, o.times.emissions[1:])]
-        figures["step_timeline"] = step_timeline(run.steps, run.start_s, itl_points)
-        if run.telemetry:
-            from .flops import phase_utilization
-
-            nvml_t = [s.time_s - run.start_s for s in run.telemetry]
-            dtype_bytes = engine.dtype.itemsize
-            mfu = [phase_utilization(engine.model_config, dtype_bytes, [s], peaks[:1])[peaks[0].source]["mfu_percent"]
-                   for s in run.steps]
-            figures["utilization"] = utilization_trace({
-                "util.gpu %": (nvml_t, [s.util_gpu_percent for s in run.telemetry]),
-                "SM occupancy % (GPM)": (nvml_t, [s.sm_occupancy_percent for s in run.telemetry]),
-                "DRAM bandwidth % (GPM)": (nvml_t, [s.dram_bw_util_percent for s in run.telemetry]),
-                f"MFU % per step ({peaks[0].source} peak)": ([s.start_s - run.start_s for s in run.steps], mfu)},
-                title="What NVML reports against what the steps achieved")
-    if result.get("speculative"):
-        from .plots import speculative_sweep
-
-        figures["speculative"] = speculative_sweep(result["speculative"])
-    if result.get("prefix_cache"):
-        from .plots import ttft_vs_hit_rate
-
-        figures["ttft_vs_hit_rate"] = ttft_vs_hit_rate(result["prefix_cache"])
-    if result.get("quantization"):
-        from .plots import quantization_ratios
-
-        figures["quantization"] = quantization_ratios(result["quantization"])
-    paths = []
-    for name, fig in figures.items():
-        path = out / f"{name}.png"
-        fig.savefig(path, dpi=110)
-        paths.append(str(path))
-    return paths
 
 
 def cli_wording(message: str, flags: dict[str, str]) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minieng import EngineConfig, LLMEngine, bench, cli, hardware
+from minieng import EngineConfig, LLMEngine, bench, bench_figures, cli, hardware
 from minieng.report import format_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -286,7 +286,7 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     serving = serving_report(run, engine.model_config, 4, [peak], SLO(ttft_ms=50.0))
     result = {"environment": {"device_name": "fake GPU"}, "prefill": [], "decode": [], "serving": serving,
               "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]}
-    paths = [Path(p) for p in cli.save_figures(result, str(tmp_path), engine, run)]
+    paths = [Path(p) for p in bench_figures.save_figures(result, str(tmp_path), engine, run)]
     assert {p.name for p in paths} == {"latency_cdf.png", "step_timeline.png", "utilization.png"}
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
     json.dumps(result)
