@@ -287,7 +287,10 @@ def cmd_notebooks(args) -> int:
 
     copied, kept = copy_notebooks(args.dest)
     print(f"copied {len(copied)} notebooks into {args.dest}" + (f"; kept {len(kept)} already there" if kept else ""))
-    print(f"open them with: jupyter lab {args.dest}")
+    import os
+
+    as_root = " --allow-root" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""  # JupyterLab refuses root otherwise
+    print(f"open them with: jupyter lab {args.dest}{as_root}  (the jupyter of the environment minieng is installed in)")
     return 0
 
 
