@@ -14,16 +14,53 @@ the CPU's fast int8 kernel (fbgemm), and this class is the one place to change w
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 from torch import nn
 
-from .quantization import (ACTIVATION_LEVELS_7BIT, CPU_DIGIT_BASE, quantize_int4_grouped, quantize_per_channel_int8)
+from .quantization import quantize_int4_grouped, quantize_per_channel_int8
 
 
-# The op itself rather than its packet: the packet's call checks its arguments in Python first.
-_FBGEMM_LINEAR = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+# The op's C++ entry point, below its two Python layers: the packet's argument checks and, as the
+# op takes a packed-weights object (a TorchBind op), torch's scan of every argument for fake
+# objects. Both cost about what the op's arithmetic does at one row (1.7 ms of a 21 ms int8
+# decode step on the workshop CPU, with the module call and the other Python trimmed here).
+_FBGEMM_LINEAR_OVERLOAD = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+_FBGEMM_LINEAR = getattr(_FBGEMM_LINEAR_OVERLOAD, "_op", _FBGEMM_LINEAR_OVERLOAD)
+_INF = float("inf")
+
+
+def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor):
+    """fbgemm's packed weights of int8 codes q [out, in] with float scales [out] (zero points 0)."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        # torch 2.13 deprecates its quantized tensors in favour of torchao; the kernels still
+        # run, and this module is the one place to change when they go.
+        warnings.filterwarnings("ignore", message=".*quantized tensor.*")
+        qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
+@functools.cache
+def fbgemm_activation_levels() -> int:
+    """The per-token activation levels (a side) that fbgemm's int8 GEMM sums exactly on this CPU:
+    127 (8 bits) or 63 (7 bits).
+
+    Where the CPU has AVX-512 VNNI (``vpdpbusd``: Intel since Cascade Lake, AMD since Zen 4),
+    every u8 x s8 product goes straight into an int32 sum. With AVX2 alone (``vpmaddubsw``),
+    pairs of products are first added in int16, which saturates at 32,767: an 8-bit code
+    (255 - 128 = 127 after the zero point 128) against a weight of 127 gives pairs up to
+    255 x 127 x 2 = 64,770, which does not fit; 7-bit codes (zero point 64, 127 x 127 x 2 =
+    32,258) do. That is why torch's ``nn.quantized.dynamic.Linear`` uses ``reduce_range``
+    (7 bits) everywhere. Here the kernel itself is asked, once: the worst case goes through it,
+    and 8 bits are used only if it comes back exact.
+    """
+    inputs = 64
+    packed = _fbgemm_pack(torch.full((8, inputs), 127, dtype=torch.int8), torch.ones(8))
+    y = _FBGEMM_LINEAR(torch.full((1, inputs), 127.0), 1.0, 128, packed)
+    return 127 if y[0, 0].item() == 127 * 127 * inputs else 63
 
 
 class FbgemmLinear(nn.Module):
@@ -32,57 +69,62 @@ class FbgemmLinear(nn.Module):
     activations for the weight-only ``"int8"`` scheme.
 
     The activations are quantized here, not by fbgemm: each row (token) gets its own scale s =
-    max|x| / 63, and ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32`` is given the
-    rows x / s with input scale 1 and zero point 64, so its own rounding *is* the per-token
-    quantization, exactly (``linear_dynamic`` would pick one scale for the whole batch from its
-    min and max: the outlier-prone per-tensor scheme, and a token's output that depends on its
-    batch-mates). Seven bits, not eight, as torch's ``nn.quantized.dynamic.Linear`` does with
-    ``reduce_range``: the AVX2 kernel sums pairs of u8 x s8 products in int16, which 255 x 127 x 2
-    overflows; 127 x 127 x 2 does not.
+    max|x| / L, with L = ``activation_levels`` codes a side, and
+    ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32`` is given the rows x / s with
+    input scale 1 and zero point L + 1, so its own rounding *is* the per-token quantization,
+    exactly (``linear_dynamic`` would pick one scale for the whole batch from its min and max:
+    the outlier-prone per-tensor scheme, and a token's output that depends on its batch-mates).
+    L is 127 (8 bits) where the kernel sums 8-bit codes exactly, 63 (7 bits) where it would
+    overflow (AVX2 without VNNI): ``fbgemm_activation_levels``.
 
-    With ``digits=2`` each token is written in two 7-bit digits, x ~ s (q1 + q2 / 126) with
-    q1 = round(x / s) and q2 the rounded remainder times 126 (|q2| <= 63): both digit rows go
+    With ``digits=2`` each token is written in two digits, x ~ s (q1 + q2 / 2L) with
+    q1 = round(x / s) and q2 the rounded remainder times 2L (|q2| <= L): both digit rows go
     through one GEMM (the weights are read once), and the outputs recombine as
-    s (y1 + y2 / 126). The activation error is at most max|x| / 15,876 (about 14 bits), the
-    class of bf16/fp16 activations, so the scheme's accuracy is weight-only int8's.
+    s (y1 + y2 / 2L). The activation error is at most max|x| / 4L^2: 1 / 64,516 of the token's
+    largest value with 8-bit digits (16 bits), 1 / 15,876 with 7-bit ones (14 bits), the class
+    of bf16/fp16 activations, so the scheme's accuracy is weight-only int8's.
 
     Shapes: x [rows, in_features] (any float dtype; computed in float32) -> [rows, out_features].
+    Raises ``ValueError`` for ``digits`` other than 1 or 2, or levels the kernel cannot sum.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, digits: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, digits: int,
+                 activation_levels: int | None = None):
         super().__init__()
         if digits not in (1, 2):
             raise ValueError(f"digits={digits} must be 1 (W8A8) or 2 (16-bit-class activations)")
+        levels = fbgemm_activation_levels() if activation_levels is None else activation_levels
+        if levels not in (63, fbgemm_activation_levels()):
+            raise ValueError(f"activation_levels={levels}: fbgemm's kernel on this CPU sums "
+                             f"{fbgemm_activation_levels()} or 63 levels a side exactly")
         q, scale = quantize_per_channel_int8(weight.detach().float())  # [out, in] int8, [out] float32
-        zeros = torch.zeros(q.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():
-            # torch 2.13 deprecates its quantized tensors in favour of torchao; the kernels still
-            # run, and this class is the one place to change when they go.
-            warnings.filterwarnings("ignore", message=".*quantized tensor.*")
-            qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
-            self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.packed = _fbgemm_pack(q, scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.digits = digits
+        self.activation_levels = levels
+        self.zero_point = levels + 1  # codes -L..L sit at L+1 +- L within 1..2L+1 (u8)
+        self.digit_base = 2 * levels  # the second digit's weight
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.weight_bytes = q.numel() + 4 * q.shape[0]  # int8 weights, float32 scales (fbgemm's)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Few, in-place ops, each called as directly as torch allows: at one row an op's dispatch
-        # (and Python's share of it) costs about what its arithmetic does, 121 times a step.
-        rows = x.shape[0]
+        # Few ops, each called as directly as torch allows (``torch.div``, not the ``/`` operator's
+        # Python wrapper): at one row an op's dispatch costs about what its arithmetic does, 121
+        # times a decode step.
         x32 = x if x.dtype == torch.float32 else x.float()
-        s = torch.linalg.vector_norm(x32, float("inf"), -1, keepdim=True).clamp_(min=1e-30)  # [rows, 1] max|x|
-        s.div_(ACTIVATION_LEVELS_7BIT)  # the per-token scale
-        u = x32 / s  # each row within [-63, 63]; fbgemm rounds it
-        if self.digits == 2:
+        s = torch.linalg.vector_norm(x32, _INF, -1, keepdim=True).clamp_(min=1e-30)  # [rows, 1] max|x|
+        s.div_(self.activation_levels)  # the per-token scale
+        u = torch.div(x32, s)  # each row within [-L, L]; fbgemm rounds it
+        if self.digits == 1:
+            y = _FBGEMM_LINEAR(u, 1.0, self.zero_point, self.packed)
+        else:
             q1 = torch.round(u)
-            u = torch.cat([q1, u.sub_(q1).mul_(CPU_DIGIT_BASE)])  # [2 rows, in]: the two digits
-        y = _FBGEMM_LINEAR(u, 1.0, 64, self.packed)
-        if self.digits == 2:
-            y = y[:rows].add_(y[rows:], alpha=1 / CPU_DIGIT_BASE)
-        y = y.mul_(s)
+            digits = torch.cat((q1, u.sub_(q1).mul_(self.digit_base)))  # [2 rows, in]
+            high, low = _FBGEMM_LINEAR(digits, 1.0, self.zero_point, self.packed).chunk(2)
+            y = torch.add(high, low, alpha=1 / self.digit_base)
+        y.mul_(s)
         if self.bias is not None:
-            y = y + self.bias
+            y.add_(self.bias)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 

@@ -27,7 +27,7 @@ fp32 here: at batch 1 ``torch._weight_int8pack_mm`` took 2.8x fp32's time (21x a
 1.0x. fbgemm's int8 GEMM (torch's ``quantized::linear_*``) took 0.29x at 1 row, 0.26x at 16 and
 0.34x at 512: the CPU kernel that turns int8 weights into time. So on a CPU both int8 schemes
 run in fbgemm (``FbgemmLinear``): W8A8 directly, and weight-only int8 by writing each token's
-activations as two 7-bit digits through the same GEMM (0.35x, 0.45x, 0.71x: weight-only
+activations as two int8 digits through the same GEMM (0.35x, 0.45x, 0.71x: weight-only
 accuracy, twice the integer work per token, the weights read once). The whole engine, same
 method: int8 took 0.43x fp32's batch-1 decode step, 0.55x at batch 16 and 0.80x of a 512-token
 prefill; W8A8 0.38x, 0.39x and 0.50x. int4 has no CPU kernel that pays and is refused there; its
@@ -52,13 +52,11 @@ from .flops import MatmulBytes
 
 SCHEMES = QUANTIZATION_SCHEMES
 DEFAULT_GROUP_SIZE = 64  # divides 576 and 1,536 (the default model), 2,048 and 8,192 (1.7B)
-ACTIVATION_LEVELS_7BIT = 63  # fbgemm's per-token codes: [-63, 63] (see ``FbgemmLinear``)
-CPU_DIGIT_BASE = 126  # the second 7-bit digit's weight: 2 x 63
 
 
 KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
-    ("int8", "cpu"): "fbgemm int8 GEMM, activations in two 7-bit digits per token",
-    ("w8a8", "cpu"): "fbgemm int8 GEMM, 7-bit activations per token",
+    ("int8", "cpu"): "fbgemm int8 GEMM, activations in two int8 digits per token",
+    ("w8a8", "cpu"): "fbgemm int8 GEMM, 8-bit activations per token (7-bit on CPUs without AVX-512 VNNI)",
     ("int8", "cuda"): "torch._weight_int8pack_mm",
     ("int4", "cuda"): "torch._weight_int4pack_mm (tinygemm; bfloat16)",
     ("w8a8", "cuda"): "torch._int_mm (cuBLASLt int8), 8-bit activations per token",
@@ -192,10 +190,16 @@ class ReferenceLinear(nn.Module):
 
 
 def activation_levels(scheme: str, device_type: str) -> int | None:
-    """Per-token activation levels of ``scheme``'s kernel on a device type: None unless W8A8."""
+    """Per-token activation levels (a side) of ``scheme``'s kernel on a device type: None unless
+    W8A8; 127 (8 bits), or on a CPU whose int8 GEMM would overflow them 63 (7 bits:
+    ``quant_kernels.fbgemm_activation_levels``)."""
     if scheme != "w8a8":
         return None
-    return ACTIVATION_LEVELS_7BIT if device_type == "cpu" else 127
+    if device_type == "cpu":
+        from .quant_kernels import fbgemm_activation_levels
+
+        return fbgemm_activation_levels()
+    return 127
 
 
 def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -16,9 +16,9 @@ from minieng.config import ModelConfig
 from minieng.flops import MatmulBytes, decode_work
 from minieng.memory_plan import weight_bytes
 from minieng.model import Linear
-from minieng.quant_kernels import FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear
+from minieng.quant_kernels import FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear, fbgemm_activation_levels
 from minieng.quant_quality import activation_outliers, quality, sequence_logits
-from minieng.quantization import (CPU_DIGIT_BASE, KERNELS, linear_shapes, ReferenceLinear, check_supported, dequantize_int4_grouped,
+from minieng.quantization import (KERNELS, linear_shapes, ReferenceLinear, check_supported, dequantize_int4_grouped,
                                   dequantize_per_channel_int8, matmul_bytes, model_quantization, quantize_int4_grouped,
                                   quantize_model, quantize_per_channel_int8, quantize_per_token, reference_model)
 
@@ -88,29 +88,52 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+# 7-bit codes everywhere; 8-bit ones where this CPU's kernel sums them exactly (AVX-512 VNNI).
+LEVELS = [63] + ([127] if fbgemm_activation_levels() == 127 else [])
+
+
+@pytest.mark.parametrize("levels", LEVELS, ids=lambda n: f"{n} levels")
 @pytest.mark.parametrize("bias", [None, BIAS], ids=["no bias", "bias"])
-def test_fbgemm_w8a8_equals_its_reference(bias):
+def test_fbgemm_w8a8_equals_its_reference(bias, levels):
     """Same integer codes on both sides (fbgemm's rounding of x / s is the per-token rounding):
     only float32 summation order differs. Tolerance 1e-5 of the largest output."""
     w = weights()
-    got = FbgemmLinear(w, bias, digits=1)(X)
-    ref = ReferenceLinear(w, bias, "w8a8", 64, activation_levels=63)(X)
+    got = FbgemmLinear(w, bias, digits=1, activation_levels=levels)(X)
+    ref = ReferenceLinear(w, bias, "w8a8", 64, activation_levels=levels)(X)
     assert rel_err(got, ref) < 1e-5
 
 
-def test_fbgemm_two_digits_is_weight_only_int8_within_the_digit_bound():
-    """Two 7-bit digits per token: each activation is off by at most max|x| / (2 x 63 x 126), so
-    each output by at most that times the row's sum of |w|: the stated tolerance."""
+@pytest.mark.parametrize("levels", LEVELS, ids=lambda n: f"{n} levels")
+def test_fbgemm_two_digits_is_weight_only_int8_within_the_digit_bound(levels):
+    """Two digits of L levels per token: each activation is off by at most max|x| / (2 L x 2 L),
+    so each output by at most that times the row's sum of |w|: the stated tolerance."""
     w = weights()
-    layer = FbgemmLinear(w, BIAS, digits=2)
+    layer = FbgemmLinear(w, BIAS, digits=2, activation_levels=levels)
     got = layer(X)
     q, scale = quantize_per_channel_int8(w)
     w_deq = dequantize_per_channel_int8(q, scale)
     ref = ReferenceLinear(w, BIAS, "int8", 64, activation_levels=None)(X)
-    bound = X.abs().amax(-1, keepdim=True) / (2 * 63 * CPU_DIGIT_BASE) * w_deq.abs().sum(1)
+    bound = X.abs().amax(-1, keepdim=True) / (2 * levels * 2 * levels) * w_deq.abs().sum(1)
     assert ((got - ref).abs() <= bound + 1e-5 * ref.abs().max()).all()
-    one_digit = FbgemmLinear(w, BIAS, digits=1)(X)
+    one_digit = FbgemmLinear(w, BIAS, digits=1, activation_levels=levels)(X)
     assert (one_digit - ref).abs().max() > 10 * (got - ref).abs().max()  # the second digit is what buys accuracy
+
+
+def test_fbgemm_levels_are_what_the_kernel_sums_exactly():
+    """The probe's answer holds at the extremes: every code at +-L against weights of +-127 (the
+    sums that overflow an int16 pair when L = 127 without VNNI) comes back exact, in both signs;
+    levels the kernel cannot sum are refused."""
+    levels = fbgemm_activation_levels()
+    assert levels in (63, 127)
+    w = torch.full((4, 64), 0.5)
+    w[1] = -0.5
+    layer = FbgemmLinear(w, None, digits=1)
+    assert layer.activation_levels == levels
+    x = torch.stack([torch.full((64,), 3.0), torch.full((64,), -3.0)])
+    exact = x @ dequantize_per_channel_int8(*quantize_per_channel_int8(w)).T
+    assert torch.allclose(layer(x), exact, rtol=1e-6)
+    with pytest.raises(ValueError, match="activation_levels=100"):
+        FbgemmLinear(w, None, digits=1, activation_levels=100)
 
 
 @pytest.mark.parametrize("make,scheme,levels", [
@@ -157,7 +180,7 @@ def test_quantized_engine_generates_its_reference_models_tokens(tiny_engine, tin
     """A quantized engine's greedy tokens are its dequantized reference model's (or differ at a
     near-tie of the reference's logits), for prompts decoded alone and together."""
     _, loaded = tiny_llama
-    ref = reference_model(loaded.model, scheme, activation_levels=63 if scheme == "w8a8" else None)
+    ref = reference_model(loaded.model, scheme, activation_levels=fbgemm_activation_levels() if scheme == "w8a8" else None)
     engine = tiny_engine(quantization=scheme)
     prompts = random_prompts([5, 9, 13], VOCAB, seed=3)
     outs = engine.generate(prompts, greedy(12))
