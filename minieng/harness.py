@@ -9,9 +9,11 @@ and on a GPU its SM clock, temperature and throttling at that moment).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -103,7 +105,18 @@ def environment(device: torch.device | str = "cpu", dtype: torch.dtype | None = 
     fp = fingerprint(device, dtype)
     for field_name in MOMENTARY_FIELDS:
         fp.pop(field_name, None)
-    return fp | {"host": platform.node()}
+    return fp | {"host": platform.node(), "minieng_source": source_digest()}
+
+
+def source_digest(package_dir: Path | None = None) -> str:
+    """16 hex digits of SHA-256 over the package's Python sources (names and contents, in name
+    order): an engine changed since a result was stored does not stand for a new measurement,
+    even at the same version number. ``package_dir`` defaults to minieng's own folder."""
+    package_dir = Path(package_dir or Path(__file__).parent)
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def cpu_name() -> str:

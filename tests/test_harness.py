@@ -87,3 +87,18 @@ def test_measurement_carries_the_fingerprint():
     m = measure(lambda: None, "cpu", warmup=0, repeats=1)
     assert m.fingerprint["device"] == "cpu"
     assert m.fingerprint["torch_threads"] == torch.get_num_threads()
+
+
+def test_source_digest_changes_with_any_source_file_and_only_then(tmp_path):
+    """A stored result keyed by ``environment`` is not reused once the engine's code changed."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not source")
+    first = harness.source_digest(tmp_path)
+    assert len(first) == 16 and harness.source_digest(tmp_path) == first
+    (tmp_path / "notes.txt").write_text("changed, still not source")
+    assert harness.source_digest(tmp_path) == first
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert harness.source_digest(tmp_path) != first
+    assert harness.environment("cpu")["minieng_source"] == harness.source_digest()
