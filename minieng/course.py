@@ -121,6 +121,45 @@ def _kernel_manager(kernels_dir: Path):
     return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
 
 
+POLL_SLICE_S = 1.0
+
+
+def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
+    """A channel's async ``get_msg`` that waits in slices of ``slice_s`` seconds up to its timeout
+    (forever for None), raising ``queue.Empty`` as the original does when the time runs out.
+
+    ZeroMQ signals a socket's readiness on an edge-triggered file descriptor: a wake-up that is
+    missed (a message already queued when the wait began) leaves asyncio waiting for the whole
+    timeout although the message is there. nbclient waits for a cell's reply that way, so after a
+    cell with widgets a run could stop for up to the notebook's whole timeout (seen here once: an
+    idle kernel whose reply was sent, the course waiting 15 minutes; jupyter/nbclient#312). Each
+    new slice asks the socket again.
+    """
+    import queue
+
+    async def get(timeout: float | None = None, **kwargs):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = slice_s if deadline is None else max(0.0, min(slice_s, deadline - time.monotonic()))
+            try:
+                return await get_msg(timeout=left, **kwargs)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    return get
+
+
+class CourseClient(NotebookClient):
+    """nbclient's client whose shell and IOPub channels wait in slices (``sliced_get_msg``)."""
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        for channel in (kc.shell_channel, kc.iopub_channel):
+            channel.get_msg = sliced_get_msg(channel.get_msg)
+        return kc
+
+
 def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar, kernels_dir: Path) -> dict:
     """Execute one notebook, write its executed copy and HTML into ``output_dir``.
 
@@ -139,7 +178,7 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
     def on_cell_start(cell, cell_index):
         bar.set_postfix_str(f"{path.stem}: cell {cell_index + 1}/{len(nb.cells)}")
 
-    client = NotebookClient(nb, km=_kernel_manager(kernels_dir), timeout=int(timeout_s), timeout_func=time_left,
+    client = CourseClient(nb, km=_kernel_manager(kernels_dir), timeout=int(timeout_s), timeout_func=time_left,
                             on_cell_start=on_cell_start, resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     status, error = "ok", None

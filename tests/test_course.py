@@ -109,6 +109,38 @@ def test_course_stops_a_notebook_at_its_timeout(tmp_path):
     assert (tmp_path / "out" / "05_slow.html").is_file()
 
 
+def test_sliced_get_msg_asks_again_each_slice_and_keeps_the_timeout():
+    """A wake-up the socket missed costs one slice, not the whole timeout; a message that never
+    comes raises ``queue.Empty`` once the caller's timeout is spent, as the channel does."""
+    import asyncio
+    import queue
+    import time
+
+    from minieng.course import sliced_get_msg
+
+    waits = []
+
+    async def missed_wakeup(timeout=None):  # the message is queued, but this wait never sees it
+        waits.append(timeout)
+        if len(waits) == 1:
+            await asyncio.sleep(timeout)
+            raise queue.Empty
+        return {"msg_id": "reply"}
+
+    start = time.monotonic()
+    assert asyncio.run(sliced_get_msg(missed_wakeup, slice_s=0.05)(timeout=30)) == {"msg_id": "reply"}
+    assert time.monotonic() - start < 5 and waits[0] == pytest.approx(0.05)
+
+    async def silent(timeout=None):
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        asyncio.run(sliced_get_msg(silent, slice_s=0.05)(timeout=0.2))
+    assert 0.2 <= time.monotonic() - start < 5
+
+
 def test_only_names_an_unknown_notebook(notebooks, tmp_path, capsys):
     assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--only", "9"]) == 2
     assert "no such notebook" in capsys.readouterr().err
