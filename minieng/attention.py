@@ -195,8 +195,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_tokens, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     group = num_heads // kv_heads
-    out = torch.empty_like(q)
     b, n = meta.num_decodes, meta.decode_query_len
+    decoded = None
     if b:
         # Rows [B * n, heads, D], sequence by sequence -> [B, kv_heads, group * n, D]: each KV
         # head meets its group's query heads at every query position (a view when n == 1).
@@ -208,7 +208,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
             mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
         od = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)  # [B, kv_heads, group * n, D]
         # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
-        out[:b * n] = od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads, head_dim)
+        decoded = od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
+        if not meta.prefills:  # a decode-only step: no output buffer to fill (views when n == 1)
+            return decoded
+    out = torch.empty_like(q)
+    if decoded is not None:
+        out[:b * n] = decoded.view(b * n, num_heads, head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         # SDPA's fused CPU kernel wants 4-D [batch, heads, len, D] and equal head counts: with

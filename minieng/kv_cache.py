@@ -45,6 +45,8 @@ class KVCache:
                  model_config.num_key_value_heads, model_config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Each layer's (k, v) views, made once: indexing k[i] anew costs a dispatch per layer and step.
+        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -89,7 +91,9 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[i], self.v[i]
+        """Layer ``i``'s K and V: views of ``k`` and ``v``, each [num_blocks + 1, block_size,
+        kv_heads, head_dim]."""
+        return self.layers[i]
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -83,6 +83,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the same arithmetic in one op (weight included): 3 fewer dispatches
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
 
 
@@ -223,8 +225,8 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rope.tables(positions, x.dtype)
         with sdpa_backends(x.device):
-            for i, layer in enumerate(self.layers):
-                x = layer(x, rope, kv_cache.k[i], kv_cache.v[i], meta)
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_cache.layers):
+                x = layer(x, rope, k_cache, v_cache, meta)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
         return self.lm_head(x).float()
 
