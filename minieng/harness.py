@@ -9,6 +9,7 @@ and on a GPU its SM clock, temperature and throttling at that moment).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -105,7 +106,13 @@ def environment(device: torch.device | str = "cpu", dtype: torch.dtype | None = 
     fp = fingerprint(device, dtype)
     for field_name in MOMENTARY_FIELDS:
         fp.pop(field_name, None)
-    return fp | {"host": platform.node(), "minieng_source": source_digest()}
+    return fp | {"host": platform.node(), "minieng_source": _own_source_digest()}
+
+
+@functools.cache
+def _own_source_digest() -> str:
+    """minieng's own digest, read once per process (``environment`` is called by every cached cell)."""
+    return source_digest()
 
 
 def source_digest(package_dir: Path | None = None) -> str:
