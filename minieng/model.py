@@ -227,6 +227,11 @@ class LlamaForCausalLM(nn.Module):
         with sdpa_backends(x.device):
             for layer, (k_cache, v_cache) in zip(self.layers, kv_cache.layers):
                 x = layer(x, rope, k_cache, v_cache, meta)
+        if logits_indices.numel() == 0:
+            # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
+            # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration
+            # argument"), or fail later, in an unrelated kernel.
+            return x.new_empty(0, self.config.vocab_size, dtype=torch.float32)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
         return self.lm_head(x).float()
 

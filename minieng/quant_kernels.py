@@ -6,6 +6,7 @@ scheme on which device, and why, is ``quantization.py``'s table; the quantizatio
 (scales, rounding, groups) is there too, so that every kernel here and the dequantized reference
 it is tested against share it. Every class has ``weight_bytes``: the bytes its kernel reads per
 call, scales included (the bytes model, ``quantization.matmul_bytes``, is tested against it).
+Every class answers an input of zero rows with an empty output and launches no kernel.
 
 ``FbgemmLinear`` is the one user of torch's quantized tensors (``torch.quantize_per_channel``'s
 kind and ``quantized::linear_*``), which torch 2.13 deprecates in favour of torchao: they hold
@@ -30,6 +31,14 @@ from .quantization import quantize_int4_grouped, quantize_per_channel_int8
 _FBGEMM_LINEAR_OVERLOAD = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
 _FBGEMM_LINEAR = getattr(_FBGEMM_LINEAR_OVERLOAD, "_op", _FBGEMM_LINEAR_OVERLOAD)
 _INF = float("inf")
+
+
+def _no_rows(x: torch.Tensor, out_features: int) -> torch.Tensor | None:
+    """The empty output [0, out_features] when ``x`` has no rows, else None. A product is never
+    launched on zero rows: on CUDA tinygemm's int4 kernel then launches a grid with a zero
+    dimension ("invalid configuration argument"), and ``_weight_int8pack_mm`` makes the same launch
+    unchecked, so the error surfaces later, in an unrelated kernel."""
+    return x.new_empty(0, out_features) if x.shape[0] == 0 else None
 
 
 def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor):
@@ -114,6 +123,8 @@ class FbgemmLinear(nn.Module):
         # Few ops, each called as directly as torch allows (``torch.div``, not the ``/`` operator's
         # Python wrapper): at one row an op's dispatch costs about what its arithmetic does, 121
         # times a decode step.
+        if (empty := _no_rows(x, self.out_features)) is not None:
+            return empty
         x32 = x if x.dtype == torch.float32 else x.float()
         s = torch.linalg.vector_norm(x32, _INF, -1, keepdim=True).clamp_(min=1e-30)  # [rows, 1] max|x|
         s.div_(self.activation_levels)  # the per-token scale
@@ -146,8 +157,11 @@ class Int8WeightOnlyLinear(nn.Module):
         self.register_buffer("scale", scale.to(weight.dtype))  # [out]
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.weight_bytes = q.numel() + scale.numel() * weight.element_size()
+        self.out_features = q.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (empty := _no_rows(x, self.out_features)) is not None:
+            return empty
         y = torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
         return y if self.bias is None else y + self.bias
 
@@ -185,9 +199,12 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(weight.dtype))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.group_size = group_size
+        self.out_features = out_features
         self.weight_bytes = out_features * in_features // 2 + self.scales_and_zeros.numel() * weight.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (empty := _no_rows(x, self.out_features)) is not None:
+            return empty
         x = x.contiguous()
         if x.device.type == "cuda":
             y = torch.ops.aten._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
@@ -212,8 +229,11 @@ class W8A8Linear(nn.Module):
         self.register_buffer("scale", scale.to(weight.dtype))  # [out], in the model's dtype
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.weight_bytes = q.numel() + scale.numel() * weight.element_size()
+        self.out_features = q.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (empty := _no_rows(x, self.out_features)) is not None:
+            return empty
         rows = x.shape[0]
         x32 = x.float()
         s = x32.abs().amax(-1, keepdim=True).clamp(min=1e-30) / 127  # [rows, 1]

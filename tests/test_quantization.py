@@ -357,3 +357,56 @@ def test_a_group_size_that_misses_a_layer_is_refused_never_skipped(tiny_llama):
 
     with pytest.raises(ValueError, match=r"multiple of 8.*lm_head \(300\)"):  # tinygemm packs 8 outputs at a time
         check_group_size(replace(default_shape(), vocab_size=300), 64)
+
+
+# -- 4. no product on zero rows (issue 19, item 1) ------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda w, b: FbgemmLinear(w, b, digits=1),
+    lambda w, b: FbgemmLinear(w, b, digits=2),
+    lambda w, b: Int8WeightOnlyLinear(w, b),
+    lambda w, b: Int4Linear(w, b, 64),
+    lambda w, b: W8A8Linear(w, b),
+], ids=["fbgemm w8a8", "fbgemm int8", "int8 weight-only", "int4", "w8a8 _int_mm"])
+def test_quantized_layers_launch_no_kernel_on_zero_rows(make):
+    """On CUDA a product on zero rows launches an empty grid (int4: "invalid configuration
+    argument"; int8: an unchecked launch that fails in a later kernel). Every quantized layer
+    answers zero rows with an empty output and dispatches nothing but that allocation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    layer = make(weights(), BIAS)
+    x = torch.randn(0, 128)
+    with Ops() as ops:
+        y = layer(x)
+    assert y.shape == (0, 96) and y.dtype == x.dtype
+    assert all(name.split(".")[0] in ("new_empty", "empty") for name in ops.names), ops.names
+
+
+def test_steps_that_sample_nothing_run_no_product_on_zero_rows(tiny_engine):
+    """A prompt longer than the step's token budget (its first chunks sample nothing) and a draft
+    model's catch-up step (run alone, it samples nothing): no linear layer, the LM heads among
+    them, is ever called with zero rows, and the tokens are the unchunked engine's."""
+    engine = tiny_engine(quantization="int8", max_num_batched_tokens=12, max_num_seqs=4, speculative_method="draft",
+                         num_speculative_tokens=2, draft_quantization="int8")
+    rows: list[tuple[str, int]] = []
+    for name, model in (("target", engine.model), ("draft", engine.drafter.model)):
+        for module_name, module in model.named_modules():
+            if hasattr(module, "out_features"):
+                module.register_forward_pre_hook(
+                    lambda mod, args, where=f"{name}.{module_name}": rows.append((where, args[0].shape[0])))
+    prompts = random_prompts([29, 5], VOCAB, seed=9)
+    outs = engine.generate(prompts, greedy(10))
+    heads = [n for where, n in rows if where.endswith("lm_head")]
+    assert len(heads) >= 5 and any(where.startswith("draft.") for where, _ in rows)
+    assert min(n for _, n in rows) > 0, [where for where, n in rows if n == 0][:5]
+    plain = tiny_engine(quantization="int8").generate(prompts, greedy(10))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
