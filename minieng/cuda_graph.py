@@ -19,8 +19,9 @@ so a short context should not pay for the longest one), times the query lengths 
 can have: 1, and under speculative decoding 2 .. k + 1 (a verification step runs k + 1 tokens
 per sequence). A step of ``n`` sequences whose widest block table has ``w`` blocks replays the
 smallest bucket that holds both. The real sequences are followed by padding ones: token 0 at
-position 0, writing their K/V into the null block (``KVCache.null_slot``), which no real sequence
-reads unmasked, and attending only null-block keys. A bucket whose gathered K/V would exceed
+position 0, writing their K/V into the scratch block (``KVCache.scratch_slot``), which no block
+table holds, and attending only the null block's zeros, which nothing writes. So whatever a
+padding row computes (a NaN, in fp16) never reaches a later step. A bucket whose gathered K/V would exceed
 ``max_gather_tokens`` is not captured; steps that need it, or a width beyond the largest bucket,
 run eagerly.
 
@@ -105,7 +106,7 @@ class DecodeGraphs:
         self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
         (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
          self.block_tables) = self._views(self._device_inputs)
-        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.null_slot, self.query_lens[-1],
+        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.scratch_slot, self.query_lens[-1],
                                                                   kv_cache.null_block)):
             buf.fill_(value)  # what the warm-up and capture run on: padding sequences only
         self._host_inputs.copy_(self._device_inputs)
@@ -178,7 +179,7 @@ class DecodeGraphs:
         ids, pos, slots, lens, tables = self._views(self._host_inputs)
         ids[:b * q] = torch.tensor(lay.input_ids + [0] * pad)
         pos[:b * q] = torch.tensor(lay.positions + [0] * pad)
-        slots[:b * q] = torch.tensor(lay.slot_mapping + [self.kv_cache.null_slot] * pad)
+        slots[:b * q] = torch.tensor(lay.slot_mapping + [self.kv_cache.scratch_slot] * pad)
         # A padding sequence's context is its q tokens: each query sees at least one (null) key.
         lens[:b] = torch.tensor([c for _, c in lay.decodes] + [q] * (b - n))
         tables[:b, :w] = block_table_tensor([t for t, _ in lay.decodes] + [[]] * (b - n), w, self.kv_cache.null_block)

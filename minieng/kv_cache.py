@@ -1,15 +1,22 @@
 """The paged KV cache: per-layer K and V tensors cut into fixed-size blocks.
 
-Layout, per layer: ``k[layer]`` and ``v[layer]`` are ``[num_blocks + 1, block_size, num_kv_heads,
+Layout, per layer: ``k[layer]`` and ``v[layer]`` are ``[num_blocks + 2, block_size, num_kv_heads,
 head_dim]``. A token's K/V row lives at one flat *slot* (``block_id * block_size + offset``);
 which blocks a sequence owns is the block manager's business, not this module's.
 
-The extra block at index ``num_blocks`` is the *null block*, never handed to a sequence: padded
-block-table entries point at it, and padded rows of a CUDA-graph batch write their K/V into it,
-so padding never touches a slot that a real sequence reads. Every slot a mask hides must hold a
-finite value (a masked score is -inf, but 0 x NaN is NaN): the pool starts zeroed, and the
-model runner zeroes each block when it is allocated (``zero_blocks``), so neither a freshly
-allocated pool nor stale values of a freed block can leak into attention.
+Two extra blocks are never handed to a sequence, one read and never written, one written and
+never read:
+
+- the *null block* (index ``num_blocks``): padded block-table entries point at it, so every
+  padded key a mask hides reads zeros from it. Nothing writes it.
+- the *scratch block* (index ``num_blocks + 1``): padded rows of a CUDA-graph batch write their
+  K/V there (``scratch_slot``), and no block table points at it. Whatever padding computes (in
+  fp16, a NaN from a garbage row is possible) lands where no one reads it.
+
+Every slot a mask hides must hold a finite value (a masked score is -inf, but 0 x NaN is NaN):
+the pool starts zeroed, the null block stays so, and the model runner zeroes each block when it
+is allocated (``zero_blocks``), so neither a freshly allocated pool, stale values of a freed
+block, nor a padding row's output can leak into attention.
 """
 
 from __future__ import annotations
@@ -35,13 +42,14 @@ def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_s
 class KVCache:
     """K and V for every layer, allocated once.
 
-    ``k``/``v``: [layers, num_blocks + 1, block_size, kv_heads, head_dim]; the last block is the
-    null block (padding), outside the ``num_blocks`` the block manager hands out.
+    ``k``/``v``: [layers, num_blocks + 2, block_size, kv_heads, head_dim]; the last two blocks,
+    outside the ``num_blocks`` the block manager hands out, are the null block (padding reads)
+    and the scratch block (padding writes).
     """
 
     def __init__(self, model_config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (model_config.num_hidden_layers, num_blocks + 1, block_size,
+        shape = (model_config.num_hidden_layers, num_blocks + 2, block_size,
                  model_config.num_key_value_heads, model_config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -52,13 +60,18 @@ class KVCache:
 
     @property
     def null_block(self) -> int:
-        """The padding block: never allocated to a sequence."""
+        """The block padded block-table entries point at: all zeros, never allocated, never written."""
         return self.num_blocks
 
     @property
-    def null_slot(self) -> int:
-        """A slot of the null block, where padded rows write their K/V."""
-        return self.num_blocks * self.block_size
+    def scratch_block(self) -> int:
+        """The block padded rows write into: never allocated, never in a block table."""
+        return self.num_blocks + 1
+
+    @property
+    def scratch_slot(self) -> int:
+        """The slot where every padded row writes its K/V (the scratch block's first)."""
+        return self.scratch_block * self.block_size
 
     def zero_blocks(self, blocks: list[int]) -> None:
         """Zero the K/V of ``blocks`` in every layer (blocks just allocated: stale or
@@ -91,7 +104,7 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s K and V: views of ``k`` and ``v``, each [num_blocks + 1, block_size,
+        """Layer ``i``'s K and V: views of ``k`` and ``v``, each [num_blocks + 2, block_size,
         kv_heads, head_dim]."""
         return self.layers[i]
 

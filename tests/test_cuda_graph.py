@@ -113,9 +113,9 @@ def test_blocks_wider_than_any_bucket_fall_back_to_eager(tiny_llama):
     assert engine.output("short").token_ids == plain[0].token_ids
 
 
-def test_padded_rows_write_only_the_null_slot(tiny_llama):
-    """Three decodes in a bucket of four: the step changes the real rows' slots and the null slot,
-    nothing else."""
+def test_padded_rows_write_only_the_scratch_slot(tiny_llama):
+    """Three decodes in a bucket of four: the step changes the real rows' slots and the scratch
+    slot, nothing else; the null block, which padded block tables read, stays all zeros."""
     loaded = tiny_llama[1]
     engine = make_engine(loaded, max_num_seqs=4)
     install_graphs(engine)
@@ -126,11 +126,42 @@ def test_padded_rows_write_only_the_null_slot(tiny_llama):
     k_before = engine.kv_cache.k.clone()
     engine.step()  # three decodes, padded to four
     assert engine.runner.last_step_graphed
-    bs = engine.kv_cache.block_size
-    changed = (engine.kv_cache.k != k_before).any(dim=(0, 3, 4)).flatten().nonzero().flatten().tolist()
+    cache, bs = engine.kv_cache, engine.kv_cache.block_size
+    changed = (cache.k != k_before).any(dim=(0, 3, 4)).flatten().nonzero().flatten().tolist()
     real = {seq.block_table[p // bs] * bs + p % bs for seq in running for p in [seq.num_computed_tokens - 1]}
-    assert set(changed) <= real | {engine.kv_cache.null_slot}
-    assert real <= set(changed) and engine.kv_cache.null_slot in changed
+    assert set(changed) <= real | {cache.scratch_slot}
+    assert real <= set(changed) and cache.scratch_slot in changed
+    assert not cache.k[:, cache.null_block].any() and not cache.v[:, cache.null_block].any()
+    assert cache.scratch_block not in {b for seq in running for b in seq.block_table}
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_what_padding_rows_write_never_reaches_a_later_step(tiny_llama, monkeypatch, poison):
+    """fp16 on a GPU: a padding row (token 0 at position 0) can compute a NaN, and its K/V is
+    written somewhere. Here every K/V a padding row writes is replaced by ``poison``: it must land
+    where no block table reads, so that later batched steps neither raise NonFiniteLogitsError
+    nor change a token."""
+    import minieng.model as model_module
+
+    loaded = tiny_llama[1]
+    prompts = random_prompts([5, 9, 13], loaded.model.config.vocab_size, seed=5)
+    reference = make_engine(loaded, max_num_seqs=4).generate(prompts, GREEDY)
+    engine = make_engine(loaded, max_num_seqs=4)
+    install_graphs(engine)
+    real_slots = engine.kv_cache.num_blocks * engine.kv_cache.block_size  # slots of allocatable blocks
+    write_kv = model_module.write_kv
+
+    def padding_writes_poison(k_cache, v_cache, k, v, slot_mapping):
+        pad = slot_mapping >= real_slots  # rows writing outside every allocatable block: padding
+        write_kv(k_cache, v_cache, torch.where(pad[:, None, None], poison, k), torch.where(pad[:, None, None], poison, v),
+                 slot_mapping)
+
+    monkeypatch.setattr(model_module, "write_kv", padding_writes_poison)
+    for p in prompts:
+        engine.add_request(p, GREEDY)
+    flags = graphed_steps(engine)  # three sequences in a bucket of four: a padding row every step
+    assert sum(flags) >= GREEDY.max_tokens - 2
+    assert [engine.output(str(i)).token_ids for i in range(3)] == [o.token_ids for o in reference]
 
 
 # -- masked slots never reach the output (issue 8, item 5) ----------------------------------------
