@@ -305,10 +305,13 @@ def cmd_course(args) -> int:
     if args.timeout <= 0:
         raise ValueError(f"--timeout={args.timeout}: seconds a notebook may run, > 0")
     kwargs = {"notebooks_dir": args.notebooks} if args.notebooks else {}
-    summary = run_course(output_dir=args.output, only=only, smoke=args.smoke, timeout_s=args.timeout, **kwargs)
+    summary = run_course(output_dir=args.output, only=only, smoke=args.smoke, timeout_s=args.timeout, jobs=args.jobs,
+                         **kwargs)
     print(report(summary))
+    failed = sum(r["status"] != "ok" for r in summary["notebooks"])
     print(f"\n{summary['mode']} mode, {summary['wall_s'] / 60:.1f} min; open {args.output}/index.html")
-    return 0 if all(r["status"] == "ok" for r in summary["notebooks"]) else 1
+    print(f"notebooks: {len(summary['notebooks']) - failed} passed, {failed} failed")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--smoke", action="store_true", help="MINIENG_SMOKE=1: every experiment shrunk to seconds")
     c.add_argument("--timeout", type=float, default=3600, help="seconds one notebook's cells may run (default 3600)")
     c.add_argument("--notebooks", default=None, help="the notebooks folder (default: the course's notebooks/)")
+    c.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1; more share the machine's "
+                   "cores, so their timings do too: for smoke runs)")
     c.set_defaults(func=cmd_course)
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.

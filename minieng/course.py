@@ -7,7 +7,8 @@ writes per notebook the executed ``.ipynb`` (widgets live when opened in Jupyter
 page (nbconvert; each panel shown by its default result), then ``index.html`` and
 ``course.json``, and returns one table of the seed claims with what each notebook measured.
 A notebook that fails or runs out of time is reported, with what it had shown so far, and the
-rest still run.
+rest still run. ``jobs`` > 1 runs that many notebooks side by side (the test command's smoke run:
+two on two cores); their timings then share the machine, so a full run keeps the default, one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
@@ -199,18 +201,33 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
             "rows": claims_rows(nb)}
 
 
+def fill_model_cache() -> None:
+    """Convert the embedded default model into its cache now, if it is installed and not yet
+    converted: notebooks run side by side would otherwise each convert it into the same folder."""
+    from .loader import convert_gguf, default_gguf_path
+
+    try:
+        path = default_gguf_path()
+    except ValueError:
+        return  # not installed: the notebooks that need it say so
+    convert_gguf(path)
+
+
 def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("course-output"),
                only: list[str] | None = None, smoke: bool = False, timeout_s: float = 3600,
-               progress: bool = True) -> dict:
+               progress: bool = True, jobs: int = 1) -> dict:
     """Run the course's notebooks (those in ``notebooks_dir``, default the installed or checked-out
     course's, ``package_data.notebooks_path``; or ``only`` those numbers) into ``output_dir``.
 
     Kernels get ``MINIENG_RESULTS_DIR=output_dir/results`` and, with ``smoke``, ``MINIENG_SMOKE=1``
     (without it, full mode even if the caller's environment sets smoke). Writes one ``.ipynb`` and
     one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
-    mode, wall_s, notebooks (see ``run_notebook``; rows included) and seed_claims
-    (``claims.seed_claims_table``).
+    mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order) and
+    seed_claims (``claims.seed_claims_table``). ``jobs`` notebooks run at once, each in a thread of
+    this process driving its own kernel (with one, in this thread).
     """
+    if jobs < 1:
+        raise ValueError(f"--jobs={jobs}: how many notebooks run at once, >= 1")
     notebooks_dir = Path(notebooks_dir or notebooks_path()).resolve()
     output_dir = Path(output_dir).resolve()
     if output_dir == notebooks_dir:
@@ -226,14 +243,30 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
         env[SMOKE_ENV] = "1"
     start = time.perf_counter()
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    runs = []
-    with tqdm(chosen, unit="notebook", disable=not progress) as bar, tempfile.TemporaryDirectory() as kernels_dir:
+    with tqdm(total=len(chosen), unit="notebook", disable=not progress) as bar, \
+            tempfile.TemporaryDirectory() as kernels_dir:
         write_kernelspec(Path(kernels_dir))
-        for path in bar:
+
+        def run(path: Path) -> dict:
             bar.set_postfix_str(path.stem)
-            runs.append(run_notebook(path, output_dir, env, timeout_s, bar, Path(kernels_dir)))
-            r = runs[-1]
+            return run_notebook(path, output_dir, env, timeout_s, bar, Path(kernels_dir))
+
+        def finished(r: dict) -> None:
+            bar.update()
             bar.write(f"{r['name']}: {r['status']} in {r['wall_s']:.0f} s" + (f" ({r['error']})" if r["error"] else ""))
+
+        if jobs == 1:  # in this thread, so Ctrl-C stops the running notebook at once
+            runs = []
+            for path in chosen:
+                runs.append(run(path))
+                finished(runs[-1])
+        else:
+            fill_model_cache()
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(run, path) for path in chosen]
+                for future in as_completed(futures):
+                    finished(future.result())
+            runs = [f.result() for f in futures]
     status = {r["name"]: r["status"] for r in runs}
     expected = {p.stem: claims_in_source("\n".join(c.source for c in nbformat.read(p, as_version=4).cells
                                                    if c.cell_type == "code" and "claims_table(" in c.source))

@@ -172,3 +172,43 @@ def test_every_course_notebook_names_its_seed_claims():
         source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         named |= claims.claims_in_source(source)
     assert named == set(claims.SEED_CLAIMS)
+
+
+def test_make_test_notebooks_fails_when_a_notebook_fails(tmp_path):
+    """The test command's notebook step (the Makefile's ``test-notebooks``, two at a time) exits
+    non-zero when one notebook fails, after running the others, and leaves no folder behind."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "00_fine.ipynb", "print('fine')")
+    write_notebook(folder, "01_raises.ipynb", "raise RuntimeError('broken on purpose')")
+    write_notebook(folder, "02_fine.ipynb", "print('fine too')")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    # This interpreter's environment, whatever made it: -o keeps make from setting one up.
+    prefix = Path(sys.prefix)
+    run = subprocess.run(["make", "--no-print-directory", "-C", str(Path(__file__).resolve().parent.parent),
+                          "-o", str(prefix / ".installed"), "test-notebooks", f"VENV={prefix}",
+                          f"BIN={Path(sys.executable).parent}", f"NOTEBOOKS={folder}", "NOTEBOOK_JOBS=2",
+                          "NOTEBOOK_TIMEOUT=120"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(temp)))
+    out = run.stdout
+    assert run.returncode != 0, out + run.stderr
+    assert "broken on purpose" in out and out.rstrip().endswith("notebooks: 2 passed, 1 failed"), out + run.stderr
+    # the report lists the notebooks in their order, whichever finished first
+    report = [m.group(1, 2) for m in re.finditer(r"^(\d\d_\w+)\s+(ok|failed)\s+\d+ s", out, re.M)]
+    assert report == [("00_fine", "ok"), ("01_raises", "failed"), ("02_fine", "ok")], out
+    assert list(temp.iterdir()) == [], "the executed copies' temporary folder was left behind"
+
+
+def test_course_refuses_zero_jobs(notebooks, tmp_path, capsys):
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--jobs", "0"]) == 2
+    assert "--jobs=0" in capsys.readouterr().err
