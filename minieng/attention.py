@@ -29,6 +29,11 @@ every block.
 Everything that depends only on the batch (block tables, masks) is built once per step in
 ``AttentionMetadata`` and reused by every layer.
 
+The decodes' gathered K/V is a copy of ``batch x width x block_size`` keys and values per layer:
+at 64 sequences of 8k context on a T4, 4.3 GB. An eager step may not hold more than the memory
+plan set aside for it (``max_gather_tokens``, ``engine_setup.gather_budget_tokens``): a wider
+batch is attended in groups of sequences, each gathered in turn (``decode_group_size``).
+
 torch's FlopCounterMode counts the CUDA SDPA kernels (flash, memory-efficient, cuDNN) as the
 dense score rectangle of the shapes they are handed, masked or not; it knows no formula for the
 CPU's fused kernel and counted it as 0. We register the same formula for it, so attention is
@@ -80,6 +85,8 @@ class AttentionMetadata:
             (``decode_mask``).
         prefills: the multi-token chunks, in row order after the decodes.
         decode_query_len: query tokens per decode sequence.
+        decode_group_size: decodes gathered and attended at once; None: all of them. Smaller
+            when the whole batch's gathered K/V would exceed the step's gather budget.
     """
 
     slot_mapping: torch.Tensor
@@ -88,6 +95,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None
     prefills: list[PrefillChunk]
     decode_query_len: int = 1
+    decode_group_size: int | None = None
 
 
 def decode_mask(context_lens: torch.Tensor, num_slots: int, query_len: int = 1) -> torch.Tensor:
@@ -114,9 +122,18 @@ def block_table_tensor(tables: list[list[int]], width: int, null_block: int) -> 
     return out
 
 
+def decode_group_size(num_decodes: int, width_tokens: int, max_gather_tokens: int | None) -> int | None:
+    """Decodes to gather at once so that ``group x width_tokens`` keys stay within
+    ``max_gather_tokens`` (at least one sequence); None when the whole batch fits, or no budget."""
+    if max_gather_tokens is None or num_decodes * width_tokens <= max_gather_tokens:
+        return None
+    return max(1, max_gather_tokens // width_tokens)
+
+
 def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]],
                    prefills: list[tuple[int, list[int], int]], block_size: int, null_block: int,
-                   device: torch.device, decode_query_len: int = 1) -> AttentionMetadata:
+                   device: torch.device, decode_query_len: int = 1,
+                   max_gather_tokens: int | None = None) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
     Args:
@@ -126,8 +143,10 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
         prefills: per prefill chunk, ``(q_len, block_table, context_len)``; its new tokens are
             the last ``q_len`` keys.
         null_block: the block that pads decode block tables (``KVCache.null_block``).
+        max_gather_tokens: the most keys (per layer, K and V each) the decodes may gather at
+            once; None: no limit.
     """
-    decode_tables = mask = None
+    decode_tables = mask = group = None
     if decodes:
         width = max(len(table) for table, _ in decodes)
         if device.type == "cuda":  # fewer distinct shapes for the attention kernels (padding is masked)
@@ -135,12 +154,13 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
         lens = torch.tensor([n for _, n in decodes], device=device)
         mask = decode_mask(lens, width * block_size, decode_query_len)
+        group = decode_group_size(len(decodes), width * block_size, max_gather_tokens)
     chunks, q_start = [], len(decodes) * decode_query_len
     for q_len, table, context_len in prefills:
         chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device), context_len))
         q_start += q_len
     return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                             len(decodes), decode_tables, mask, chunks, decode_query_len)
+                             len(decodes), decode_tables, mask, chunks, decode_query_len, group)
 
 
 def sdpa_backends(device: torch.device):
@@ -181,6 +201,15 @@ def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tenso
     return blocks.view(*block_table.shape[:-1], -1, *cache.shape[2:])
 
 
+def _decode_attention(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """Decodes' queries qd [B, kv_heads, rows, D] over the K/V of ``block_tables`` [B, width],
+    gathered into [B, kv_heads, width * block_size, D]; ``mask`` [B, 1, rows, width * block_size]."""
+    k = gather_blocks(k_cache, block_tables).transpose(1, 2)
+    v = gather_blocks(v_cache, block_tables).transpose(1, 2)
+    return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata) -> torch.Tensor:
     """Attention of this step's queries over the cached keys and values.
@@ -201,12 +230,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # Rows [B * n, heads, D], sequence by sequence -> [B, kv_heads, group * n, D]: each KV
         # head meets its group's query heads at every query position (a view when n == 1).
         qd = q[:b * n].view(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
-        k = gather_blocks(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, kv_heads, max_context, D]
-        v = gather_blocks(v_cache, meta.decode_block_tables).transpose(1, 2)
         mask = meta.decode_mask  # [B, 1, n, L]: rows of query position; one per (head, position) below
         if n > 1 and group > 1:
             mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
-        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)  # [B, kv_heads, group * n, D]
+        g = meta.decode_group_size
+        if g is None:
+            od = _decode_attention(qd, k_cache, v_cache, meta.decode_block_tables, mask)  # [B, kv_heads, group * n, D]
+        else:  # the batch's gathered K/V would exceed the step's budget: g sequences at a time
+            od = torch.cat([_decode_attention(qd[i:i + g], k_cache, v_cache, meta.decode_block_tables[i:i + g],
+                                              mask[i:i + g]) for i in range(0, b, g)])
         # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
         decoded = od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
         if not meta.prefills:  # a decode-only step: no output buffer to fill (views when n == 1)

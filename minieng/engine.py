@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence as Seq
 from dataclasses import replace
@@ -21,8 +22,8 @@ from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
 from .engine_setup import (check_max_model_len, check_quantization, configured_kv_blocks, decode_graphs,
-                           device_sized_kv_blocks, engine_matmul_bytes, engine_model, fit_max_model_len, load_draft,
-                           make_drafter)
+                           device_sized_kv_blocks, engine_matmul_bytes, engine_model, fit_max_model_len,
+                           gather_budget_tokens, load_draft, make_drafter)
 from .kv_cache import KVCache
 from .loader import LoadedModel, load_config, load_model
 from .memory_plan import plan_memory
@@ -95,7 +96,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device,
-                                  decode_graphs(config, self.model, self.kv_cache, self.max_model_len))
+                                  decode_graphs(config, self.model, self.kv_cache, self.max_model_len),
+                                  gather_budget_tokens(self.kv_cache))
         self.drafter = (make_drafter(config, draft_model, num_blocks, self.max_model_len)
                         if config.num_speculative_tokens else None)
         self.requests: dict[str, _Request] = {}
@@ -135,9 +137,9 @@ class LLMEngine:
             request_id: its id (default: the next free number, as a str).
             arrival_s: ``engine.clock()`` time it arrived (default: now); TTFT counts from it.
         Raises:
-            ValueError: empty prompt, prompt too long for ``max_model_len``, an id outside the
-                vocabulary, params that are not a ``SamplingParams``, or a request id already in
-                use. Nothing is queued then.
+            ValueError: empty prompt, text that is not valid Unicode (a lone surrogate), prompt
+                too long for ``max_model_len``, an id outside the vocabulary, params that are not a
+                ``SamplingParams``, or a request id already in use. Nothing is queued then.
         """
         ids, params = self._check_request(prompt, params, request_id)
         return self._queue(ids, params, request_id, arrival_s)
@@ -154,6 +156,8 @@ class LLMEngine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError(EMPTY_PROMPT)
@@ -201,6 +205,15 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def idle_wait_s(self) -> float:
+        """Seconds before a ``step`` could run anything: 0 when it can now; under static batching,
+        while a partial batch fills, the time left before its timeout starts it (``math.inf`` for
+        an infinite timeout); ``math.inf`` with no unfinished request. A loop that drives the
+        engine sleeps this long, or until a new request arrives, rather than stepping for nothing."""
+        if not self.scheduler.has_unfinished():
+            return math.inf
+        return self.scheduler.batch_wait_s()
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -313,10 +326,14 @@ class LLMEngine:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts to completion together (continuous batching); outputs in prompt order.
 
+        Under static batching, a partial batch waits for its timeout asleep (``idle_wait_s``).
+
         Raises:
             ValueError: for any bad prompt or params (as ``add_request``), or as many params as
                 prompts missing. Every prompt is checked before any is queued, so a call that
-                raises leaves the engine as it found it.
+                raises leaves the engine as it found it. Also for a static batch that can never
+                fill (``batch_timeout_s=inf`` and fewer prompts than ``max_num_seqs``): its
+                requests are aborted and released before it raises.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -337,6 +354,7 @@ class LLMEngine:
             from tqdm.auto import tqdm
             progress = tqdm(total=len(ids), desc="generate", unit="req")
         while pending:
+            self._wait_until_runnable(pending)
             for out in self.step():
                 if out.finished and out.request_id in pending:
                     pending.discard(out.request_id)
@@ -353,16 +371,48 @@ class LLMEngine:
         Their concatenation equals the final text; other queued requests advance meanwhile.
         ``engine.output(request_id)`` has the request's timestamps afterwards.
         Raises:
-            ValueError: at the call (not at the first ``next``), for the input ``add_request`` refuses.
+            ValueError: at the call (not at the first ``next``), for the input ``add_request`` refuses;
+                from ``next``, for a static batch that can never fill (as ``generate``).
         """
         request_id = self.add_request(prompt, params, request_id)
         return self._deltas(request_id)
 
     def _deltas(self, request_id: str) -> Iterator[str]:
         while not self.requests[request_id].seq.is_finished:
+            self._wait_until_runnable({request_id})
             for out in self.step():
                 if out.request_id == request_id and out.delta:
                     yield out.delta
+
+    def _wait_until_runnable(self, request_ids: set[str]) -> None:
+        """Sleep while a static batch fills (``idle_wait_s``), instead of stepping for nothing.
+
+        Raises:
+            ValueError: the batch can never fill (an infinite ``batch_timeout_s``, and nothing
+                else can arrive while a caller waits here); ``request_ids`` are aborted and
+                released first, so the engine is left without them.
+        """
+        wait_s = self.idle_wait_s()
+        if math.isinf(wait_s):
+            num_waiting = len(self.scheduler.waiting)
+            for request_id in request_ids:
+                self.abort_request(request_id)
+                self.release_request(request_id)
+            raise ValueError(f"static batching with batch_timeout_s=inf starts a batch only when "
+                             f"max_num_seqs={self.config.max_num_seqs} requests wait, and only {num_waiting} "
+                             "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)")
+        if wait_s > 0:
+            time.sleep(wait_s)
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise ``ValueError`` if ``text`` is not valid Unicode: a lone surrogate (U+D800..U+DFFF,
+    which JSON's ``"\\ud800"`` escape can carry) has no UTF-8 encoding, and tokenizers fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+                         "which is not valid Unicode text: send the character's surrogate pair, or remove it") from None
 
 
 def _stable_seed(engine_seed: int, request_id: str) -> int:

@@ -21,10 +21,11 @@ from .loader import LoadedModel, load_model
 from .memory_plan import device_kv_blocks
 
 CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
-# The share of the GPU's memory kept for the decode graphs' scratch: the K/V a bucket gathers per
-# layer (at most this much; wider buckets are not captured). Twice that, for the eager warm-up
-# before each capture, stays within it.
-GRAPH_SCRATCH_FRACTION = 0.02
+# The share of the GPU's memory kept out of the KV pool for the decode step's gathered K/V (one
+# layer's, K and V: ``gather_budget_tokens``), captured or eager. A bucket gathers at most half of
+# it (wider buckets are not captured), so its eager warm-up before the capture fits beside it; an
+# eager step whose batch would gather more is attended in groups (``attention.decode_group_size``).
+GATHER_SCRATCH_FRACTION = 0.02
 
 
 def check_max_model_len(asked: int | None, model_max: int) -> int:
@@ -52,9 +53,27 @@ def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: in
     sequences of ``max_model_len`` tokens use: a larger pool would only keep more prefix-cache
     blocks, and would leave no room for a second engine (notebooks compare engines side by side)."""
     useful = config.max_num_seqs * -(-max_model_len // config.block_size)
-    reserve = 0.0 if config.enforce_eager else GRAPH_SCRATCH_FRACTION
+    # Eager steps gather too (within ``gather_budget_tokens``): the scratch is kept with or without graphs.
     return min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
-                                        config.gpu_memory_utilization, reserve))
+                                        config.gpu_memory_utilization, GATHER_SCRATCH_FRACTION))
+
+
+def gather_budget_tokens(kv_cache: KVCache) -> int | None:
+    """The most keys a decode step may gather per layer (K and V each) on ``kv_cache``'s device:
+    None on a CPU (host memory, no plan); on CUDA, ``gather_budget_for`` of the device's memory."""
+    if kv_cache.k.device.type != "cuda":
+        return None
+    per_layer_token_bytes = kv_cache.k[0, 0, 0].nbytes * 2  # K and V of one token in one layer
+    total = torch.cuda.get_device_properties(kv_cache.k.device).total_memory
+    return gather_budget_for(total, per_layer_token_bytes, kv_cache.num_blocks * kv_cache.block_size)
+
+
+def gather_budget_for(total_bytes: int, per_layer_token_bytes: int, pool_tokens: int) -> int:
+    """Keys (per layer) a decode step may gather on a device of ``total_bytes``: half of the
+    scratch kept out of the KV pool (``GATHER_SCRATCH_FRACTION``), and never more than the pool
+    holds. Half: a graph's capture runs its forward once eagerly beside the pool of the graphs
+    already captured."""
+    return min(pool_tokens, int(GATHER_SCRATCH_FRACTION * total_bytes) // (2 * per_layer_token_bytes))
 
 
 def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int,
@@ -147,6 +166,7 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
         return PromptLookupDrafter(config.ngram_max)
     drafter = DraftModelDrafter(draft_model, num_blocks, config.block_size)
     drafter.runner.graphs = decode_graphs(config, draft_model, drafter.kv_cache, max_model_len, query_lens=(1,))
+    drafter.runner.max_gather_tokens = gather_budget_tokens(drafter.kv_cache)
     return drafter
 
 
@@ -164,14 +184,10 @@ def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len:
     from .cuda_graph import DecodeGraphs
 
     # A bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the
-    # graphs' pool): never more than the pool holds, nor than half the scratch reserve, so the
-    # scratch and the warm-up beside it fit the memory the KV sizing left out.
-    per_layer_token_bytes = kv_cache.k[0, 0, 0].nbytes * 2  # K and V of one token in one layer
-    total = torch.cuda.get_device_properties(kv_cache.k.device).total_memory
-    max_gather_tokens = min(kv_cache.num_blocks * kv_cache.block_size,
-                            int(GRAPH_SCRATCH_FRACTION * total) // (2 * per_layer_token_bytes))
+    # graphs' pool): within the gather budget, so the scratch and the warm-up beside it fit the
+    # memory the KV sizing left out.
     try:
-        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len, max_gather_tokens,
+        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len, gather_budget_tokens(kv_cache),
                             query_lens=query_lens)
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
         warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "

@@ -65,15 +65,18 @@ class ModelRunner:
     """Runs scheduled batches through ``model`` over ``kv_cache``.
 
     ``graphs``: a ``cuda_graph.DecodeGraphs`` that decode steps replay, or None (always eager).
+    ``max_gather_tokens``: the most keys an eager step's decodes gather per layer at once
+    (``engine_setup.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
     """
 
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager,
-                 device: torch.device, graphs=None):
+                 device: torch.device, graphs=None, max_gather_tokens: int | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
         self.graphs = graphs
+        self.max_gather_tokens = max_gather_tokens
         self.last_forward_s = 0.0
         self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
 
@@ -111,7 +114,7 @@ class ModelRunner:
     def _tensors(self, lay: StepLayout):
         dev = self.device
         meta = build_metadata(lay.slot_mapping, lay.decodes, lay.chunks, self.block_manager.block_size,
-                              self.kv_cache.null_block, dev, lay.query_len)
+                              self.kv_cache.null_block, dev, lay.query_len, self.max_gather_tokens)
         return (torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
                 torch.tensor(lay.positions, dtype=torch.long, device=dev),
                 meta, torch.tensor(lay.logits_indices, dtype=torch.long, device=dev), lay.sampling)

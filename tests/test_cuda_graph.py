@@ -244,6 +244,70 @@ def test_kv_budget_arithmetic():
     assert kv_blocks_for_bytes(-5, 16, [1000]) == 0
 
 
+# -- the eager decode step's gathered K/V stays within its budget (issue 19, item 3) ---------------
+
+def test_an_eager_decode_batch_gathers_no_more_than_its_budget(tiny_llama, monkeypatch):
+    """Batches too wide to capture run eagerly, and theirs is the largest gathered K/V copy. With a
+    budget of two sequences' width, every decode gather holds at most that many keys, the batch is
+    attended in groups, and the tokens are the unlimited engine's."""
+    loaded = tiny_llama[1]
+    prompts = random_prompts([30, 9, 17, 25, 3, 12, 21], loaded.model.config.vocab_size, seed=10)
+    reference = make_engine(loaded, max_num_seqs=8).generate(prompts, GREEDY)
+    engine = make_engine(loaded, max_num_seqs=8)
+    bs = engine.kv_cache.block_size
+    budget = 2 * -(-(30 + GREEDY.max_tokens) // bs) * bs  # two of the widest sequence's block tables
+    engine.runner.max_gather_tokens = budget
+    gathered = []  # keys per decode gather (block tables [batch, width])
+    gather = attention.gather_blocks
+
+    def spy(cache, block_table):
+        if block_table.dim() == 2:
+            gathered.append(block_table.numel() * bs)
+        return gather(cache, block_table)
+
+    monkeypatch.setattr(attention, "gather_blocks", spy)
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert gathered and max(gathered) <= budget
+    layers = loaded.model.config.num_hidden_layers
+    assert len(gathered) > 2 * layers * (GREEDY.max_tokens - 1), "seven decodes at a time should be split"
+
+
+def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
+    """The issue's case: SmolLM2-1.7B's shape in fp16 on a T4 (15 GiB), 64 sequences of 8k context.
+    Ungrouped, one layer's gathered K/V is 4.3 GB; grouped, it fits half the scratch kept out of
+    the KV pool, whatever the batch."""
+    from minieng.attention import decode_group_size
+    from minieng.engine_setup import GATHER_SCRATCH_FRACTION, gather_budget_for
+
+    total = 15 * 1024**3
+    per_layer_token_bytes = 2 * 32 * 64 * 2  # K and V, 32 KV heads x head_dim 64, fp16
+    pool_tokens = 400_000
+    budget = gather_budget_for(total, per_layer_token_bytes, pool_tokens)
+    width = 8192
+    assert 64 * width * per_layer_token_bytes > 4e9  # what an ungrouped step would copy
+    group = decode_group_size(64, width, budget)
+    assert group is not None and 1 <= group < 64
+    assert group * width * per_layer_token_bytes <= GATHER_SCRATCH_FRACTION * total / 2
+    assert decode_group_size(2, width, budget) is None  # a batch that fits is attended whole
+    assert decode_group_size(3, 10 * budget, budget) == 1  # never fewer than one sequence
+    assert gather_budget_for(total, per_layer_token_bytes, 1000) == 1000  # never more than the pool
+
+
+def test_the_gather_scratch_is_kept_out_of_the_pool_with_or_without_graphs(tiny_llama, monkeypatch):
+    """enforce_eager runs every decode eagerly, gathering as much as a graph would: the KV pool
+    sized from the device keeps the same scratch out (simulated: the device's sizing replaced)."""
+    import minieng.engine_setup as setup
+
+    seen = []
+    monkeypatch.setattr(setup, "device_kv_blocks", lambda *args, **kw: seen.append(args[4] if len(args) > 4 else
+                                                                                   kw["reserve_fraction"]) or 100)
+    for eager in (False, True):
+        config = EngineConfig(device="cpu", max_model_len=256, enforce_eager=eager)
+        assert setup.device_sized_kv_blocks(config, [tiny_llama[1].model], 256) == 100
+    assert seen == [setup.GATHER_SCRATCH_FRACTION] * 2
+
+
 def test_default_max_model_len_is_capped_to_the_pool(tiny_llama):
     loaded = tiny_llama[1]  # a context of 256 tokens
     with pytest.warns(UserWarning, match=r"capped to 48"):
