@@ -123,15 +123,41 @@ def parity(path: Path, device: torch.device, p: dict) -> list[dict]:
             ref = hf(torch.tensor([prompt], device=device)).logits[0, -1].float()
         n = 8 if p is SMOKE else 32
         ours = engine.generate([prompt], SamplingParams(max_tokens=n, **GREEDY))[0].token_ids
-        theirs = hf.generate(torch.tensor([prompt], device=device), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        theirs = reference_greedy(hf, prompt, n)
+        agree = greedy_agreement(ours, theirs)
         logits = last_logits(engine, prompt)
         rows.append({"dtype": dtype, "max_abs_logit_diff": (logits - ref).abs().max().item(),
                      "logit_std": ref.std().item(), "greedy_tokens_agreeing": agree, "greedy_tokens": n})
         del engine, hf
         release()
     return rows
+
+
+@torch.no_grad()
+def reference_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """transformers' model's ``n`` greedy tokens after ``prompt``, through EOS and every stop
+    (``generate`` ends at the checkpoint's EOS whatever it is told, and minieng's side ignores EOS:
+    both must run the same number of tokens to be compared)."""
+    device = next(hf.parameters()).device
+    tokens: list[int] = []
+    for _ in range(n):  # the whole sequence each time: no cache API that changes between versions
+        tokens.append(int(hf(torch.tensor([prompt + tokens], device=device)).logits[0, -1].argmax()))
+    return tokens
+
+
+def greedy_agreement(ours: list[int], theirs: list[int]) -> int:
+    """Leading tokens the two greedy runs share; refuses runs of different lengths (a reference
+    that stopped early would read as full agreement)."""
+    if len(ours) != len(theirs):
+        raise ValueError(f"greedy runs of {len(ours)} and {len(theirs)} tokens: compare runs of the same length")
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+
+
+def decode_mode(row: dict) -> str:
+    """How a decode row's steps ran: "graphs" when every step replayed a CUDA graph, "eager" when
+    none did (no bucket fits that batch and context), else "graphs i/n" steps."""
+    graphed, steps = row["graphed_steps"], row["steps"]
+    return "graphs" if graphed == steps > 0 else "eager" if graphed == 0 else f"graphs {graphed}/{steps}"
 
 
 def last_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
@@ -415,8 +441,8 @@ def print_summary(result: dict) -> None:
         eager = {r["batch_size"]: r for r in s["decode_eager"]}
         for r in s["decode_graphs"]:
             e = eager.get(r["batch_size"], {})
-            print(f"  decode b{r['batch_size']:<4} TPOT {r['tpot_ms']:7.2f} ms graphs, {e.get('tpot_ms', float('nan')):7.2f} ms eager"
-                  f"  MBU {format_percent(r['utilization']['measured']['mbu_percent'])}")
+            print(f"  decode b{r['batch_size']:<4} TPOT {r['tpot_ms']:7.2f} ms {decode_mode(r)}, "
+                  f"{e.get('tpot_ms', float('nan')):7.2f} ms eager  MBU {format_percent(r['utilization']['measured']['mbu_percent'])}")
     quant = result.get("quantization") or {}
     for r in quant.get("rows", [])[1:]:
         print(f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "

@@ -103,16 +103,35 @@ def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> st
     return KERNELS[scheme, kind]
 
 
+# How far a kernel's output may sit from its dequantized reference, relative to the reference's
+# largest value: the dtype's rounding over a 64-term sum, with room to spare. A wrong layout or a
+# kernel that misreads its operands is off by the order of the values themselves.
+PROBE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
 def _probe_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None:
-    """Run ``scheme``'s kernel once on a tiny layer: a torch build without it (or a GPU it does not
-    support) is refused here, with the op's own message, not in the middle of a step."""
-    weight = torch.randn(64, 64, device=device, dtype=dtype)
+    """Run ``scheme``'s kernel once on a small layer and compare it with its dequantized reference
+    (``ReferenceLinear``): a torch build without the kernel, a GPU it does not support, or a
+    kernel that runs but computes something else is refused here, with what went wrong, not in the
+    middle of a step. Raises ``ValueError``."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 128, generator=gen).to(device, dtype)
+    x = torch.randn(5, 128, generator=gen).to(device, dtype)
+    where = f"quantization={scheme!r}: {KERNELS.get((scheme, device.type), scheme)}"
     try:
-        make_linear(scheme, device.type, weight, None, 32)(torch.randn(2, 64, device=device, dtype=dtype))
+        y = make_linear(scheme, device.type, weight, None, 32)(x).float()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # an asynchronous launch error surfaces here, not later
     except RuntimeError as e:  # NotImplementedError included: no kernel for this device in this torch
-        raise ValueError(f"quantization={scheme!r}: {KERNELS[scheme, 'cuda']} does not run here "
-                         f"(torch {torch.__version__}: {type(e).__name__}: {str(e).splitlines()[0]}). "
-                         f"What runs where: {what_runs_where()}") from e
+        raise ValueError(f"{where} does not run here (torch {torch.__version__}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0]}). What runs where: {what_runs_where()}") from e
+    ref = make_linear(scheme, device.type, weight, None, 32, reference=True)(x).float()
+    err = ((y - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
+    if not err <= PROBE_TOLERANCE.get(dtype, 3e-2):  # NaN fails too
+        raise ValueError(f"{where} runs here but disagrees with its dequantized reference (largest error "
+                         f"{err:.2g} of the largest output, tolerance {PROBE_TOLERANCE.get(dtype, 3e-2):g}): this "
+                         f"torch {torch.__version__} build's kernel is not usable on this device. What runs where: "
+                         f"{what_runs_where()}")
 
 
 # -- the arithmetic, shared by the kernels and the reference -------------------------------------

@@ -328,8 +328,31 @@ def test_a_kernel_this_torch_lacks_is_refused_with_its_reason(monkeypatch):
         raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
 
     monkeypatch.setattr(q, "make_linear", missing)
-    with pytest.raises(ValueError, match=r"quantization='int8': torch._weight_int8pack_mm does not run here.*"
+    with pytest.raises(ValueError, match=r"quantization='int8': .* does not run here.*"
                                          r"NotImplementedError.*What runs where"):
+        q._probe_kernel("int8", torch.device("cpu"), torch.float32)
+
+
+def test_the_kernel_probe_checks_the_output_not_only_that_it_runs(monkeypatch):
+    """The probe compares a kernel with its dequantized reference: this CPU's kernels pass, and a
+    kernel that runs but computes something else (here: its weights read transposed, as a wrong
+    layout would) is refused before the engine loads."""
+    import minieng.quantization as q
+
+    for scheme in ("int8", "w8a8"):
+        q._probe_kernel(scheme, torch.device("cpu"), torch.float32)
+    make_linear = q.make_linear
+
+    def misread(scheme, device_type, weight, bias, group_size, reference=False):
+        if reference:
+            return make_linear(scheme, device_type, weight, bias, group_size, reference=True)
+        square = torch.zeros(weight.shape[1], weight.shape[1])
+        square[: weight.shape[0]] = weight  # the wrong rows reach the right outputs
+        layer = make_linear(scheme, device_type, square.t().contiguous(), bias, group_size)
+        return lambda x: layer(x)[:, : weight.shape[0]]
+
+    monkeypatch.setattr(q, "make_linear", misread)
+    with pytest.raises(ValueError, match=r"runs here but disagrees with its dequantized reference"):
         q._probe_kernel("int8", torch.device("cpu"), torch.float32)
 
 
