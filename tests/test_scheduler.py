@@ -164,6 +164,29 @@ def test_preemption_takes_the_most_recently_admitted_first():
     bm.check_invariants([a, b, c])
 
 
+def test_preemption_evicts_the_newest_and_keeps_the_oldest_running():
+    """Four one-block requests fill a four-block pool; each decode needs a second block. The
+    oldest two run; the newest two are evicted, newest first (a victim chosen oldest-first, or at
+    random, would evict b or a). Both go back to the head of the queue, the older one first."""
+    cfg = config(block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+    bm = BlockManager(num_blocks=4, block_size=4)
+    sched = Scheduler(cfg, bm)
+    a, b, c, d = (Sequence(n, [1] * 4, SamplingParams(max_tokens=8), 0.0) for n in "abcd")
+    for seq in (a, b, c, d):
+        sched.add(seq)
+    out = sched.schedule()
+    assert [s for s, _ in out.scheduled] == [a, b, c, d] and bm.num_free_blocks == 0
+    for seq in (a, b, c, d):
+        seq.num_computed_tokens += 4
+        seq.output_token_ids.append(FAKE_TOKEN)
+    out = sched.schedule()
+    assert out.preempted == [d, c]
+    assert [s for s, _ in out.scheduled] == [a, b] and sched.running == [a, b]
+    assert list(sched.waiting) == [c, d]
+    assert [len(s.block_table) for s in (a, b, c, d)] == [2, 2, 0, 0]
+    bm.check_invariants([a, b, c, d])
+
+
 def test_a_preempted_sequence_is_readmitted_before_newer_requests():
     """Preemption re-queues at the front: a request that arrived later must not overtake it."""
     cfg = config(block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
