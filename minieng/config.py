@@ -6,6 +6,8 @@ field, the value it got and the limit it broke. Nothing here touches a device or
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,6 +283,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        # inf and NaN pass some comparisons below (inf >= 0) and break sampling later: refused first.
+        for name in ("temperature", "top_k", "top_p", "max_tokens", "seed"):
+            value = getattr(self, name)
+            if name != "seed" or value is not None:
+                _require(isinstance(value, numbers.Real) and math.isfinite(value), name, value,
+                         "must be a finite number")
         _require(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 is greedy)")
         _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps every token)")
         _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1] (1 keeps every token)")

@@ -3,19 +3,25 @@
 
 Requests are sent at their arrival times (a Poisson process, or a trace replayed), each as a
 streamed completion with ``stream_options.include_usage``, and timed on the client from the
-chunks it receives, as vLLM's ``bench serve`` does:
+chunks it receives, as vLLM's ``bench serve`` does (``stream_figures``):
 
-- TTFT: send -> the first chunk that carries output text. An empty first chunk (the chat API's
-  role-only chunk) is not a token; vLLM's chat client counts it, we do not.
-- ITL: the gaps between successive chunks that carry text. A server sends one chunk per engine
+- A chunk carries a token when it has output of any kind: text, a chat delta's ``content``,
+  ``reasoning_content``/``reasoning`` (reasoning models stream those first) or ``tool_calls``,
+  log-probabilities of a token, or a ``usage`` whose ``completion_tokens`` grew. An empty first
+  chunk (the chat API's role-only chunk) carries none; vLLM's chat client counts it, we do not.
+- TTFT: send -> the first chunk that carries a token. A request whose only token ended it (a
+  stop on the first token: no text) has its finishing chunk as its first token.
+- ITL: the gaps between successive chunks that carry tokens. A server sends one chunk per engine
   step with new text, so a chunk may carry several tokens (speculative decoding, or text held
   back until a character is whole): ITL is per chunk, TPOT per token.
-- E2EL: send -> the last chunk with a choice (the one with ``finish_reason``).
+- E2EL: send -> the finishing chunk (the one with ``finish_reason``).
 - TPOT: (E2EL - TTFT) / (output tokens - 1).
 
 Token counts come from the server's ``usage`` block, never from re-tokenizing the text (a client
 tokenizer can disagree with the server's). A server that sends no usage fails the request with
-that reason. Summaries and goodput are ``metrics.serving_metrics`` (DESIGN.md section 4).
+that reason; so does an ``error`` object anywhere in the stream (vLLM sends one, then
+``[DONE]``, when a request fails mid-stream), even after a ``finish_reason``, with its message.
+Summaries and goodput are ``metrics.serving_metrics`` (DESIGN.md section 4).
 """
 
 from __future__ import annotations
@@ -64,29 +70,91 @@ def load_requests(specs: list[RequestSpec], tokenizer, as_text: bool = True) -> 
             for s, p in zip(specs, prompts)]
 
 
-def stream_metrics(send_s: float, text_chunk_s: list[float], last_chunk_s: float | None, prompt_tokens: int,
+def stream_metrics(send_s: float, token_chunk_s: list[float], last_chunk_s: float | None, prompt_tokens: int,
                    output_tokens: int, finish_reason: str | None) -> RequestMetrics:
     """A request's figures from a client's view of its stream (the module docstring's definitions).
 
     Args:
         send_s: when the request was sent (``time.perf_counter()``).
-        text_chunk_s: arrival times of the chunks that carried output text, in order.
-        last_chunk_s: arrival time of the last chunk with a choice (None if none came).
+        token_chunk_s: arrival times of the chunks that carried tokens, in order.
+        last_chunk_s: arrival time of the finishing chunk (None if none came: the last token's).
         prompt_tokens, output_tokens: from the server's usage.
     """
-    ttft = text_chunk_s[0] - send_s if text_chunk_s else None
-    e2el = (last_chunk_s if last_chunk_s is not None else text_chunk_s[-1]) - send_s if text_chunk_s else None
+    ttft = token_chunk_s[0] - send_s if token_chunk_s else None
+    e2el = (last_chunk_s if last_chunk_s is not None else token_chunk_s[-1]) - send_s if token_chunk_s else None
     tpot = (e2el - ttft) / (output_tokens - 1) if ttft is not None and output_tokens >= 2 else None
-    itl = [b - a for a, b in zip(text_chunk_s, text_chunk_s[1:])]
+    itl = [b - a for a, b in zip(token_chunk_s, token_chunk_s[1:])]
     return RequestMetrics(ttft, tpot, e2el, itl, None, prompt_tokens, output_tokens, finish_reason,
                           finish_reason in ("stop", "length"), send_s)
 
 
+# Fields of a chat delta that carry generated tokens: text, a reasoning model's thinking (vLLM's
+# older and newer names), and tool calls.
+_DELTA_TOKEN_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def _carries_token(choice: dict, chat: bool) -> bool:
+    """Whether one streamed choice carries output: text of any kind, or a token's log-probabilities."""
+    if chat:
+        delta = choice.get("delta") or {}
+        if any(delta.get(name) for name in _DELTA_TOKEN_FIELDS):
+            return True
+    elif choice.get("text"):
+        return True
+    logprobs = choice.get("logprobs") or {}
+    return bool(logprobs.get("content") or logprobs.get("tokens")) if isinstance(logprobs, dict) else False
+
+
+def _stream_error(chunk: dict) -> str | None:
+    """The message of an error object in a chunk (OpenAI's ``{"error": {...}}``, or vLLM's older
+    ``{"object": "error", "message": ...}``), or None."""
+    error = chunk.get("error")
+    if error:
+        return str(error.get("message") or error) if isinstance(error, dict) else str(error)
+    if chunk.get("object") == "error":
+        return str(chunk.get("message") or chunk)
+    return None
+
+
+def stream_figures(send_s: float, chunks: list[tuple[float, dict]], chat: bool) -> RequestMetrics:
+    """A request's figures from the chunks of its stream, each with its arrival time.
+
+    Args:
+        send_s: when the request was sent (``time.perf_counter()``).
+        chunks: ``(arrival time, chunk)`` for every ``data:`` object before ``[DONE]``, in order.
+        chat: chunks of ``/v1/chat/completions`` (deltas) rather than ``/v1/completions`` (text).
+    Raises:
+        RuntimeError: an error object in any chunk (its message), or no usage block in the stream.
+    """
+    token_s: list[float] = []
+    finish_s, finish, usage, tokens_seen = None, None, None, 0
+    for now, chunk in chunks:
+        error = _stream_error(chunk)
+        if error is not None:
+            raise RuntimeError(f"the server reported an error in the stream: {error}")
+        choices = chunk.get("choices") or []
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        # A usage on a chunk with choices (vLLM's continuous_usage_stats) counts tokens as they come.
+        grew = bool(choices and usage and usage.get("completion_tokens", 0) > tokens_seen)
+        if grew:
+            tokens_seen = usage["completion_tokens"]
+        if grew or any(_carries_token(c, chat) for c in choices):
+            token_s.append(now)
+        for choice in choices:
+            if choice.get("finish_reason") and finish is None:
+                finish, finish_s = choice["finish_reason"], now
+    if usage is None:
+        raise RuntimeError("the server sent no usage block: it must support stream_options.include_usage")
+    output_tokens = usage["completion_tokens"]
+    if not token_s and output_tokens >= 1 and finish_s is not None:
+        token_s = [finish_s]  # its only token ended it (a stop): no text came, but the token did
+    return stream_metrics(send_s, token_s, finish_s, usage["prompt_tokens"], output_tokens, finish)
+
+
 async def _one(client, url: str, body: dict, chat: bool) -> RequestMetrics:
     send = time.perf_counter()
-    text_times: list[float] = []
-    last = None
-    finish, usage = None, None
+    chunks: list[tuple[float, dict]] = []
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             detail = (await response.aread()).decode(errors="replace")[:300]
@@ -97,19 +165,8 @@ async def _one(client, url: str, body: dict, chat: bool) -> RequestMetrics:
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = json.loads(data)
-            now = time.perf_counter()
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                if text:
-                    text_times.append(now)
-                last = now
-                finish = choice.get("finish_reason") or finish
-    if usage is None:
-        raise RuntimeError("the server sent no usage block: it must support stream_options.include_usage")
-    return stream_metrics(send, text_times, last, usage["prompt_tokens"], usage["completion_tokens"], finish)
+            chunks.append((time.perf_counter(), json.loads(data)))
+    return stream_figures(send, chunks, chat)
 
 
 async def run_load_async(base_url: str, model: str, requests: list[LoadRequest], chat: bool = False,

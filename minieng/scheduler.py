@@ -136,12 +136,23 @@ class Scheduler:
     def _form_batch(self) -> None:
         """Static batching, no batch running: the first ``max_num_seqs`` waiting requests become
         the batch once that many wait, or once the oldest has waited ``batch_timeout_s``."""
-        size = self.config.max_num_seqs
-        if not self.waiting:
-            return
-        if len(self.waiting) < size and self.clock() - self.waiting[0].times.arrival_s < self.config.batch_timeout_s:
-            return  # keep filling
-        self.batch = {seq.request_id for seq in list(self.waiting)[:size]}
+        if self.waiting and self._fill_wait_s() == 0:
+            self.batch = {seq.request_id for seq in list(self.waiting)[:self.config.max_num_seqs]}
+
+    def _fill_wait_s(self) -> float:
+        """Static batching, no batch running, someone waiting: seconds before a batch forms (0: now)."""
+        if len(self.waiting) >= self.config.max_num_seqs:
+            return 0.0
+        return max(0.0, self.config.batch_timeout_s - (self.clock() - self.waiting[0].times.arrival_s))
+
+    def batch_wait_s(self) -> float:
+        """Seconds (on ``clock``) during which ``schedule`` will plan nothing because a static batch
+        is filling: until the oldest waiting request's ``batch_timeout_s`` runs out (``math.inf``
+        for an infinite timeout; an arrival that fills the batch ends it sooner). 0 otherwise:
+        under continuous batching, while a batch runs, or when a batch forms at once."""
+        if self.config.batching != "static" or self.batch or self.running or not self.waiting:
+            return 0.0
+        return self._fill_wait_s()
 
     def _admissible(self, seq: Sequence) -> bool:
         """Continuous batching admits anyone; static batching only members of the current batch."""

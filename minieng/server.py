@@ -3,49 +3,60 @@
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
 ``POST /v1/chat/completions`` (the chat template applied), streamed as server-sent events when
 ``stream`` is true. Built on FastAPI and uvicorn; request bodies are checked by the models of
-``api_protocol.py``.
+``api_protocol.py``, after a size cap (``max_body_bytes``: 413 beyond it, before any parsing).
 
 One engine loop serves every connection (``AsyncEngine``): a task on the server's event loop
 that, between steps, queues the requests handlers have submitted and aborts the ones whose
-clients left, then runs ``engine.step()`` in a worker thread, so the event loop keeps accepting
-connections and writing streams while the model computes. Each step's outputs are put on
-per-request queues without waiting, so a slow client never holds the loop back: its text waits
-in its queue. Handlers never touch the engine's state while a step runs; they only validate
-(``LLMEngine.check_request``, which changes nothing) and submit.
+clients left, then runs ``engine.step()`` in a thread of its own, so the event loop keeps
+accepting connections and writing streams while the model computes. Each step's outputs are put
+on per-request queues without waiting, so a slow client never holds the loop back: its text waits
+in its queue. With nothing to run (no request, or a static batch filling) the loop sleeps until a
+request arrives or the batch's timeout. Handlers never touch the engine's state while a step
+runs; they only validate (``LLMEngine.check_request``, which changes nothing) and submit.
+Tokenizing and applying the chat template run in worker threads too: a prompt of a megabyte
+takes the tokenizer most of a second, which on the event loop would stall every other client.
 
-A client that disconnects mid-stream cancels its response; the response's ``finally`` asks the
-loop to abort the request, which happens before the next step, and its KV blocks return to the
-pool. Finished requests are released from the engine (``LLMEngine.release_request``) once their
-last output is queued, so memory stays flat however long the server runs.
+A client that disconnects aborts its request, whatever the endpoint and mode: each handler runs
+beside a watcher of the connection (``_cancel_on_disconnect``, vLLM's ``with_cancellation``),
+and a disconnect cancels the handler, whose ``except``/``finally`` asks the loop to abort the
+request; that happens before the next step, and its KV blocks return to the pool. Finished
+requests are released from the engine (``LLMEngine.release_request``) once their last output is
+queued, so memory stays flat however long the server runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
-from .api_protocol import (ChatCompletionRequest, CompletionRequest, chat_chunk, chat_response, completion_chunk,
-                           completion_response, error_body, models_list, usage, usage_chunk)
+from .api_protocol import (ChatCompletionRequest, CompletionRequest, NotHonoured, chat_chunk, chat_response,
+                           completion_chunk, completion_response, error_body, models_list, usage, usage_chunk)
 from .config import SamplingParams
-from .engine import LLMEngine
+from .engine import LLMEngine, check_text
 from .outputs import RequestOutput
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 # Step records the server keeps (for engine-side figures of recent traffic); older ones are dropped.
 MAX_STEP_RECORDS = 10_000
+# The request body cap: enough for a prompt that fills the context in any JSON form (a token as
+# token ids takes ~7 bytes, as escaped text at most a dozen), and never under 1 MiB.
+BODY_BYTES_PER_TOKEN = 32
+MIN_MAX_BODY_BYTES = 2**20
 
 
 class AsyncEngine:
@@ -66,10 +77,13 @@ class AsyncEngine:
         self._queues: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # Steps run in a thread of their own: the default pool is where handlers tokenize.
+        self._stepper: ThreadPoolExecutor | None = None
         self.num_aborted = 0
 
     def start(self) -> None:
         if self._task is None:
+            self._stepper = ThreadPoolExecutor(1, thread_name_prefix="minieng-step")
             self._task = asyncio.get_running_loop().create_task(self._run(), name="minieng-engine-loop")
 
     async def stop(self) -> None:
@@ -80,6 +94,7 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
             self._task = None
+            self._stepper.shutdown(wait=False)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float,
                prefix: str = "cmpl") -> tuple[str, asyncio.Queue]:
@@ -125,15 +140,21 @@ class AsyncEngine:
             self.on_finished(out)
 
     async def _run(self) -> None:
-        engine = self.engine
+        engine, loop = self.engine, asyncio.get_running_loop()
         while True:
             self._between_steps()
-            if not engine.has_unfinished_requests():
+            # Nothing to run (no request, or a static batch filling): sleep until a request is
+            # submitted or aborted, or the batch's timeout, never stepping for nothing.
+            wait_s = engine.idle_wait_s()
+            if wait_s > 0:
                 self._wake.clear()
                 if not self._submitted and not self._aborts:
-                    await self._wake.wait()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), None if math.isinf(wait_s) else wait_s)
+                    except asyncio.TimeoutError:
+                        pass
                 continue
-            outputs = await asyncio.to_thread(engine.step)
+            outputs = await loop.run_in_executor(self._stepper, engine.step)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:
@@ -150,6 +171,80 @@ class _Refused(Exception):
         self.status, self.message, self.param = status, message, param
 
 
+class BodyLimit:
+    """ASGI middleware: reads a request's body whole, and answers 413 (OpenAI's error body) to one
+    over ``max_bytes`` before anything parses or tokenizes it; the app then reads the body from
+    memory.
+
+    A body is over the cap by its ``Content-Length``, or (chunked) once the bytes received pass
+    it; from then on its bytes are read and dropped, not kept, so that the client, which sends
+    the whole body before it reads, gets the 413 rather than a reset connection.
+    """
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        too_large = length.isdigit() and int(length) > self.max_bytes
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before it finished sending
+            more = message.get("more_body", False)
+            if not too_large:
+                body += message.get("body", b"")
+                too_large = len(body) > self.max_bytes
+        if too_large:
+            error = error_body(f"the request body is larger than this server's cap of {self.max_bytes} bytes: "
+                               "shorten the prompt", 413)
+            return await JSONResponse(error, status_code=413)(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _cancel_on_disconnect(request: Request, handler: Awaitable):
+    """Run ``handler`` until it returns or the client disconnects, whichever comes first (vLLM's
+    ``with_cancellation``). A disconnect cancels the handler, whose ``CancelledError`` aborts its
+    request; the answer is then an empty 499 ("client closed request"), which nobody reads.
+    A streamed response returns at once, and its stream watches the connection itself."""
+    work = asyncio.ensure_future(handler)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.wait({work})  # let its clean-up (the abort) run
+    if work.cancelled():
+        return Response(status_code=499)
+    return work.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (the ASGI server reports it through ``receive``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def default_max_body_bytes(engine: LLMEngine) -> int:
+    """The body cap ``build_app`` uses unless given one: ``BODY_BYTES_PER_TOKEN`` per token of
+    ``max_model_len``, at least ``MIN_MAX_BODY_BYTES``."""
+    return max(MIN_MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN * engine.max_model_len)
+
+
 def served_model_name(engine: LLMEngine) -> str:
     """The model id clients must send: the ``--model`` given, or the embedded default's name."""
     if engine.config.model:
@@ -158,11 +253,12 @@ def served_model_name(engine: LLMEngine) -> str:
 
 
 def build_app(engine: LLMEngine, model_name: str | None = None,
-              on_finished: Callable[[RequestOutput], None] | None = None):
+              on_finished: Callable[[RequestOutput], None] | None = None, max_body_bytes: int | None = None):
     """The FastAPI application serving ``engine`` under ``model_name`` (default ``served_model_name``).
 
     The engine loop starts and stops with the application (its lifespan). ``app.state.engine_loop``
-    is the ``AsyncEngine``.
+    is the ``AsyncEngine``. Request bodies over ``max_body_bytes`` (default
+    ``default_max_body_bytes``) are refused with 413.
     """
     model_name = model_name or served_model_name(engine)
 
@@ -174,6 +270,7 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         await app.state.engine_loop.stop()
 
     app = FastAPI(title="minieng", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes or default_max_body_bytes(engine))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -203,14 +300,38 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
     async def models():
         return models_list(model_name, engine.max_model_len)
 
-    def check(body, prompt, default_max_tokens: int | None) -> tuple[list[int], SamplingParams]:
+    def refuse_early(body) -> None:
+        """What needs no tokenizer: the model's name, and fields minieng cannot honour."""
         if body.model != model_name:
             raise _Refused(404, f"the model {body.model!r} does not exist: this server runs {model_name!r}", "model")
         try:
-            ids = engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-            room = engine.max_model_len - len(ids)
-            params = body.sampling_params(default_max_tokens or max(room, 1))
-            engine.check_request(ids, params)
+            body.check_honoured()
+        except NotHonoured as e:
+            raise _Refused(400, str(e), e.param) from None
+
+    def prepare(body, chat: bool) -> tuple[list[int], SamplingParams]:
+        """A request's prompt ids (the chat template applied) and its ``SamplingParams``, or
+        ``_Refused``. Tokenizes: run in a worker thread, never on the event loop."""
+        if chat:
+            messages, param = body.conversation(), "messages"
+            try:
+                for i, m in enumerate(messages):
+                    check_text(m["content"], f"message {i}'s content")
+                prompt = engine.chat_prompt(messages)
+            except (ValueError, TemplateError) as e:  # no template, an empty message, an order it refuses
+                raise _Refused(400, f"messages: {e}", "messages") from None
+            default_max_tokens = None  # OpenAI's chat answers may run to the end of the context
+            if body.max_completion_tokens is not None:
+                body.max_tokens = body.max_completion_tokens
+        else:
+            prompt, param, default_max_tokens = body.prompt, "prompt", 16
+        try:
+            ids = engine.check_request(prompt)
+        except ValueError as e:  # empty, too long, not Unicode, ids outside the vocabulary
+            raise _Refused(400, f"{param}: {e}", param) from None
+        room = engine.max_model_len - len(ids)
+        try:
+            params = body.sampling_params(default_max_tokens or room)
         except ValueError as e:
             raise _Refused(400, str(e)) from None
         if params.max_tokens > room:
@@ -218,6 +339,12 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
                                 f"they exceed the context of {engine.max_model_len} tokens; lower max_tokens",
                            "max_tokens")
         return ids, params
+
+    async def handle(request: Request, body, chat: bool):
+        arrival_s = time.perf_counter()
+        refuse_early(body)
+        ids, params = await asyncio.to_thread(prepare, body, chat)
+        return await respond(request, ids, params, chat, body.include_usage, body.stream, arrival_s)
 
     async def respond(request: Request, ids: list[int], params: SamplingParams, chat: bool, include_usage: bool,
                       stream: bool, arrival_s: float):
@@ -230,14 +357,9 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         text, out = [], None
         try:
             while out is None or not out.finished:
-                try:
-                    out = await asyncio.wait_for(queue.get(), timeout=0.5)
-                    text.append(out.delta)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        loop.abort(request_id)
-                        return JSONResponse(error_body("client disconnected", 499), status_code=499)
-        except asyncio.CancelledError:
+                out = await queue.get()
+                text.append(out.delta)
+        except asyncio.CancelledError:  # the client left (_cancel_on_disconnect), or the server stops
             loop.abort(request_id)
             raise
         totals = usage(len(ids), len(out.token_ids), out.num_cached_tokens)
@@ -271,21 +393,11 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        arrival_s = time.perf_counter()
-        ids, params = check(body, body.prompt, 16)
-        return await respond(request, ids, params, False, body.include_usage, body.stream, arrival_s)
+        return await _cancel_on_disconnect(request, handle(request, body, chat=False))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        arrival_s = time.perf_counter()
-        try:
-            ids = engine.chat_prompt([m.model_dump() for m in body.messages])
-        except (ValueError, TemplateError) as e:  # no template, an empty message, an order it refuses
-            raise _Refused(400, f"messages: {e}", "messages") from None
-        if body.max_completion_tokens is not None:
-            body.max_tokens = body.max_completion_tokens
-        ids, params = check(body, ids, None)
-        return await respond(request, ids, params, True, body.include_usage, body.stream, arrival_s)
+        return await _cancel_on_disconnect(request, handle(request, body, chat=True))
 
     return app
 

@@ -40,6 +40,14 @@ def greedy(n: int, **kw) -> SamplingParams:
     (dict(top_k=-1), "top_k=-1"),
     (dict(temperature=float("nan")), "temperature=nan"),
     (dict(stop=["ok", ""]), "stop="),
+    # Every non-finite value, each naming its field (inf passes ">= 0"; 1e400 parses as inf).
+    (dict(temperature=float("inf")), "temperature=inf.*finite"),
+    (dict(temperature=float("1e400")), "temperature=inf.*finite"),
+    (dict(top_p=float("nan")), "top_p=nan.*finite"),
+    (dict(top_p=float("-inf")), "top_p=-inf.*finite"),
+    (dict(top_k=float("inf")), "top_k=inf.*finite"),
+    (dict(max_tokens=float("inf")), "max_tokens=inf.*finite"),
+    (dict(seed=float("nan")), "seed=nan.*finite"),
 ])
 def test_bad_sampling_params(kwargs, expected):
     with pytest.raises(ValueError, match=expected.replace("[", r"\[")):
@@ -70,6 +78,18 @@ def test_empty_prompt(tiny_engine):
 def test_empty_text_prompt(real_engine):
     with pytest.raises(ValueError, match=r"prompt.*\b0 tokens"):
         real_engine().add_request("")
+
+
+@pytest.mark.real_model
+def test_a_lone_surrogate_is_a_value_error(real_engine):
+    """Text with a lone surrogate (what JSON's "\\ud800" decodes to) has no UTF-8 form: the
+    tokenizer raised TypeError; add_request promises ValueError, and queues nothing."""
+    engine = real_engine()
+    for call in (engine.add_request, engine.generate, engine.stream, engine.check_request):
+        with pytest.raises(ValueError, match=r"lone surrogate \(U\+D800 at character 3\)"):
+            call("hi \ud800 there")
+    assert engine.requests == {} and not engine.has_unfinished_requests()
+    assert engine.generate("hi \U0001F600 there", greedy(2))[0].finished, "a proper astral character is fine"
 
 
 def test_prompt_longer_than_max_model_len(tiny_engine):

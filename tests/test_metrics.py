@@ -148,6 +148,20 @@ def test_goodput_under_each_slo(slo, good):
     assert s.slo == asdict(slo)
 
 
+def test_an_aborted_request_misses_every_slo_however_fast():
+    """Asked directly: an abort whose figures meet every bound still misses (failed or aborted
+    requests miss, DESIGN.md section 4), and so does one aborted before its first token."""
+    slo = SLO(ttft_ms=1000, tpot_ms=1000, e2el_ms=1000)
+    fast = req(0.0, [(0.01, 1), (0.02, 1), (0.03, 1)], prompt_tokens=4, finish_reason="abort")
+    assert fast.ttft_s * 1e3 <= 1000 and fast.tpot_s * 1e3 <= 1000 and fast.e2el_s * 1e3 <= 1000
+    assert not fast.ok and not slo.met_by(fast)
+    completed = req(0.0, [(0.01, 1), (0.02, 1), (0.03, 1)], prompt_tokens=4, finish_reason="length")
+    assert slo.met_by(completed), "the same figures, completed, meet it"
+    for one in (SLO(ttft_ms=1000), SLO(tpot_ms=1000), SLO(e2el_ms=1000)):
+        assert not one.met_by(fast)
+        assert not one.met_by(req(0.0, [], prompt_tokens=4, finish_reason="abort"))
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"ttft_ms": 0}, {"tpot_ms": -5.0}])
 def test_bad_slo_is_rejected(kwargs):
     with pytest.raises(ValueError):

@@ -9,6 +9,7 @@ are those of continuous batching, and the batches ran one after another.
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -286,3 +287,98 @@ def test_a_served_partial_batch_waits_for_the_timeout(tiny_llama):
     assert min(ttft[:3]) >= 0.2, f"a partial batch started before the timeout: TTFT {ttft[:3]} s"
     assert late.times.emissions[0][0] > max(o.times.finished_s for o in first)
     assert ttft[3] >= 0.2, "alone, it waits the timeout too"
+
+
+# -- waiting for a partial batch: asleep, not stepping ----------------------------------------------
+
+def count_steps(engine) -> list:
+    """Record every ``engine.step()`` call (the engine, ``generate`` and the server's loop call
+    the attribute, so wrapping it counts them all)."""
+    calls = []
+    step = engine.step
+
+    def counted():
+        calls.append(len(step_outputs := step()))
+        return step_outputs
+
+    engine.step = counted
+    return calls
+
+
+def test_generate_sleeps_while_a_partial_batch_waits(tiny_llama):
+    """Two prompts for batches of four wait 0.3 s for the timeout: in steps, the wait costs at
+    most one (before it, the loop made thousands of empty ``step()`` calls)."""
+    loaded = tiny_llama[1]
+    engine = make_engine(loaded, max_num_seqs=4, batching="static", batch_timeout_s=0.3)
+    calls = count_steps(engine)
+    outs = engine.generate(random_prompts([5, 7], loaded.model.config.vocab_size, seed=4),
+                           SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    assert all(o.finished and len(o.token_ids) == 5 for o in outs)
+    assert min(o.times.emissions[0][0] - o.times.arrival_s for o in outs) >= 0.3, "the batch waited the timeout"
+    assert len(calls) <= 5 + 1, f"{len(calls)} step() calls for 5 tokens: it stepped while waiting"
+    assert engine.idle_wait_s() == math.inf, "nothing left to run"
+
+
+def test_generate_refuses_a_batch_that_can_never_fill(tiny_llama):
+    """An infinite timeout and fewer prompts than max_num_seqs: nothing else can arrive during
+    generate(), so it raises (it used to spin forever) and leaves none of its requests behind."""
+    loaded = tiny_llama[1]
+    engine = make_engine(loaded, max_num_seqs=4, batching="static", batch_timeout_s=math.inf)
+    prompts = random_prompts([5] * 6, loaded.model.config.vocab_size, seed=6)
+    with pytest.raises(ValueError, match=r"batch_timeout_s=inf.*max_num_seqs=4.*only 2"):
+        engine.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert not engine.has_unfinished_requests()
+    assert len(engine.requests) == 4, "the full batch ran; the two left over were aborted and released"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def _serve_static(loaded, **config):
+    pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from minieng.server import ServerThread, build_app
+
+    engine = make_engine(loaded, batching="static", **config)
+    calls = count_steps(engine)
+    return engine, calls, ServerThread(build_app(engine, "tiny"))
+
+
+def _post_later(pool, server, prompt: list[int], max_tokens: int):
+    import httpx
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return pool.submit(httpx.post, f"{server.base_url}/completions", json=body, timeout=60)
+
+
+def _wait_until(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_served_partial_batch_sleeps_until_an_arrival_fills_it(tiny_llama):
+    """The server's loop, batches of two, an infinite timeout: one request waits without a step
+    taken (the loop used to burn a core stepping for nothing), and the arrival of a second wakes
+    the loop at once to run the full batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, calls, server = _serve_static(tiny_llama[1], max_num_seqs=2, batch_timeout_s=math.inf)
+    with server, ThreadPoolExecutor(2) as pool:
+        first = _post_later(pool, server, [1, 2, 3], 4)
+        assert _wait_until(engine.has_unfinished_requests)
+        time.sleep(0.3)  # however long it waits, it must not step
+        assert calls == [] and not first.done()
+        second = _post_later(pool, server, [4, 5, 6], 4)
+        answers = [first.result(), second.result()]
+    assert [a.json()["usage"]["completion_tokens"] for a in answers] == [4, 4]
+    assert len(calls) == 4 and all(n > 0 for n in calls), f"steps taken: {calls}"
+
+
+def test_a_served_partial_batch_starts_at_its_timeout_without_stepping_before(tiny_llama):
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine, calls, server = _serve_static(tiny_llama[1], max_num_seqs=4, batch_timeout_s=0.4)
+    with server, ThreadPoolExecutor(1) as pool:
+        answer = _post_later(pool, server, [1, 2, 3], 3).result()
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    assert len(calls) <= 3 + 1, f"{len(calls)} step() calls for 3 tokens: the loop stepped while waiting"
