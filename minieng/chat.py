@@ -14,6 +14,16 @@ Message = dict[str, str]  # {"role": "user", "content": "..."}
 EMPTY_PROMPT = "prompt is empty (0 tokens): give at least one token"
 
 
+def check_text(text: str, what: str) -> None:
+    """Raise ``ValueError`` if ``text`` is not valid Unicode: a lone surrogate (U+D800..U+DFFF,
+    which JSON's ``"\\ud800"`` escape can carry) has no UTF-8 encoding, and tokenizers fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+                         "which is not valid Unicode text: send the character's surrogate pair, or remove it") from None
+
+
 def chat_token_ids(tokenizer, messages: str | list[Message]) -> list[int]:
     """Token ids of ``messages`` through ``tokenizer``'s chat template, the generation prompt added.
 
@@ -21,16 +31,19 @@ def chat_token_ids(tokenizer, messages: str | list[Message]) -> list[int]:
         tokenizer: a transformers tokenizer with a ``chat_template``.
         messages: ``[{"role": ..., "content": ...}, ...]``, or a str: one user message.
     Raises:
-        ValueError: no tokenizer or no chat template (send a plain prompt instead), or a user
-            message with no text (almost surely a mistake: the template would wrap it all the same).
+        ValueError: no tokenizer or no chat template (send a plain prompt instead), a user
+            message with no text (almost surely a mistake: the template would wrap it all the same),
+            or a message whose text is not valid Unicode (``check_text``).
     """
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template: send the prompt as plain text or token ids")
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.get("role") == "user" and not str(m.get("content", "")).strip():
             raise ValueError(EMPTY_PROMPT)
+        if isinstance(m.get("content"), str):
+            check_text(m["content"], f"message {i}'s content")
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     if ids and isinstance(ids[0], list):  # some tokenizers answer a batch of one
         ids = ids[0]

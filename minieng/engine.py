@@ -17,7 +17,7 @@ from dataclasses import replace
 
 
 from .block_manager import BlockManager
-from .chat import EMPTY_PROMPT, Message, chat_token_ids
+from .chat import EMPTY_PROMPT, Message, chat_token_ids, check_text
 from .config import EngineConfig, SamplingParams
 from .detokenizer import IncrementalDetokenizer
 from .hardware import select_device, select_dtype, synchronize
@@ -116,7 +116,8 @@ class LLMEngine:
         """Token ids of a conversation through the model's chat template, the generation prompt
         added, for ``add_request``/``generate``/``stream`` (``chat.chat_token_ids``: tokenized once,
         so no second BOS). ``messages``: ``[{"role": "user", "content": ...}, ...]`` or a str
-        (one user message). Raises ``ValueError`` without a chat template or for an empty user message."""
+        (one user message). Raises ``ValueError`` without a chat template, for an empty user message,
+        or for text that is not valid Unicode (a lone surrogate)."""
         return chat_token_ids(self.tokenizer, messages)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
@@ -403,16 +404,6 @@ class LLMEngine:
                              "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)")
         if wait_s > 0:
             time.sleep(wait_s)
-
-
-def check_text(text: str, what: str) -> None:
-    """Raise ``ValueError`` if ``text`` is not valid Unicode: a lone surrogate (U+D800..U+DFFF,
-    which JSON's ``"\\ud800"`` escape can carry) has no UTF-8 encoding, and tokenizers fail on it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
-                         "which is not valid Unicode text: send the character's surrogate pair, or remove it") from None
 
 
 def _stable_seed(engine_seed: int, request_id: str) -> int:

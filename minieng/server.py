@@ -46,7 +46,8 @@ from starlette.exceptions import HTTPException
 from .api_protocol import (ChatCompletionRequest, CompletionRequest, NotHonoured, chat_chunk, chat_response,
                            completion_chunk, completion_response, error_body, models_list, usage, usage_chunk)
 from .config import SamplingParams
-from .engine import LLMEngine, check_text
+from .chat import check_text
+from .engine import LLMEngine
 from .outputs import RequestOutput
 
 DEFAULT_HOST = "127.0.0.1"

@@ -90,6 +90,8 @@ def test_a_lone_surrogate_is_a_value_error(real_engine):
             call("hi \ud800 there")
     assert engine.requests == {} and not engine.has_unfinished_requests()
     assert engine.generate("hi \U0001F600 there", greedy(2))[0].finished, "a proper astral character is fine"
+    with pytest.raises(ValueError, match=r"message 1's content holds a lone surrogate"):  # the chat path too
+        engine.chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi \ud800"}])
 
 
 def test_prompt_longer_than_max_model_len(tiny_engine):
