@@ -9,6 +9,7 @@ samples when a sampler is given.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,6 @@ from .engine import LLMEngine
 from .outputs import RequestOutput, StepRecord
 from .workload import RequestSpec, workload_prompts
 
-IDLE_POLL_S = 0.0005  # how long to wait before asking again when the engine had nothing to run
 
 
 @dataclass
@@ -74,18 +74,23 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
                     if rid is not None:
                         engine.abort_request(rid)
                 break
-            if engine.has_unfinished_requests():
-                steps_before = len(engine.step_records)
+            idle_s = engine.idle_wait_s()  # 0: a step can run now; inf: nothing unfinished
+            if idle_s == 0:
                 finished = sum(out.finished for out in engine.step())
                 done += finished
                 if bar:
                     bar.update(finished)
-                if len(engine.step_records) == steps_before:  # nothing could run yet: a static batch filling
-                    time.sleep(IDLE_POLL_S)
-            elif nxt < len(order):
-                wake = start + specs[order[nxt]].arrival_s
+            else:  # nothing to run before the next arrival, or a static batch's deadline: sleep until then
+                wake = start + specs[order[nxt]].arrival_s if nxt < len(order) else math.inf
+                wake = min(wake, time.perf_counter() + idle_s)
                 if timeout_s is not None:
                     wake = min(wake, start + timeout_s)
+                if wake == math.inf:  # a static batch that can never fill (infinite timeout, no more arrivals)
+                    for rid in ids:
+                        if rid is not None:
+                            engine.abort_request(rid)
+                    raise ValueError("the static batch can never fill: no more requests arrive and "
+                                     "batch_timeout_s is infinite; give a finite batch_timeout_s")
                 time.sleep(max(0.0, wake - time.perf_counter()))
         duration = time.perf_counter() - start
     if bar:

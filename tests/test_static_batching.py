@@ -332,6 +332,24 @@ def test_generate_refuses_a_batch_that_can_never_fill(tiny_llama):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_a_replayed_workload_sleeps_while_a_partial_batch_waits(tiny_llama):
+    """``serving.run_workload`` (the notebooks' replay) drives the engine as the server does: two
+    requests for batches of four wait 0.3 s for the timeout without a step (before, it polled
+    every 0.5 ms); with an infinite timeout and no more arrivals it refuses instead of spinning,
+    leaving nothing queued."""
+    loaded = tiny_llama[1]
+    engine = make_engine(loaded, max_num_seqs=4, batching="static", batch_timeout_s=0.3)
+    calls = count_steps(engine)
+    specs = [RequestSpec(0.0, 5, 4), RequestSpec(0.01, 7, 4)]
+    result = run_workload(engine, specs, random_prompts([5, 7], loaded.model.config.vocab_size, seed=4))
+    assert all(o.finished and len(o.token_ids) == 4 for o in result.outputs)
+    assert len(calls) <= 4 + 1, f"{len(calls)} step() calls for 4 tokens: it stepped while waiting"
+    stuck = make_engine(loaded, max_num_seqs=4, batching="static", batch_timeout_s=math.inf)
+    with pytest.raises(ValueError, match="can never fill"):
+        run_workload(stuck, specs, random_prompts([5, 7], loaded.model.config.vocab_size, seed=4))
+    assert not stuck.has_unfinished_requests()
+
+
 def _serve_static(loaded, **config):
     pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
