@@ -12,7 +12,9 @@ TPOT is (t(n tokens) - t(1 token)) / (n - 1) on the same prompts. After a warm-u
 figure is the median over ``repeats`` distinct prompts and a decode figure the median TPOT over
 the batch's requests; ratios are taken within this one run, since timings on a shared machine
 drift between runs. MFU and MBU come from the FLOPs and bytes of the steps that ran
-(``flops.phase_utilization``) against the ceilings measured at the start.
+(``flops.phase_utilization``) against this machine's ceilings (``ceilings.machine_ceilings``:
+measured once per machine and environment, shared with the notebooks), and the result records
+the machine's timing noise read at the start.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .outputs import StepRecord
 from .flops import phase_utilization
 from .harness import fingerprint
 from .metrics import request_metrics
+from .ceilings import machine_ceilings
 from .hardware import datasheet_peak, measure_ceilings, synchronize
 from .sweep import prefill_knee, probe_lengths, scan_prefill
 from .workload import text_prompts
@@ -95,14 +98,13 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         cfg.prompt_lens, cfg.batch_sizes, cfg.compare_transformers = [], [], False
     hf = load_transformers(engine) if cfg.compare_transformers else None
     tok = engine.tokenizer
-    progress("measuring this machine's ceilings (matmul, copy)")
-    measured, matmul, copy = measure_ceilings(engine.device, engine.dtype)
+    progress("this machine's ceilings (matmul, copy: stored once per machine) and its noise now")
+    ceilings = machine_ceilings(engine.device, engine.dtype, measure=measure_ceilings)
     env = environment(engine)
     sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
-    peaks = [measured] + ([sheet] if sheet else [])
+    peaks = [ceilings.peak] + ([sheet] if sheet else [])
     result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
-              "peaks": [p.to_dict() for p in peaks],
-              "ceilings": {"matmul_flop_s": matmul.to_dict(), "copy_bytes_s": copy.to_dict()},
+              "peaks": [p.to_dict() for p in peaks], "ceilings": ceilings.to_dict(),
               "prefill": [], "decode": []}
     warm = text_prompts(tok, 16, 1)
     engine.generate(warm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))

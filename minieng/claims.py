@@ -6,11 +6,17 @@ rows (checks beyond the seeds) carry none. ``python -m minieng course`` collects
 executed notebook and lays them out one seed claim after another (``seed_claims_table``).
 
 The ids follow the course's list of seed claims (S1-S15); the titles here are short paraphrases.
+
+A verdict that rests on timings goes through ``verdict``: on a busy machine the noise can be
+larger than the effect a claim rests on, and then the row says "too noisy to judge here" instead
+of a conclusion the measurement does not support (``ceilings.Noise`` reads that noise).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable
 
 # The extra mimetype of ``claims_table``'s display bundle: the rows as JSON, kept by any executor
 # in the notebook's outputs beside the Markdown a reader sees.
@@ -92,3 +98,60 @@ def format_markdown(table: list[dict]) -> str:
     lines += [f"| {cell(e['claim'] or e['id'] + ': ' + e['title'])} | {e['notebook'].split('_')[0] or '-'} | "
               f"{cell(e['seed'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |" for e in table]
     return "\n".join(lines)
+
+
+# -- verdicts that the machine's noise could flip --------------------------------------------------
+
+TOO_NOISY = "too noisy to judge here"
+MAX_FIGURES = 12  # 2^12 corners
+
+
+def _wording(text: str) -> str:
+    """A verdict with its numbers blanked: "holds up to batch 8" and "... batch 16" say the same."""
+    return re.sub(r"\d[\d,]*(?:\.\d+)?", "#", text)
+
+
+def verdict(judge: Callable[..., str], noise, **figures) -> str:
+    """``judge(**figures)``, unless the machine's timing noise could flip it.
+
+    ``figures``: the measured figures the verdict rests on, by ``judge``'s parameter names, each a
+    float or a list of floats (a sweep's rates), each taken to be known within a factor of
+    ``1 + noise`` either way. Pass timings (or figures made of one timing, such as a tok/s or an
+    MFU) rather than their ratios, so that a ratio of two timings gets both their noises. Counts
+    (FLOPs, tokens, hit rates, preemptions) are not noisy: close over them in ``judge``.
+    ``noise``: a ``ceilings.Noise`` or its ``relative`` (0.2: 20%); None (not read): ``judge``'s
+    verdict as it is.
+
+    ``judge`` runs again with every figure at either end of its band, all 2^k corners (exact for a
+    verdict monotone in each figure, as a threshold is). If any corner's wording differs from the
+    verdict's (numbers aside), the noise could flip it, and the verdict reads "too noisy to judge
+    here: ..., at face value: <verdict>". Raises ``ValueError`` beyond ``MAX_FIGURES`` figures.
+    """
+    relative = getattr(noise, "relative", noise)
+    said = judge(**figures)
+    if not relative:
+        return said
+    flat = [(name, i) for name, v in figures.items() for i in (range(len(v)) if isinstance(v, (list, tuple)) else [None])]
+    if len(flat) > MAX_FIGURES:
+        raise ValueError(f"verdict: {len(flat)} figures, at most {MAX_FIGURES} (2^{MAX_FIGURES} corners)")
+    up, down = 1 + relative, 1 / (1 + relative)
+    for corner in itertools.product((up, down), repeat=len(flat)):
+        moved = {name: list(v) if isinstance(v, (list, tuple)) else v for name, v in figures.items()}
+        for (name, i), factor in zip(flat, corner):
+            if i is None:
+                moved[name] = moved[name] * factor
+            else:
+                moved[name][i] = moved[name][i] * factor
+        if _wording(judge(**moved)) != _wording(said):
+            return f"{TOO_NOISY}: timings here may be off by {100 * relative:.0f}%, enough to flip it (at face value: {said})"
+    return said
+
+
+def noise_note(noise) -> str:
+    """One sentence under a claims table: the noise its verdicts were checked against."""
+    relative = getattr(noise, "relative", noise)
+    if relative is None:
+        return "The machine's timing noise was not read: the verdicts stand as measured."
+    level = getattr(noise, "level", None)
+    return (f"Timing noise read at the start: about {100 * relative:.0f}%" + (f" ({level})" if level else "")
+            + f". A verdict that this noise could flip reads \"{TOO_NOISY}\"; rerun on a quieter machine to judge it.")

@@ -8,7 +8,9 @@ Peaks come in two kinds, and every MFU/MBU says which it used:
 - datasheet: the vendor's dense bf16/fp16 tensor peak and memory bandwidth (DESIGN.md section 5;
   sparse "2x" figures are not peaks); unknown devices (every CPU) have none;
 - measured: the best this machine reaches on a large matmul in the engine's dtype and on a large
-  device-to-device copy (bytes read + bytes written), measured by ``measure_ceilings``.
+  device-to-device copy (bytes read + bytes written), measured by ``measure_ceilings`` (and kept
+  per machine by ``ceilings.machine_ceilings``). On a GPU their buffers are sized from the memory
+  free at the time (``ceiling_sizes``), so they fit beside an engine's KV pool.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from .harness import Measurement, measure
 
+GIB = 1024**3
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Dense bf16/fp16 tensor peak (TFLOP/s) and memory bandwidth (GB/s), from vendor datasheets.
@@ -182,38 +185,108 @@ def check_environment(device: str = "auto") -> Environment:
                        datasheet_peak(name) if dev.type == "cuda" else None)
 
 
+# -- the ceilings' buffers: sized from what the device has free ------------------------------------
+
+GPU_MATMUL_N = 8192  # the matmul's side on a GPU with room for it: large enough to fill an H200
+CPU_MATMUL_N = 2048
+GPU_COPY_BYTES = 2 * GIB  # each of the copy's two buffers, on a GPU with room for them
+CPU_COPY_BYTES = 256 * 1024**2
+# The share of the device's free memory the ceilings may take (the matmul's three matrices and the
+# copy's two buffers together): the rest stays for whatever else is resident (an engine's pool).
+CEILINGS_MEMORY_SHARE = 0.5
+MIN_MATMUL_N = 1024
+# The smallest copy buffer that still measures DRAM, not the cache: well past the largest L2 (H100/H200: 50 MB).
+MIN_COPY_BYTES = 128 * 1024**2
+
+
+def device_free_bytes(device: torch.device) -> int:
+    """Bytes the CUDA device has free now (``torch.cuda.mem_get_info``), after torch hands back the
+    blocks its allocator keeps cached but unused."""
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def ceiling_sizes(device: torch.device, dtype: torch.dtype, free_bytes: int | None = None) -> tuple[int, int]:
+    """``(matmul_n, copy_bytes)``: the side of the matmul's square matrices and the bytes of each
+    of the copy's two buffers.
+
+    On a CPU: 2048 and 256 MiB. On CUDA, at most 8192 and 2 GiB, within ``CEILINGS_MEMORY_SHARE``
+    of ``free_bytes`` (default: the device's free memory now), the matmul taking at most a quarter
+    of that share (in steps of 1024), the copy the rest. So a T4 whose memory an engine's KV pool
+    already holds gets smaller buffers, not an out-of-memory error.
+
+    Raises:
+        RuntimeError: too little free memory for a 1024-cube matmul and two 128 MiB buffers (the
+            smallest copy that still measures memory, not the cache), with what to do about it.
+    """
+    if device.type != "cuda":
+        return CPU_MATMUL_N, CPU_COPY_BYTES
+    free = device_free_bytes(device) if free_bytes is None else free_bytes
+    share = int(CEILINGS_MEMORY_SHARE * free)
+    n = min(GPU_MATMUL_N, int((share / 4 / (3 * dtype.itemsize)) ** 0.5) // 1024 * 1024)
+    copy_bytes = min(GPU_COPY_BYTES, (share - 3 * n * n * dtype.itemsize) // 2 // 1024**2 * 1024**2)
+    if n < MIN_MATMUL_N or copy_bytes < MIN_COPY_BYTES:
+        raise RuntimeError(
+            f"only {free / GIB:.2f} GiB free on {device}: the ceilings need at least "
+            f"{(3 * MIN_MATMUL_N**2 * dtype.itemsize + 2 * MIN_COPY_BYTES) / CEILINGS_MEMORY_SHARE / GIB:.2f} GiB "
+            "free (a 1024-cube matmul and two 128 MiB copy buffers, in half the free memory). Measure them before "
+            "building an engine (ceilings.machine_ceilings keeps them per machine), or give the engine a smaller KV "
+            "pool (kv_cache_memory_gib, or a lower gpu_memory_utilization)")
+    return n, copy_bytes
+
+
 def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 5) -> Measurement:
     """FLOP/s of an n x n x n matrix product (2 n^3 FLOPs) in ``dtype``: the compute ceiling.
 
+    ``n`` defaults to ``ceiling_sizes``' (2048 on a CPU; on a GPU up to 8192, as free memory allows).
     The product is ``model.linear``, the kernel the engine's linear layers run, so that MFU
     compares the engine's products with the best its own kernel does. On an x86-64 CPU in float32
     that is oneDNN, which ran a 2048-cube at 0.18-0.19 TFLOP/s on the workshop's 2-core EPYC where
     ``a @ b`` (MKL's sgemm) ran at 0.12-0.14 (measured, 2026-12-01): with the slower kernel as
-    the ceiling, a long prefill read 90% MFU. Elsewhere it is ``F.linear`` (cuBLAS on CUDA).
+    the ceiling, a long prefill read 90% MFU. Elsewhere it is ``F.linear`` (cuBLAS on CUDA). The
+    measurement's fingerprint records ``matmul_n``.
     """
     from .model import linear
 
-    n = n or (8192 if device.type == "cuda" else 2048)
+    n = n or ceiling_sizes(device, dtype)[0]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return measure(lambda: linear(a, b), device, repeats=repeats).rate(2 * n**3, "FLOP/s")
+    m = measure(lambda: linear(a, b), device, repeats=repeats).rate(2 * n**3, "FLOP/s")
+    m.fingerprint["matmul_n"] = n
+    return m
 
 
 def measure_copy(device: torch.device, nbytes: int | None = None, repeats: int = 5) -> Measurement:
-    """Bytes/s of a large copy, counting bytes read plus bytes written: the bandwidth ceiling."""
-    nbytes = nbytes or (2 * 1024**3 if device.type == "cuda" else 256 * 1024**2)
+    """Bytes/s of a large copy, counting bytes read plus bytes written: the bandwidth ceiling.
+
+    ``nbytes`` (each of the two buffers) defaults to ``ceiling_sizes``' (256 MiB on a CPU; on a GPU
+    up to 2 GiB, as free memory allows). The fingerprint records ``copy_bytes``."""
+    nbytes = nbytes or ceiling_sizes(device, torch.float32)[1]
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
-    return measure(lambda: dst.copy_(src), device, repeats=repeats).rate(2 * src.nbytes, "B/s")
+    m = measure(lambda: dst.copy_(src), device, repeats=repeats).rate(2 * src.nbytes, "B/s")
+    m.fingerprint["copy_bytes"] = src.nbytes
+    return m
 
 
-def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> tuple[Peak, Measurement, Measurement]:
+def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5,
+                     rounds: int = 3) -> tuple[Peak, Measurement, Measurement]:
     """Measured peak (matmul) and bandwidth (copy) as a ``Peak``, with the raw measurements.
 
-    A ceiling is the best rate the machine sustains, so the ``Peak`` takes the p90 of the runs:
-    on a shared machine the median of a few runs undershoots, and an undershooting ceiling
-    would make MFU/MBU read high.
+    ``rounds`` rounds of ``repeats`` matmuls, then ``repeats`` copies, alternating, so that a
+    burst of other work on the machine slows some of each, not all of one. A ceiling is the best
+    rate the machine sustains, and other work only ever slows a run, so the ``Peak`` takes the
+    best run of each (their ``max``); the measurements keep every run, so their ``spread`` says
+    how steady the machine was. The buffers are sized once (``ceiling_sizes``: on CUDA from the
+    free memory) and handed back to the device afterwards.
     """
-    mm, cp = measure_matmul(device, dtype, repeats=repeats), measure_copy(device, repeats=repeats)
-    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", mm.p90 / 1e12,
-                cp.p90 / 1e9, "measured"), mm, cp
+    n, nbytes = ceiling_sizes(device, dtype)
+    mm, cp = [], []
+    for _ in range(rounds):
+        mm.append(measure_matmul(device, dtype, n=n, repeats=repeats))
+        cp.append(measure_copy(device, nbytes=nbytes, repeats=repeats))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    matmul, copy = Measurement.pooled(mm), Measurement.pooled(cp)
+    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", matmul.max / 1e12,
+                copy.max / 1e9, "measured"), matmul, copy

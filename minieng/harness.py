@@ -41,6 +41,15 @@ class Measurement:
         return float(np.percentile(self.values, 90))
 
     @property
+    def max(self) -> float:
+        return float(np.max(self.values))
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: how far apart the runs lie, relative to a typical one (0: identical)."""
+        return (self.p90 - self.p10) / self.median if self.median else 0.0
+
+    @property
     def runs(self) -> int:
         return len(self.values)
 
@@ -50,7 +59,14 @@ class Measurement:
         return Measurement([work / v for v in self.values], unit, self.fingerprint)
 
     def to_dict(self) -> dict:
-        return {"median": self.median, "p10": self.p10, "p90": self.p90, "runs": self.runs, "unit": self.unit}
+        return {"median": self.median, "p10": self.p10, "p90": self.p90, "max": self.max, "spread": self.spread,
+                "runs": self.runs, "unit": self.unit}
+
+    @classmethod
+    def pooled(cls, parts: list["Measurement"]) -> "Measurement":
+        """One measurement of every run of ``parts`` (same unit), with the first part's fingerprint."""
+        assert parts and len({m.unit for m in parts}) == 1, "pool measurements of one quantity"
+        return cls([v for m in parts for v in m.values], parts[0].unit, parts[0].fingerprint)
 
     def __str__(self) -> str:
         return f"{self.median:.4g} {self.unit} (p10-p90 {self.p10:.4g}-{self.p90:.4g}, {self.runs} runs)"

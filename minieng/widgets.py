@@ -163,16 +163,18 @@ def show(fig, dpi: int = 100) -> None:
     display(Image(data=buf.getvalue(), format="png"))
 
 
-def claims_table(rows: list[tuple[str, str, str, str]]):
+def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     """The closing table of a notebook: (claim, seed's figure, measured here, holds?) as Markdown.
 
-    A row about a seed claim starts with its id ("S7: ..."; see ``minieng.claims``). The returned
-    object displays as Markdown and carries the rows as JSON too (mimetype
-    ``claims.CLAIMS_MIMETYPE``), which ``python -m minieng course`` reads from the executed notebook.
+    A row about a seed claim starts with its id ("S7: ..."; see ``minieng.claims``). With
+    ``noise`` (a ``ceilings.Noise``, or its relative figure) a line under the table says what noise
+    the verdicts were checked against (``claims.verdict``). The returned object displays as
+    Markdown and carries the rows as JSON too (mimetype ``claims.CLAIMS_MIMETYPE``), which
+    ``python -m minieng course`` reads from the executed notebook.
     """
     from IPython.display import Markdown
 
-    from .claims import CLAIMS_MIMETYPE
+    from .claims import CLAIMS_MIMETYPE, noise_note
 
     rows = [[str(x) for x in row] for row in rows]
     if any(len(row) != 4 for row in rows):
@@ -184,4 +186,6 @@ def claims_table(rows: list[tuple[str, str, str, str]]):
 
     lines = ["| claim | seed | here | holds? |", "| --- | --- | --- | --- |"]
     lines += [f"| {c} | {s} | {h} | {v} |" for c, s, h, v in rows]
+    if noise is not None:
+        lines += ["", noise_note(noise)]
     return ClaimsTable("\n".join(lines))

@@ -57,6 +57,22 @@ def test_rate_converts_times_to_work_per_second():
     assert rates.p90 > rates.median > rates.p10
 
 
+def test_max_and_spread():
+    m = Measurement(list(VALUES))
+    assert m.max == 9.0
+    assert m.spread == pytest.approx((6.3 - 1.0) / 3.5)  # (p90 - p10) / median
+    assert Measurement([2.0, 2.0, 2.0]).spread == 0.0
+
+
+def test_pooled_keeps_every_run_and_the_first_fingerprint():
+    a, b = Measurement([1.0, 2.0], "B/s", {"copy_bytes": 4}), Measurement([5.0], "B/s", {"copy_bytes": 4, "x": 1})
+    pooled = Measurement.pooled([a, b])
+    assert pooled.values == [1.0, 2.0, 5.0] and pooled.unit == "B/s" and pooled.fingerprint == {"copy_bytes": 4}
+    assert pooled.max == 5.0
+    with pytest.raises(AssertionError):
+        Measurement.pooled([a, Measurement([1.0], "s")])
+
+
 def test_rate_refuses_a_non_time_measurement():
     with pytest.raises(AssertionError):
         Measurement([1.0], "FLOP/s").rate(1.0, "x")
@@ -65,8 +81,8 @@ def test_rate_refuses_a_non_time_measurement():
 def test_to_dict_and_str():
     m = Measurement([1.0, 2.0, 3.0], "B/s")
     d = m.to_dict()
-    assert set(d) == {"median", "p10", "p90", "runs", "unit"}
-    assert d["median"] == 2.0 and d["runs"] == 3 and d["unit"] == "B/s"
+    assert set(d) == {"median", "p10", "p90", "max", "spread", "runs", "unit"}
+    assert d["median"] == 2.0 and d["runs"] == 3 and d["unit"] == "B/s" and d["max"] == 3.0
     assert "3 runs" in str(m) and "B/s" in str(m)
 
 
