@@ -22,6 +22,7 @@ from minieng import hardware
 from minieng.config import published_config
 from minieng.kv_cache import num_blocks_for_budget
 from minieng.memory_plan import HEADROOM, plan_memory
+from minieng.engine_setup import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 GIB = 1024**3
@@ -29,8 +30,6 @@ T4_TOTAL = 15 * GIB
 CUDA_CONTEXT = 300 * 1024**2  # what the CUDA context holds before anything is allocated
 FP16 = torch.float16
 BLOCK = 16
-# The share of the GPU each engine keeps for its decode step's gathered K/V (engine_setup's scratch).
-GATHER_SCRATCH_FRACTION = 0.02
 # Engines a notebook's package calls build beside its own, from its engine's config (so with its
 # budget): 08's run_quantization, one per scheme a T4 runs (int8, int4, w8a8 at most).
 HIDDEN_ENGINES = {"08": 3}
