@@ -33,7 +33,8 @@ setup: $(VENV)/.installed
 run bench: setup
 	$(BIN)/python -m minieng bench
 
-# The test suite, then every notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them) by
+# The linters (ruff; lint-imports: the layers and no import cycles), the test suite, then every
+# notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them) by
 # the course runner: each notebook in a kernel of its own, two at a time, its replies awaited in 1 s
 # slices (under nbmake, a missed ZeroMQ wake-up left a kernel idle for minutes). Executed copies
 # and cached results go to a temporary folder, never into notebooks/; a notebook that fails or
@@ -43,6 +44,8 @@ NOTEBOOK_JOBS ?= 2
 NOTEBOOK_TIMEOUT ?= 600
 
 test: setup
+	$(BIN)/ruff check  # lint: pyflakes and pycodestyle's errors (pyproject.toml)
+	$(BIN)/lint-imports  # the layers of docs/architecture.md, and no import cycles
 	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q tests
 	$(MAKE) --no-print-directory test-notebooks
 
@@ -51,7 +54,7 @@ test-notebooks: setup
 	  --jobs $(NOTEBOOK_JOBS) --timeout $(NOTEBOOK_TIMEOUT); status=$$?; rm -rf "$$out"; exit $$status
 
 # The whole course in full mode: every notebook executed, as HTML in course-output/ with an index
-# page, and the seed claims tabled (COURSE_ARGS, e.g. --only 01,07 or --smoke, passes options).
+# page, and the articles' claims tabled (COURSE_ARGS, e.g. --only 01,07 or --smoke, passes options).
 course: setup
 	$(BIN)/python -m minieng course $(COURSE_ARGS)
 

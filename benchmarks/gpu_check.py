@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.bench import minieng_decode, minieng_prefill
-from minieng.flops import phase_utilization
-from minieng.harness import fingerprint
-from minieng.hardware import datasheet_peak, measure_ceilings
-from minieng.workload import text_prompts
+from minieng.lab.bench import minieng_decode, minieng_prefill
+from minieng.measure.roofline import phase_utilization
+from minieng.measure.harness import fingerprint
+from minieng.measure.peaks import datasheet_peak, measure_ceilings
+from minieng.measure.workloads import text_prompts
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -162,7 +162,7 @@ def decode_mode(row: dict) -> str:
 
 def last_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
     """minieng's logits after ``prompt`` (a throwaway sequence through the runner)."""
-    from minieng.sequence import Sequence
+    from minieng.engine.sequence import Sequence
 
     seq = Sequence("parity", prompt, SamplingParams(temperature=0), 0.0)
     engine.block_manager.allocate(seq, len(prompt))
@@ -230,7 +230,7 @@ def shape_speed(name: str, path: Path, device: torch.device, peaks, p: dict, loa
 
 
 def prefix_cache(path: Path, device: torch.device, p: dict, load_format: str) -> dict:
-    from minieng.prefix_experiment import measure_point
+    from minieng.lab.prefix_caching import measure_point
 
     engine = LLMEngine(model=str(path), load_format=load_format, device=str(device),
                        max_num_batched_tokens=p["prefix_tokens"], max_num_seqs=8,
@@ -249,7 +249,7 @@ def prefix_cache(path: Path, device: torch.device, p: dict, load_format: str) ->
 
 
 def speculative(target: Path, draft: Path, device: torch.device, p: dict) -> dict:
-    from minieng.spec_experiment import k_sweep, machinery_overhead
+    from minieng.lab.speculative import k_sweep, machinery_overhead
 
     # k at its largest: a GPU engine captures verification graphs for every k up to it.
     engine = LLMEngine(model=str(target), draft_model=str(draft), speculative_method="draft",
@@ -265,7 +265,7 @@ def speculative(target: Path, draft: Path, device: torch.device, p: dict) -> dic
 
 def nvml_during_decode(path: Path, device: torch.device, peaks, p: dict, load_format: str) -> list[dict]:
     """util.gpu and GPM metrics over a batch-1 decode of a few seconds, eager and with graphs."""
-    from minieng.telemetry import TelemetrySampler, summarize
+    from minieng.measure.nvml import TelemetrySampler, summarize
 
     rows = []
     for eager in (True, False):
@@ -290,7 +290,7 @@ def nvml_during_decode(path: Path, device: torch.device, peaks, p: dict, load_fo
 
 def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: str) -> dict:
     """Every scheme with a kernel on the device against the float engine, sharing its weights."""
-    from minieng.quant_experiment import QuantBenchConfig, device_schemes, run_quantization
+    from minieng.lab.quantization_lab import QuantBenchConfig, device_schemes, run_quantization
 
     engine = LLMEngine(model=str(path), load_format=load_format, device=str(device), max_num_seqs=max(p["quant_batches"]),
                        max_num_batched_tokens=p["quant_prompt"], max_model_len=min(p["quant_prompt"] + 512, p["max_position"]),
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(result: dict) -> None:
-    from minieng.flops import format_percent
+    from minieng.measure.roofline import format_percent
 
     for row in result.get("parity") or []:
         if "dtype" in row:

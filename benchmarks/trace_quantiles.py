@@ -2,7 +2,7 @@
 
 The trace's licence (CC BY 4.0) would allow a copy, but the course keeps only figures derived
 from it, as the workshop's data README asks: per service, the quantiles of prompt length, output
-length and inter-arrival gap, and the request rate. ``minieng.workload.sampled_trace_workload``
+length and inter-arrival gap, and the request rate. ``minieng.measure.workloads.sampled_trace_workload``
 draws trace-shaped requests from them wherever the CSVs are absent.
 
     python benchmarks/trace_quantiles.py [--source ../shared/data/azure-llm-trace-2023] [--out data/azure-llm-trace-2023]
@@ -18,7 +18,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from minieng.workload import TRACE_PROBABILITIES, TRACE_SERVICES, read_trace, trace_quantiles
+from minieng.measure.workloads import TRACE_PROBABILITIES, TRACE_SERVICES, read_trace, trace_quantiles
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_{conv,code}.csv"
@@ -64,7 +64,7 @@ output lengths (`GeneratedTokens`) and gaps between successive arrivals (from `T
 the number of requests, the span from first to last arrival, and the rate (gaps per second of
 that span). Tokens are rounded to 0.001, seconds to 0.000001.
 
-**How the course uses them.** `minieng.workload.sampled_trace_workload` draws requests from these
+**How the course uses them.** `minieng.measure.workloads.sampled_trace_workload` draws requests from these
 quantiles by inverse-CDF sampling (`python -m minieng bench --workload trace` without `--trace`;
 notebook 10 without the CSV). Each request's prompt length, output length and gap are drawn
 independently: the workload has the trace's distributions of sizes and gaps, not the correlations

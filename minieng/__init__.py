@@ -3,10 +3,10 @@
 Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded default model.
 """
 
-from .config import EngineConfig, ModelConfig, SamplingParams
-from .engine import LLMEngine
-from .outputs import RequestOutput, StepRecord
-from .package_data import data_path
+from minieng._version import __version__
+from minieng.config import EngineConfig, ModelConfig, SamplingParams
+from minieng.engine.llm_engine import LLMEngine
+from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.package_data import data_path
 
-__all__ = ["EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord", "data_path"]
-__version__ = "0.1.0"
+__all__ = ["__version__", "EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord", "data_path"]

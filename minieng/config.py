@@ -22,6 +22,9 @@ def _require(ok: bool, name: str, value: Any, limit: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: {limit}")
 
 
+# The embedded default model (``LLMEngine()`` with no model): served under this name, named in help.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a Llama-family decoder, read from a transformers config.
@@ -294,6 +297,12 @@ class SamplingParams:
         _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1] (1 keeps every token)")
         _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
         _require(all(s for s in self.stop), "stop", self.stop, "stop strings must be non-empty")
+
+    @classmethod
+    def fixed_length(cls, max_tokens: int) -> SamplingParams:
+        """Greedy, through EOS: every request emits exactly ``max_tokens`` tokens (what benchmarks
+        and experiments time, as vLLM's benchmarks do with ``ignore_eos``)."""
+        return cls(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
     @property
     def greedy(self) -> bool:

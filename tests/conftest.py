@@ -10,7 +10,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
+
+# The tests mirror the package's folders (tests/engine/, tests/measure/, ...) and share tests/helpers.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -27,7 +32,7 @@ import torch  # noqa: E402
 
 def default_model_missing() -> str | None:
     """Why the embedded default model cannot be used here, or None when it can."""
-    from minieng import loader
+    from minieng.model import loader
 
     try:
         loader.default_gguf_path()
@@ -55,7 +60,7 @@ def default_model():
     if reason:
         pytest.skip(reason)
     from minieng import EngineConfig
-    from minieng.loader import load_model
+    from minieng.model.loader import load_model
 
     return load_model(EngineConfig(), torch.device("cpu"), torch.float32)
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence as Seq
 import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, SamplingParams
-from minieng.chat import chat_token_ids
-from minieng.loader import LoadedModel, build_model
-from minieng.sequence import Sequence, SequenceStatus
+from minieng.engine.chat_template import chat_token_ids
+from minieng.model.loader import LoadedModel, build_model
+from minieng.engine.sequence import Sequence, SequenceStatus
 
 # -- tiny random models ---------------------------------------------------------------------------
 

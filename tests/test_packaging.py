@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from minieng.package_data import copy_notebooks, data_path, notebooks_path
-from minieng.workload import DEFAULT_TEXT, TRACE_QUANTILES
+from minieng.measure.workloads import DEFAULT_TEXT, TRACE_QUANTILES
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))
@@ -33,7 +33,7 @@ from importlib.metadata import PackageNotFoundError, requires, version
 from packaging.requirements import Requirement
 import minieng
 from minieng.package_data import data_path, notebooks_path
-from minieng.workload import DEFAULT_TEXT, sampled_trace_workload, text_prompts
+from minieng.measure.workloads import DEFAULT_TEXT, sampled_trace_workload, text_prompts
 
 class CharTokenizer:
     def encode(self, text, add_special_tokens=True):
@@ -124,7 +124,7 @@ def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
     with tarfile.open(sdist) as t:
         in_sdist = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
     assert {"README.md", "pyproject.toml", "MANIFEST.in", "data/text/pride_and_prejudice.txt",
-            "data/azure-llm-trace-2023/quantiles.json", "tests/test_workload.py",
+            "data/azure-llm-trace-2023/quantiles.json", "tests/measure/test_workloads.py",
             "benchmarks/trace_quantiles.py"} <= in_sdist
     assert {f"notebooks/{n}" for n in NOTEBOOKS} <= in_sdist
     assert not any(n.startswith("notebooks/results") for n in in_sdist)

@@ -1,0 +1,2 @@
+"""The command line: ``python -m minieng {generate, bench, serve, loadgen, notebooks, course}`` (``main``).
+"""

@@ -1,0 +1,10 @@
+"""The notebooks' kit (smoke mode, result cache, widgets, the claims table and its verdicts) and the
+course runner (``python -m minieng course``).
+"""
+
+from minieng.course.claims import verdict
+from minieng.course.kit import announce, cached, claims_table, dropdown, int_slider, run_panel, show
+
+__all__ = [
+    "announce", "cached", "claims_table", "dropdown", "int_slider", "run_panel", "show", "verdict",
+]

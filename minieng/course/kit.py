@@ -1,0 +1,187 @@
+"""Notebook machinery: smoke mode, a disk cache of results, runtime estimates, and widget panels.
+
+Thin wrappers only: every number a panel shows is computed by the package's pure functions.
+Panels use the ipywidgets API common to versions 7 (Colab) and 8, keep sliders from firing while
+dragged (``continuous_update=False``), put slow work behind a Run button, render into an
+``Output``, and run their callback once with the default values when built, so a headless run
+(CI, or a viewer where widgets do not render) still executes and shows the default result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from minieng.measure.harness import smoke_mode
+
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None,
+           device: str | None = None) -> dict:
+    """Return ``compute()``'s JSON result, stored on disk under ``name`` and a hash of ``params``
+    and of the environment it is measured in.
+
+    The environment is ``harness.environment`` for ``device`` (default: CUDA when available, else
+    CPU): device name, host, torch and minieng versions, threads, driver; plus the smoke switch.
+    A re-run (or a reconnected Colab session) with the same parameters on the same machine reads
+    the file instead of measuring again and says when and where it was measured; a result from
+    another machine, another torch or a smoke run is never shown as this run's. The folder is
+    ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the working directory (the
+    notebook's folder); delete a file to measure again.
+    """
+    import datetime
+
+    import torch
+
+    from minieng.measure.harness import environment
+
+    directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    where = environment(device) | {"smoke": smoke_mode()}
+    key = hashlib.sha256(json.dumps({"params": params, "environment": where}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:16]
+    path = directory / f"{name}-{key}.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        print(f"(cached result, measured {stored.get('measured_at', 'at an unrecorded time')} on "
+              f"{where['device_name']} ({where['host']}), read from {path}; delete it to measure again)")
+        return stored["result"]
+    result = compute()
+    directory.mkdir(parents=True, exist_ok=True)
+    measured_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"params": params, "environment": where, "measured_at": measured_at,
+                               "result": result}, default=str))
+    tmp.replace(path)
+    return result
+
+
+def announce(what: str, estimate_s: float) -> None:
+    """Print what a heavy cell is about to do and how long it should take on this device."""
+    when = f"{estimate_s:.0f} s" if estimate_s < 120 else f"{estimate_s / 60:.1f} min"
+    print(f"{what}: about {when} on this device")
+
+
+# ipywidgets gives every control 300 px in all, description included: a long description
+# ("description_width": "initial") leaves the slider beside it a track of a few pixels. So each
+# control is as wide as its description plus a body of fixed width, and a panel gives all its
+# controls the longest description's width, so their tracks line up. Widths are CSS (``ch``: the
+# width of a digit, a little more than an average letter), which ipywidgets 7 and 8 both pass on.
+SLIDER_BODY_PX = 320  # track and readout
+DROPDOWN_BODY_PX = 220  # the option box
+
+
+def _fit(control, description_ch: int, body_px: int) -> None:
+    """Give ``control`` a description column ``description_ch`` characters wide and ``body_px``
+    beside it (narrower only when its container is)."""
+    control.style.description_width = f"{description_ch}ch"
+    control.layout.width = f"calc({description_ch}ch + {body_px}px)"
+    control.layout.max_width = "100%"
+
+
+def int_slider(description: str, value: int, min: int, max: int, step: int = 1):
+    """An ``IntSlider`` that fires on release, sized so its track stays usable beside any description."""
+    import ipywidgets as w
+
+    slider = w.IntSlider(value=value, min=min, max=max, step=step, description=description,
+                         continuous_update=False)
+    _fit(slider, len(description), SLIDER_BODY_PX)
+    return slider
+
+
+def dropdown(description: str, options, value):
+    """A ``Dropdown`` sized like ``int_slider``: its option box keeps its width beside any description."""
+    import ipywidgets as w
+
+    menu = w.Dropdown(options=options, value=value, description=description)
+    _fit(menu, len(description), DROPDOWN_BODY_PX)
+    return menu
+
+
+def _body_px(control) -> int | None:
+    """The body width ``int_slider``/``dropdown`` give ``control``; None for other widgets."""
+    import ipywidgets as w
+
+    if isinstance(control, w.Dropdown):
+        return DROPDOWN_BODY_PX
+    if isinstance(control, (w.IntSlider, w.FloatSlider)):
+        return SLIDER_BODY_PX
+    return None
+
+
+def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run", run_now: bool = True):
+    """A panel: the controls, a Run button, and an Output the callback draws into.
+
+    ``callback(**{name: control.value})`` is called on each click, and once at build time with the
+    defaults when ``run_now``. Returns the ipywidgets box (display it, or let it be a cell's value).
+    """
+    import ipywidgets as w
+    from IPython.display import clear_output
+
+    out = w.Output()
+    run = w.Button(description=button, button_style="primary")
+
+    def fire(_=None):
+        with out:
+            clear_output(wait=True)
+            callback(**{name: c.value for name, c in controls.items()})
+
+    run.on_click(fire)
+    # One description column for the panel: the sliders' tracks start and end at the same x.
+    sized = [(c, _body_px(c)) for c in controls.values() if _body_px(c) is not None]
+    if sized:
+        description_ch = max(len(c.description) for c, _ in sized)
+        for c, body_px in sized:
+            _fit(c, description_ch, body_px)
+    panel = w.VBox([*controls.values(), run, out])
+    if run_now:
+        fire()
+    return panel
+
+
+def show(fig, dpi: int = 100) -> None:
+    """Display a matplotlib ``Figure`` as a PNG: works in JupyterLab, Colab, an ``Output`` and
+    headless runs alike, with no pyplot backend involved."""
+    import io
+
+    from IPython.display import Image, display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    display(Image(data=buf.getvalue(), format="png"))
+
+
+def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
+    """The closing table of a notebook: (claim, article's figure, measured here, holds?) as Markdown.
+
+    A row about a seed claim starts with its id ("S7: ..."; see ``minieng.course.claims``). With
+    ``noise`` (a ``ceilings.Noise``, or its relative figure) a line under the table says what noise
+    the verdicts were checked against (``claims.verdict``). The returned object displays as
+    Markdown and carries the rows as JSON too (mimetype ``claims.CLAIMS_MIMETYPE``), which
+    ``python -m minieng course`` reads from the executed notebook.
+    """
+    from IPython.display import Markdown
+
+    from minieng.course.claims import CLAIMS_MIMETYPE, noise_note
+
+    rows = [[str(x) for x in row] for row in rows]
+    if any(len(row) != 4 for row in rows):
+        raise ValueError("claims_table: each row is (claim, article's figure, measured here, holds?), four items")
+
+    class ClaimsTable(Markdown):
+        def _repr_mimebundle_(self, include=None, exclude=None):
+            return {CLAIMS_MIMETYPE: {"rows": rows}}
+
+    lines = ["| claim | article | here | holds? |", "| --- | --- | --- | --- |"]
+    lines += [f"| {c} | {s} | {h} | {v} |" for c, s, h, v in rows]
+    if noise is not None:
+        lines += ["", noise_note(noise)]
+    return ClaimsTable("\n".join(lines))

@@ -1,0 +1,444 @@
+"""LLMEngine: requests in, tokens out, one step at a time.
+
+A step is: the scheduler picks sequences and token counts, the model runner runs them through
+the model and samples, and the engine appends tokens, checks stop conditions, streams text and
+records when everything happened. The engine knows nothing of metrics: it leaves timestamps
+(``Sequence.times``) and step records (``StepRecord``) for ``metrics`` to turn into figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence as Seq
+from contextlib import contextmanager
+from dataclasses import replace
+
+
+from minieng.engine.block_manager import BlockManager
+from minieng.engine.chat_template import EMPTY_PROMPT, Message, chat_token_ids, check_text
+from minieng.config import EngineConfig, SamplingParams
+from minieng.engine.detokenizer import IncrementalDetokenizer
+from minieng.device import select_device, select_dtype, synchronize
+from minieng.engine.setup import (check_max_model_len, check_quantization, configured_kv_blocks, decode_graphs,
+                                  device_sized_kv_blocks, engine_matmul_bytes, engine_model, fit_max_model_len,
+                                  gather_budget_tokens, load_draft, make_drafter)
+from minieng.model.kv_cache import KVCache
+from minieng.model.loader import LoadedModel, load_config, load_model
+from minieng.engine.memory_plan import plan_memory
+from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.engine.model_runner import ModelRunner
+from minieng.engine.sampling import KeyedRandom
+from minieng.engine.scheduler import Scheduler
+from minieng.engine.sequence import Sequence, SequenceStatus
+
+Prompt = str | list[int]
+
+
+class _Request:
+    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None):
+        self.seq = seq
+        self.detokenizer = detokenizer
+        self.new_token_ids: list[int] = []
+        self.delta = ""
+
+
+class LLMEngine:
+    """The engine. ``LLMEngine()`` loads the embedded default model on the best device.
+
+    Args:
+        config: an ``EngineConfig``; keyword arguments override its fields
+            (``LLMEngine(max_num_seqs=8)``).
+        loaded: an already loaded model (tests, or sharing weights between engines).
+    Raises:
+        ValueError: for a model that cannot be loaded, or a KV budget too small for one sequence
+            of ``max_model_len`` tokens.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, **overrides):
+        config = replace(config or EngineConfig(), **overrides)
+        self.config = config
+        if loaded is None:
+            self.device = select_device(config.device)
+            self.dtype = select_dtype(config.dtype, self.device)
+            resolved = load_config(config.model)
+            model_config = resolved[2]
+            max_position = model_config.max_position_embeddings
+        else:
+            param = next(loaded.model.parameters())
+            self.device, self.dtype = param.device, param.dtype
+            model_config, max_position = loaded.model.config, loaded.model.rope.cos.shape[0]
+        self.model_config = model_config
+        self.max_model_len = check_max_model_len(config.max_model_len, max_position)
+        num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
+        check_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
+        loaded_here = loaded is None
+        if loaded_here:
+            # refuse with advice before allocating anything
+            plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
+            loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
+        draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
+        config, self.model = engine_model(config, loaded.model)  # the config names a loaded model's scheme
+        self.config = config
+        if loaded_here:  # nobody else holds the float matrices: let them go
+            loaded = replace(loaded, model=self.model)
+        self.loaded, self.tokenizer = loaded, loaded.tokenizer
+        # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
+        self.matmul_bytes = engine_matmul_bytes(config, model_config, self.dtype)
+        if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
+            models = [self.model] + ([draft_model] if draft_model is not None else [])
+            num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
+        self.max_model_len = fit_max_model_len(config, model_config, self.dtype, self.max_model_len, num_blocks)
+        self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device,
+                                       self.matmul_bytes)
+        self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device,
+                                  decode_graphs(config, self.model, self.kv_cache, self.max_model_len),
+                                  gather_budget_tokens(self.kv_cache))
+        self.drafter = (make_drafter(config, draft_model, num_blocks, self.max_model_len)
+                        if config.num_speculative_tokens else None)
+        self.requests: dict[str, _Request] = {}
+        # The time source of every timestamp the engine records (arrivals by default, steps,
+        # emissions). A model of several devices on one machine gives each engine a clock of its
+        # own (``disagg_model.VirtualClock``); durations are always real.
+        self.clock: Callable[[], float] = time.perf_counter
+        self.step_records: list[StepRecord] = []
+        # One row per verification: (step index, request id, drafts proposed, drafts accepted).
+        self.spec_records: list[tuple[int, str, int, int]] = []
+        self._ids = itertools.count()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def chat_prompt(self, messages: str | list[Message]) -> list[int]:
+        """Token ids of a conversation through the model's chat template, the generation prompt
+        added, for ``add_request``/``generate``/``stream`` (``chat.chat_token_ids``: tokenized once,
+        so no second BOS). ``messages``: ``[{"role": "user", "content": ...}, ...]`` or a str
+        (one user message). Raises ``ValueError`` without a chat template, for an empty user message,
+        or for text that is not valid Unicode (a lone surrogate)."""
+        return chat_token_ids(self.tokenizer, messages)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_s: float | None = None) -> str:
+        """Queue a request; it joins the running batch at a later step. Returns its id.
+
+        Args:
+            prompt: text (tokenized as is, with the tokenizer's special tokens: for a chat, use
+                ``chat_prompt``) or token ids.
+            params: how it samples and stops (default ``SamplingParams()``).
+            request_id: its id (default: the next free number, as a str).
+            arrival_s: ``engine.clock()`` time it arrived (default: now); TTFT counts from it.
+        Raises:
+            ValueError: empty prompt, text that is not valid Unicode (a lone surrogate), prompt
+                too long for ``max_model_len``, an id outside the vocabulary, params that are not a
+                ``SamplingParams``, or a request id already in use. Nothing is queued then.
+        """
+        ids, params = self._check_request(prompt, params, request_id)
+        return self._queue(ids, params, request_id, arrival_s)
+
+    def check_request(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
+        """Validate a request without queueing it: its token ids, or the ``ValueError`` that
+        ``add_request`` would raise. Changes nothing (a server checks in its handlers, then queues
+        from its engine loop)."""
+        return self._check_request(prompt, params, None)[0]
+
+    def _check_request(self, prompt: Prompt, params: SamplingParams | None,
+                       request_id: str | None) -> tuple[list[int], SamplingParams]:
+        """Validate a request without changing anything: its token ids and its params, or a ValueError."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
+        ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError(EMPTY_PROMPT)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
+                             "room for at least one output token: shorten the prompt")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {min(ids)}..{max(ids)}")
+        if request_id is not None and request_id in self.requests:
+            raise ValueError(f"request_id={request_id!r} is already in use")
+        return ids, params
+
+    def _queue(self, ids: list[int], params: SamplingParams, request_id: str | None,
+               arrival_s: float | None) -> str:
+        """Queue a request ``_check_request`` accepted; this part cannot fail."""
+        while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
+            request_id = str(next(self._ids))
+        rng = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, request_id)
+            rng = KeyedRandom(seed, self.device)
+        seq = Sequence(request_id, ids, params, self.clock() if arrival_s is None else arrival_s, rng)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        self.requests[request_id] = _Request(seq, detok)
+        self.scheduler.add(seq)
+        return request_id
+
+    # Fields an experiment may change on a live engine: the scheduler reads them at every step.
+    RECONFIGURABLE = ("max_num_batched_tokens", "enable_chunked_prefill", "num_speculative_tokens", "max_num_seqs")
+
+    @contextmanager
+    def reconfigured(self, **fields) -> Iterator[LLMEngine]:
+        """Run a block with some of the config's per-step fields changed, then restore them:
+        ``with engine.reconfigured(max_num_batched_tokens=256): ...``.
+
+        The new config is validated as any ``EngineConfig`` is, and put back in ``finally``, even
+        when the block raises. Only ``RECONFIGURABLE`` fields may change, and ``max_num_seqs`` only
+        down (the CUDA graphs' buffers were sized for it); a ``num_speculative_tokens`` above the
+        one the engine was built with runs its verification steps eagerly (no graph was captured
+        for them). Raises ``ValueError`` otherwise, or for a config the dataclass refuses.
+        """
+        others = sorted(set(fields) - set(self.RECONFIGURABLE))
+        if others:
+            raise ValueError(f"reconfigured({', '.join(others)}=...): only {', '.join(self.RECONFIGURABLE)} can "
+                             "change on a built engine; build another (LLMEngine(config, loaded=engine.loaded))")
+        built = self.config
+        new = replace(built, **fields)  # validates: ValueError naming the field
+        if new.max_num_seqs > built.max_num_seqs:
+            raise ValueError(f"reconfigured(max_num_seqs={new.max_num_seqs}): at most the {built.max_num_seqs} "
+                             "the engine was built for")
+        self.config = self.scheduler.config = new
+        try:
+            yield self
+        finally:
+            self.config = self.scheduler.config = built
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests[request_id]
+        if not req.seq.is_finished:
+            self.scheduler.finish(req.seq, SequenceStatus.FINISHED_ABORTED)
+            self._forget_draft(req.seq)
+            req.seq.times.finished_s = self.clock()
+
+    def release_request(self, request_id: str) -> RequestOutput:
+        """Forget a finished request and return its final output: a long-running server calls this
+        so that memory stays flat. Raises ``ValueError`` for a request still running (abort it first)
+        and ``KeyError`` for an unknown id."""
+        if not self.requests[request_id].seq.is_finished:
+            raise ValueError(f"request {request_id!r} is still running: abort_request it first")
+        out = self.output(request_id)
+        del self.requests[request_id]
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def idle_wait_s(self) -> float:
+        """Seconds before a ``step`` could run anything: 0 when it can now; under static batching,
+        while a partial batch fills, the time left before its timeout starts it (``math.inf`` for
+        an infinite timeout); ``math.inf`` with no unfinished request. A loop that drives the
+        engine sleeps this long, or until a new request arrives, rather than stepping for nothing."""
+        if not self.scheduler.has_unfinished():
+            return math.inf
+        return self.scheduler.batch_wait_s()
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for every request that emitted tokens or finished."""
+        start = self.clock()
+        if self.drafter is not None:
+            self._propose()
+            synchronize(self.device)
+        draft_s = self.clock() - start
+        plan = self.scheduler.schedule()
+        for seq in plan.preempted:
+            self._forget_draft(seq)
+        if not plan.scheduled:
+            return []
+        # The plan's composition, read now: finishing a sequence below resets its state.
+        num_prefill_tokens, num_decode_seqs = plan.num_prefill_tokens, plan.num_decode_seqs
+        for seq, _ in plan.scheduled:
+            if seq.times.first_scheduled_s is None:
+                seq.times.first_scheduled_s = start
+        emitted = self.runner.execute(plan.scheduled)
+        synchronize(self.device)
+        end = self.clock()
+        chunks = []
+        for seq, n in plan.scheduled:
+            tokens = emitted.get(seq.request_id, [])
+            logits_rows = seq.num_computed_tokens + n - seq.num_tokens + 1 if tokens else 0  # 1, or k + 1
+            chunks.append((n, seq.num_computed_tokens, logits_rows))
+            if seq.spec_token_ids:  # the newest token and the accepted drafts now have KV
+                accepted = len(tokens) - 1
+                self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
+                seq.num_computed_tokens += 1 + accepted
+                self.block_manager.trim(seq, seq.num_computed_tokens)  # drop the rejected drafts' KV
+                seq.spec_token_ids = []
+            else:
+                seq.num_computed_tokens += n
+        outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
+        for seq, _ in plan.scheduled:
+            if not seq.is_finished:
+                self.block_manager.cache_full_blocks(seq)
+        self.step_records.append(StepRecord(
+            start_s=start, duration_s=end - start, num_prefill_tokens=num_prefill_tokens,
+            num_prefill_seqs=len(plan.scheduled) - num_decode_seqs, num_decode_seqs=num_decode_seqs,
+            num_preempted=len(plan.preempted), num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting), num_used_blocks=self.block_manager.num_used_blocks,
+            chunks=chunks, num_evictions=self.block_manager.num_evictions,
+            draft_s=draft_s if self.drafter is not None else 0.0, forward_s=self.runner.last_forward_s,
+            graphed=self.runner.last_step_graphed))
+        return outputs
+
+    def _propose(self) -> None:
+        """Ask the drafter for up to k tokens for every running sequence that is decoding, never
+        more than its ``max_tokens`` or ``max_model_len`` leaves room for (k drafts emit k + 1)."""
+        k = self.config.num_speculative_tokens
+        decoding = [s for s in self.scheduler.running if s.output_token_ids and s.num_uncomputed_tokens == 1]
+        room = [max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1,
+                           self.max_model_len - s.num_tokens - 1)) for s in decoding]
+        for seq, tokens in zip(decoding, self.drafter.propose(decoding, room)):
+            seq.spec_token_ids = tokens
+
+    def _forget_draft(self, seq: Sequence) -> None:
+        if self.drafter is not None:
+            self.drafter.free(seq.request_id)
+
+    def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
+        """Add emitted tokens to a request, stream their text, and finish it if it should stop.
+
+        A step can emit several tokens (accepted drafts); a stop among them drops the rest.
+        """
+        seq, params = req.seq, req.seq.params
+        accepted = []
+        status = None
+        delta = ""
+        for tok in token_ids:  # token by token: a stop among accepted drafts drops the rest
+            seq.output_token_ids.append(tok)
+            accepted.append(tok)
+            if req.detokenizer is not None:
+                delta += req.detokenizer.add([tok])
+            if tok in params.stop_token_ids or (not params.ignore_eos and tok in self.loaded.eos_token_ids):
+                status = SequenceStatus.FINISHED_STOPPED
+            elif req.detokenizer is not None and req.detokenizer.stopped:
+                status = SequenceStatus.FINISHED_STOPPED  # a stop string
+            elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                status = SequenceStatus.FINISHED_LENGTH
+            if status:
+                break
+        seq.times.emissions.append((now, len(accepted)))
+        if status and req.detokenizer is not None:
+            delta += req.detokenizer.finish()
+        if status:
+            # Drafts accepted past a stop were dropped: only tokens the sequence kept count as
+            # computed, and its full blocks are cached before they are freed.
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+            self.block_manager.cache_full_blocks(seq)
+            self.scheduler.finish(seq, status)
+            self._forget_draft(seq)
+            seq.times.finished_s = now
+        return self.output(seq.request_id, accepted, delta)
+
+    def output(self, request_id: str, new_token_ids: list[int] | None = None, delta: str = "") -> RequestOutput:
+        """The current state of a request."""
+        seq = self.requests[request_id].seq
+        detok = self.requests[request_id].detokenizer
+        return RequestOutput(
+            request_id, seq.prompt_token_ids, list(seq.output_token_ids), list(new_token_ids or []),
+            detok.output_text if detok else "", delta, seq.is_finished,
+            seq.status.value if seq.is_finished else None, seq.times, seq.num_cached_tokens)
+
+    # -- conveniences ---------------------------------------------------------------------------
+
+    def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion together (continuous batching); outputs in prompt order.
+
+        Under static batching, a partial batch waits for its timeout asleep (``idle_wait_s``).
+
+        Raises:
+            ValueError: for any bad prompt or params (as ``add_request``), or as many params as
+                prompts missing. Every prompt is checked before any is queued, so a call that
+                raises leaves the engine as it found it. Also for a static batch that can never
+                fill (``batch_timeout_s=inf`` and fewer prompts than ``max_num_seqs``): its
+                requests are aborted and released before it raises.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        checked = []
+        for i, (prompt, sp) in enumerate(zip(prompts, params)):
+            try:
+                checked.append(self._check_request(prompt, sp, None))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e} (nothing was queued)") from None
+        ids = [self._queue(tokens, sp, None, None) for tokens, sp in checked]
+        pending = set(ids)
+        progress = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            progress = tqdm(total=len(ids), desc="generate", unit="req")
+        while pending:
+            self._wait_until_runnable(pending)
+            for out in self.step():
+                if out.finished and out.request_id in pending:
+                    pending.discard(out.request_id)
+                    if progress:
+                        progress.update(1)
+        if progress:
+            progress.close()
+        return [self.output(i) for i in ids]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+               request_id: str | None = None) -> Iterator[str]:
+        """Queue one request now and return an iterator of its text deltas, as they become safe to show.
+
+        Their concatenation equals the final text; other queued requests advance meanwhile.
+        ``engine.output(request_id)`` has the request's timestamps afterwards.
+        Raises:
+            ValueError: at the call (not at the first ``next``), for the input ``add_request`` refuses;
+                from ``next``, for a static batch that can never fill (as ``generate``).
+        """
+        request_id = self.add_request(prompt, params, request_id)
+        return self._deltas(request_id)
+
+    def _deltas(self, request_id: str) -> Iterator[str]:
+        while not self.requests[request_id].seq.is_finished:
+            self._wait_until_runnable({request_id})
+            for out in self.step():
+                if out.request_id == request_id and out.delta:
+                    yield out.delta
+
+    def _wait_until_runnable(self, request_ids: set[str]) -> None:
+        """Sleep while a static batch fills (``idle_wait_s``), instead of stepping for nothing.
+
+        Raises:
+            ValueError: the batch can never fill (an infinite ``batch_timeout_s``, and nothing
+                else can arrive while a caller waits here); ``request_ids`` are aborted and
+                released first, so the engine is left without them.
+        """
+        wait_s = self.idle_wait_s()
+        if math.isinf(wait_s):
+            num_waiting = len(self.scheduler.waiting)
+            for request_id in request_ids:
+                self.abort_request(request_id)
+                self.release_request(request_id)
+            raise ValueError(f"static batching with batch_timeout_s=inf starts a batch only when "
+                             f"max_num_seqs={self.config.max_num_seqs} requests wait, and only {num_waiting} "
+                             "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)")
+        if wait_s > 0:
+            time.sleep(wait_s)
+
+
+def _stable_seed(engine_seed: int, request_id: str) -> int:
+    """A per-request seed that is the same in every process (Python's ``hash`` of a str is not)."""
+    digest = hashlib.sha256(f"{engine_seed}:{request_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1

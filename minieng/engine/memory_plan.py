@@ -1,0 +1,176 @@
+"""Will it fit? Weights and KV cache against GPU memory and host RAM, before anything is loaded.
+
+Weights: parameters x dtype bytes; a quantized model's matrices count the bytes their kernels
+keep (codes and scales, ``quantization.matmul_bytes``), and its LM head is a copy beside the
+embedding table even when the two are tied. KV cache: ``ModelConfig.kv_bytes_per_token`` (2 x layers x
+KV heads x head_dim x dtype bytes; GQA-aware) x the pool's tokens (blocks x block_size).
+Loading passes through host RAM: minieng streams checkpoint tensors one at a time, so a GPU load
+needs little RAM, but a GGUF conversion or a CPU run holds the whole model there (Colab's free
+tier has ~12 GiB of RAM). ``check`` refuses with concrete advice instead of running out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minieng.config import ModelConfig
+from minieng.model.weight_bytes import MatmulBytes, weight_bytes
+from minieng.units import GIB, cdiv
+
+HEADROOM = 0.9  # leave 10% for activations, the allocator's slack and the CUDA context
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes the run needs, and the memory there is (None when unknown)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    num_kv_blocks: int
+    block_size: int
+    device_type: str
+    gpu_memory_bytes: int | None
+    host_available_bytes: int | None
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_tokens * self.kv_bytes_per_token
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """RAM needed: everything on a CPU run; the largest matrices in flight on a GPU load."""
+        return self.device_bytes if self.device_type == "cpu" else self.weight_bytes // 10
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.gpu_memory_bytes is not None and self.device_bytes > HEADROOM * self.gpu_memory_bytes:
+            out.append(f"weights {self.weight_bytes / GIB:.2f} GiB + KV {self.kv_bytes / GIB:.2f} GiB exceed "
+                       f"{HEADROOM:.0%} of the GPU's {self.gpu_memory_bytes / GIB:.1f} GiB")
+        if self.host_available_bytes is not None and self.host_bytes > HEADROOM * self.host_available_bytes:
+            out.append(f"{self.host_bytes / GIB:.2f} GiB needed in host RAM, {self.host_available_bytes / GIB:.1f} GiB available")
+        return out
+
+    def check(self) -> None:
+        """Raise ``ValueError`` with advice if the plan does not fit."""
+        problems = self.problems()
+        if problems:
+            raise ValueError("the model does not fit: " + "; ".join(problems) + ". Try: a smaller model; "
+                             "a 2-byte dtype (dtype='bfloat16' or 'float16') on a GPU; a shorter max_model_len; "
+                             "a smaller KV budget (kv_cache_memory_gib or num_kv_blocks).")
+
+    def lines(self) -> list[str]:
+        fmt = lambda b: "unknown" if b is None else f"{b / GIB:.2f} GiB"  # noqa: E731
+        return [f"weights           {fmt(self.weight_bytes)}",
+                f"KV per token      {self.kv_bytes_per_token / 1024:.1f} KiB",
+                f"KV pool           {self.num_kv_blocks} blocks x {self.block_size} = {self.kv_tokens} tokens, {fmt(self.kv_bytes)}",
+                f"needs on {self.device_type:<6}  {fmt(self.device_bytes)} (GPU memory {fmt(self.gpu_memory_bytes)})",
+                f"needs in host RAM {fmt(self.host_bytes)} ({fmt(self.host_available_bytes)} available)"]
+
+
+def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: int, block_size: int,
+                device: torch.device, quantized: MatmulBytes | None = None) -> MemoryPlan:
+    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on
+    ``device``; ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The
+    KV cache stays in ``dtype``."""
+    from minieng.device import host_memory_bytes
+
+    dtype_bytes = dtype.itemsize
+    gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return MemoryPlan(weight_bytes(model_config, dtype_bytes, quantized), model_config.kv_bytes_per_token(dtype_bytes),
+                      num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])
+
+
+# -- sizing the KV pool from the device (CUDA), as vLLM does ---------------------------------------
+
+def kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, peak_torch_bytes: int,
+                    non_torch_bytes: int) -> int:
+    """Bytes left for the KV pool: vLLM's rule (``gpu_memory_utilization``, ``determine_num_available_blocks``).
+
+    total x utilization, less the peak torch allocated in a profile forward (weights plus the
+    activations of the largest step) and memory outside torch's allocator (the CUDA context,
+    cuBLAS workspaces, other processes). Can be negative: the caller refuses it.
+    """
+    return int(total_bytes * gpu_memory_utilization) - peak_torch_bytes - non_torch_bytes
+
+
+def kv_blocks_for_bytes(budget_bytes: int, block_size: int, kv_bytes_per_token: list[int]) -> int:
+    """Blocks that fit ``budget_bytes`` when every block holds ``block_size`` tokens in each pool
+    (the target's and, with speculative decoding, the draft's: one entry per pool)."""
+    return max(0, budget_bytes // (block_size * sum(kv_bytes_per_token)))
+
+
+def profile_step(num_tokens: int, longest: int, block_size: int) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
+    """The layout of a profile step of ``num_tokens`` prompt tokens: sequences no longer than
+    ``longest`` (the RoPE table; a token budget may exceed ``max_model_len``), each in its own blocks.
+
+    Returns ``(slot_mapping, chunks, positions, num_blocks)``, with ``chunks`` as
+    ``attention.build_metadata`` takes them.
+    """
+    chunks, slots, positions, first = [], [], [], 0
+    for start in range(0, num_tokens, longest):
+        n = min(longest, num_tokens - start)
+        table = list(range(first, first + cdiv(n, block_size)))
+        chunks.append((n, table, n))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(n))
+        positions.extend(range(n))
+        first += len(table)
+    return slots, chunks, positions, first
+
+
+@torch.inference_mode()
+def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
+    """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
+    prompt tokens (the largest step ``max_num_batched_tokens`` allows), weights included, the
+    throwaway KV pool of that forward excluded."""
+    from minieng.model.attention import build_metadata
+    from minieng.model.kv_cache import KVCache
+
+    device = next(model.parameters()).device
+    slots, chunks, positions, num_blocks = profile_step(num_tokens, model.rope.cos.shape[0], block_size)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
+    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
+    ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
+    model(ids, torch.tensor(positions, device=device), cache, meta, torch.tensor([num_tokens - 1], device=device))
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - cache.nbytes
+    del cache
+    torch.cuda.empty_cache()
+    return peak
+
+
+def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float,
+                     reserve_fraction: float = 0.0) -> int:
+    """KV blocks for ``models`` (the target, then the draft if any) on their CUDA device.
+
+    Each model gets a pool of the same number of blocks. ``reserve_fraction`` of the device's
+    memory is kept out of the pool (the CUDA graphs' scratch, ``cuda_graph``). Raises
+    ``ValueError`` when the weights and activations leave no room.
+    """
+    device = next(models[0].parameters()).device
+    # Every model's weights are resident during each profile; their activations never coexist.
+    peak = max(profile_peak_bytes(m, num_tokens, block_size) for m in models)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)
+    budget = kv_budget_bytes(total, gpu_memory_utilization, peak, max(0, non_torch)) - int(reserve_fraction * total)
+    per_token = [m.config.kv_bytes_per_token(next(m.parameters()).dtype.itemsize) for m in models]
+    blocks = kv_blocks_for_bytes(budget, block_size, per_token)
+    if blocks < 1:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {total / GIB:.1f} GiB x gpu_memory_utilization="
+            f"{gpu_memory_utilization} leaves {budget / GIB:.2f} GiB after the weights and activations "
+            f"({peak / GIB:.2f} GiB) and other allocations ({non_torch / GIB:.2f} GiB); raise "
+            "gpu_memory_utilization, lower max_num_batched_tokens, or use a smaller model")
+    return blocks

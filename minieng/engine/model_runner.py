@@ -1,0 +1,186 @@
+"""From a scheduled batch to sampled tokens: builds the step's tensors, runs the model, samples.
+
+The runner decides nothing: the scheduler said which sequences run with how many tokens; the
+runner lays them out (single-token rows first, then multi-token chunks), computes slots from
+the block tables, runs one forward pass and samples one token for every sequence whose chunk
+reached the end of its known tokens. A prefill chunk that stops mid-prompt produces no token. A
+decode that carries k draft tokens gets logits at all k + 1 positions and emits what
+verification accepts.
+
+A single-token row is attended the same way whether it is a decode or the last token of a
+prompt: one query over its whole context, itself included. So every step made only of
+single-token rows is a *decode step*, and on CUDA it replays a captured graph
+(``cuda_graph.DecodeGraphs``) instead of launching each kernel from Python. The same holds for a
+step whose sequences all run the same small number n of tokens, which is what speculative
+decoding's verification steps are (n = k + 1): they are laid out as decodes of n queries each,
+attended together. Prefill and mixed steps run eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from minieng.model.attention import build_metadata
+from minieng.engine.block_manager import BlockManager
+from minieng.device import synchronize
+from minieng.model.kv_cache import KVCache
+from minieng.model.llama import LlamaForCausalLM
+from minieng.engine.verification import verify_coupled, verify_greedy
+from minieng.engine.sampling import probabilities, sample
+from minieng.engine.sequence import Sequence
+
+# The most tokens per sequence a step may run and still be laid out as a decode step (speculative
+# verification runs k + 1); longer uniform chunks are prefills, attended chunk by chunk.
+MAX_DECODE_QUERY_LEN = 16
+
+
+@dataclass
+class StepLayout:
+    """A step laid out as plain lists (before any tensor is made).
+
+    Rows: the decodes first (``decodes``, ``query_len`` rows each: 1, or the n of a step whose
+    every sequence runs n tokens), then multi-token chunks (``chunks``). ``sampling`` lists, per
+    sequence that samples, ``(sequence, number of logits rows)``: 1, or k + 1 for a decode
+    verifying k drafts; ``logits_indices`` are those rows, in that order.
+    """
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slot_mapping: list[int] = field(default_factory=list)
+    decodes: list[tuple[list[int], int]] = field(default_factory=list)  # (block_table, context_len)
+    chunks: list[tuple[int, list[int], int]] = field(default_factory=list)  # (q_len, block_table, context_len)
+    logits_indices: list[int] = field(default_factory=list)
+    sampling: list[tuple[Sequence, int]] = field(default_factory=list)
+    query_len: int = 1
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The forward pass produced NaN or inf logits (an activation overflowed the dtype)."""
+
+
+class ModelRunner:
+    """Runs scheduled batches through ``model`` over ``kv_cache``.
+
+    ``graphs``: a ``cuda_graph.DecodeGraphs`` that decode steps replay, or None (always eager).
+    ``max_gather_tokens``: the most keys an eager step's decodes gather per layer at once
+    (``setup.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager,
+                 device: torch.device, graphs=None, max_gather_tokens: int | None = None):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_manager = block_manager
+        self.device = device
+        self.graphs = graphs
+        self.max_gather_tokens = max_gather_tokens
+        self.last_forward_s = 0.0
+        self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
+
+    def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
+        """Lay out a step. ``scheduled``: (sequence, new tokens) in any order."""
+        out = StepLayout()
+        if scheduled and len({n for _, n in scheduled}) == 1 and scheduled[0][1] <= MAX_DECODE_QUERY_LEN:
+            out.query_len = scheduled[0][1]
+        ordered = ([item for item in scheduled if item[1] == out.query_len]
+                   + [item for item in scheduled if item[1] != out.query_len])
+        for seq, n in ordered:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            known = seq.token_ids(start, end)
+            out.input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
+            out.positions.extend(range(start, end))
+            out.slot_mapping.extend(self.block_manager.slot_mapping(seq, start, end))
+            if n == out.query_len:
+                out.decodes.append((seq.block_table, end))
+            else:  # a prefill chunk, or a decode verifying drafts: several queries, causal
+                out.chunks.append((n, seq.block_table, end))
+            if end >= seq.num_tokens:  # the chunk reaches the newest token: sample after it
+                rows = end - seq.num_tokens + 1  # 1, or k + 1 when verifying k drafts
+                out.logits_indices.extend(range(len(out.input_ids) - rows, len(out.input_ids)))
+                out.sampling.append((seq, rows))
+        return out
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]):
+        """Lay out a step as tensors for an eager forward; zero the blocks allocated since the last step.
+
+        Returns input_ids, positions, metadata, logits_indices, and ``StepLayout.sampling``.
+        """
+        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+        return self._tensors(self.layout(scheduled))
+
+    def _tensors(self, lay: StepLayout):
+        dev = self.device
+        meta = build_metadata(lay.slot_mapping, lay.decodes, lay.chunks, self.block_manager.block_size,
+                              self.kv_cache.null_block, dev, lay.query_len, self.max_gather_tokens)
+        return (torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
+                torch.tensor(lay.positions, dtype=torch.long, device=dev),
+                meta, torch.tensor(lay.logits_indices, dtype=torch.long, device=dev), lay.sampling)
+
+    def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
+        """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
+
+        A decode step replays a CUDA graph when one fits it; anything else runs eagerly.
+        Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
+        """
+        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+        lay = self.layout(scheduled)
+        self.last_step_graphed = False
+        if self.graphs is not None and not lay.chunks:
+            logits = self.graphs.run(lay)
+            if logits is not None:
+                self.last_step_graphed = True
+                if lay.logits_indices != list(range(len(lay.input_ids))):  # rows that sample nothing
+                    logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
+                return self._check(logits), lay.sampling
+        input_ids, positions, meta, logits_indices, sampling = self._tensors(lay)
+        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+        return self._check(logits), sampling
+
+    def _check(self, logits: torch.Tensor) -> torch.Tensor:
+        if not bool(torch.isfinite(logits).all()):
+            dtype = next(self.model.parameters()).dtype
+            hint = (" float16's largest value is 65,504, and some models' activations exceed it: "
+                    "use dtype='bfloat16' where the GPU has it, or 'float32'."
+                    if dtype == torch.float16 else " Check the weights (load_format, checkpoint).")
+            raise NonFiniteLogitsError(f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}."
+                                       + hint)
+        return logits
+
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """Run one step; return the tokens each sampling sequence emits, by request id: one token,
+        or, for a decode with drafts, the accepted drafts and one more (``verification.py``)."""
+        start = time.perf_counter()
+        logits, sampling = self.forward(scheduled)
+        synchronize(self.device)
+        self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
+        plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]
+        out: dict[str, list[int]] = {}
+        if plain:
+            rows = torch.tensor([self._row(sampling, i) for i, _ in plain], device=logits.device)
+            tokens = sample(logits[rows], [s.params for _, s in plain], [s.rng for _, s in plain],
+                            [len(s.output_token_ids) for _, s in plain])
+            out.update({seq.request_id: [tok] for (_, seq), tok in zip(plain, tokens)})
+        for i, (seq, rows) in enumerate(sampling):
+            if rows > 1:
+                first = self._row(sampling, i)
+                out[seq.request_id] = verify(seq, logits[first:first + rows])
+        return out
+
+    @staticmethod
+    def _row(sampling: list[tuple[Sequence, int]], i: int) -> int:
+        """The first logits row of the ``i``-th sampling sequence."""
+        return sum(rows for _, rows in sampling[:i])
+
+
+def verify(seq: Sequence, logits: torch.Tensor) -> list[int]:
+    """Check ``seq``'s draft tokens against the target's ``logits`` [k + 1, vocab]: greedy, or
+    coupled with the request's keyed noise (``verification.py`` says why not the rejection rule)."""
+    drafts = seq.spec_token_ids
+    if seq.params.greedy:
+        return verify_greedy(drafts, logits)
+    first = len(seq.output_token_ids)  # the output position the first draft stands at
+    noise = torch.stack([seq.rng.exponentials(first + i, logits.shape[-1]) for i in range(len(drafts) + 1)])
+    return verify_coupled(drafts, probabilities(logits, seq.params), noise)

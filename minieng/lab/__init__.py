@@ -1,0 +1,34 @@
+"""One module per lesson's experiment: each drives engines, measures with ``measure`` and formats its own
+tables. What the notebooks and ``python -m minieng bench`` run; the names below are what the notebooks use.
+"""
+
+from minieng.lab.batching import (batch_sweep, compare_batching, compute_bound_batch, decode_point, limiting_factor,
+                                  near_linear_batch, sustainable_rate)
+from minieng.lab.bench import estimate_s, minieng_decode, minieng_prefill, probe_speed
+from minieng.lab.chunked_prefill import (budget_for, budget_sweep, choice_in_words, choose_long_prompt,
+                                         estimate_sweep_s, long_prompt_run, predict_prefill_s, read_result,
+                                         s7_verdict)
+from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
+from minieng.lab.goodput import batch_cap_sweep, format_sweep
+from minieng.lab.gpu_utilization import decode_for, decode_utilization, profile_decode, trace_series, utilization_rows
+from minieng.lab.kv_cache_lab import (concurrency_run, live_block_tables, recompute_budget_tokens,
+                                      recompute_estimate_s, recompute_vs_cache, sequences_that_fit)
+from minieng.lab.prefix_caching import measure_point, multi_turn, ttft_vs_hit_rate
+from minieng.lab.quant_quality import activation_outliers, quality, reference_sequences
+from minieng.lab.quantization_lab import (device_schemes, layer_decode_times, predicted_table, QuantBenchConfig,
+                                          run_quantization)
+from minieng.lab.report import format_quantization
+from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
+
+__all__ = [
+    "activation_outliers", "batch_cap_sweep", "batch_sweep", "break_even_acceptance", "budget_for", "budget_sweep",
+    "choice_in_words", "choose_long_prompt", "compare_batching", "compare_disaggregation", "compute_bound_batch",
+    "concurrency_run", "decode_for", "decode_point", "decode_utilization", "device_schemes", "estimate_comparison_s",
+    "estimate_s", "estimate_sweep_s", "format_comparison", "format_quantization", "format_sweep", "k_sweep",
+    "layer_decode_times", "limiting_factor", "live_block_tables", "long_prompt_run", "measure_point",
+    "minieng_decode", "minieng_prefill", "multi_turn", "near_linear_batch", "predict_prefill_s", "predicted_table",
+    "probe_speed", "profile_decode", "quality", "QuantBenchConfig", "read_result", "recompute_budget_tokens",
+    "recompute_estimate_s", "recompute_vs_cache", "reference_sequences", "run_k", "run_quantization", "s7_verdict",
+    "sequences_that_fit", "speculative_batch_sweep", "sustainable_rate", "trace_series", "ttft_vs_hit_rate",
+    "utilization_rows",
+]

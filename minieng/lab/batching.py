@@ -1,0 +1,178 @@
+"""Notebook 05's batching experiments: what a bigger decode batch buys, and static against
+continuous batching on the same arrivals.
+
+A decode step reads every weight once whatever the batch, so while the step is bound by those
+reads (or by its fixed overhead: launches, Python), b sequences cost little more than one:
+aggregate tok/s = b / TPOT grows almost b-fold while TPOT barely moves (claim S6). It stops
+when something that grows with b takes over: the arithmetic (the step's matrix products turn
+compute-bound once the step's FLOP per byte passes the ridge point), the K/V that every sequence
+reads, or the KV pool, which caps how many sequences fit at all.
+
+Continuous batching keeps the batch full as requests come and go. Static batching
+(``EngineConfig(batching="static")``, ``scheduler.py``) waits for a batch to fill, then holds it
+until its longest request ends, its slots emptying one by one. ``compare_batching`` replays the
+same arrivals, prompts and output lengths against both and keeps what the metrics need.
+"""
+
+from __future__ import annotations
+
+import time
+
+from minieng.lab.bench import minieng_decode, warm_up
+from minieng.config import ModelConfig
+from minieng.engine.llm_engine import LLMEngine
+from minieng.measure.work import decode_work, step_work
+from minieng.measure.roofline import phase_utilization
+from minieng.measure.metrics import request_metrics, serving_metrics
+from minieng.lab.replay import run_workload
+from minieng.measure.sweep_plan import prefill_knee, probe_lengths
+from minieng.measure.workloads import RequestSpec, text_prompts
+
+
+def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_tokens: int, peaks) -> dict:
+    """``batch_size`` sequences of ``prompt_tokens``-token prompts decoding ``output_tokens``
+    tokens together (``bench.minieng_decode``): median TPOT (s), aggregate tok/s (batch / TPOT),
+    and of the decode-only steps MFU, MBU (against ``peaks[0]``), FLOP per byte and the share of
+    the bytes that is K/V (``work.step_work``); ``wall_s``, the point's own run time."""
+    start = time.perf_counter()
+    tpot, steps = minieng_decode(engine, text_prompts(engine.tokenizer, prompt_tokens, batch_size), output_tokens)
+    wall = time.perf_counter() - start
+    dtype_bytes = engine.dtype.itemsize
+    u = phase_utilization(engine.model_config, dtype_bytes, steps, peaks)
+    work = sum(step_work(engine.model_config, s.chunks, dtype_bytes) for s in steps)
+    first = u[peaks[0].source]
+    return {"batch_size": batch_size, "tpot_s": tpot, "tok_s": batch_size / tpot, "wall_s": wall,
+            "step_s": u["seconds"] / u["num_steps"], "mfu_percent": first["mfu_percent"],
+            "mbu_percent": first["mbu_percent"], "suspect": first["suspect"],
+            "intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
+            "kv_bytes_share": (work.kv_read_bytes + work.kv_write_bytes) / work.total_bytes}
+
+
+def batch_sweep(engine: LLMEngine, max_batch: int, prompt_tokens: int, output_tokens: int, peaks,
+                budget_s: float, progress=None) -> dict:
+    """Decode at batch 1, 2, 4, ... (``decode_point``) until aggregate tok/s stops growing, the
+    batch reaches ``max_batch``, or the next point would overrun ``budget_s``.
+
+    "Stops growing" is ``sweep_plan.prefill_knee`` read on ``(batch, TPOT)`` points (tok/s = batch /
+    TPOT there as prompt tokens / TTFT in a prefill sweep): the smallest batch whose tok/s,
+    plus 15%, reaches that of every larger batch. The sweep goes on until two larger batches
+    confirm it (one slow point, on a machine shared with other work, must not end the sweep).
+    The next point's time is extrapolated linearly in the batch from the last one's (its
+    prefill grows so).
+    Returns ``rows`` (``decode_point`` dicts), ``knee_batch``, ``knee_reached`` and ``max_batch``.
+    Raises ``ValueError`` for ``max_batch`` < 1.
+    """
+    rows: list[dict] = []
+    spent = 0.0
+    for b in probe_lengths(max_batch, start=1):
+        if rows and spent + rows[-1]["wall_s"] * b / rows[-1]["batch_size"] > budget_s:
+            break
+        if progress:
+            progress(f"decode at batch {b}")
+        rows.append(decode_point(engine, b, prompt_tokens, output_tokens, peaks))
+        spent += rows[-1]["wall_s"]
+        knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
+        if knee["knee_reached"] and sum(r["batch_size"] > knee["knee_tokens"] for r in rows) >= 2:
+            break
+    knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
+    return {"rows": rows, "knee_batch": knee["knee_tokens"], "knee_reached": knee["knee_reached"],
+            "max_batch": max_batch, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+
+
+NEAR_LINEAR = 0.7  # tok/s at batch b at least 70% of b x batch 1's: "almost linear"
+BOUND_SHARE = 0.5  # a step reaching under half of both measured ceilings is bound by neither
+
+
+def near_linear_batch(rows: list[dict], efficiency: float = NEAR_LINEAR) -> int:
+    """The largest batch up to which aggregate tok/s kept within ``efficiency`` of linear scaling
+    from the smallest batch measured (every batch up to it, not only it). ``rows``: ``decode_point``
+    dicts. Raises ``ValueError`` for no rows."""
+    if not rows:
+        raise ValueError("need at least one decode_point row")
+    rows = sorted(rows, key=lambda r: r["batch_size"])
+    base, best = rows[0], rows[0]["batch_size"]
+    for r in rows[1:]:
+        if r["tok_s"] < efficiency * base["tok_s"] * r["batch_size"] / base["batch_size"]:
+            break
+        best = r["batch_size"]
+    return best
+
+
+def limiting_factor(row: dict, ridge_flop_per_byte: float, share: float = BOUND_SHARE) -> str:
+    """What bounds a decode step, by the roofline and the measured ceilings: ``"compute"`` when
+    its FLOP per byte is at or past the ridge point, else ``"bandwidth"`` when it moved at least
+    ``share`` of the measured bandwidth (MBU, of the bytes ``work.step_work`` counts), else
+    ``"overhead"``: neither the counted arithmetic nor the counted bytes take its time, work they
+    leave out does (kernel launches, Python, small ops, the copies of each sequence's K/V that
+    ``attention.py`` gathers before attending)."""
+    if row["intensity_flop_per_byte"] >= ridge_flop_per_byte:
+        return "compute"
+    return "bandwidth" if row["mbu_percent"] >= 100 * share else "overhead"
+
+
+def compute_bound_batch(model_config: ModelConfig, dtype_bytes: float, context_tokens: int,
+                        ridge_flop_per_byte: float, max_batch: int = 1 << 16) -> int | None:
+    """The smallest decode batch whose step is compute-bound by the roofline: FLOP per byte of
+    ``work.decode_work`` (every sequence at ``context_tokens`` of context) at or past the ridge
+    point. None when no batch up to ``max_batch`` gets there: each sequence adds its K/V reads to
+    the bytes, so the intensity levels off, below the ridge on a device whose ridge is high.
+    Raises ``ValueError`` for a ridge <= 0."""
+    if ridge_flop_per_byte <= 0:
+        raise ValueError(f"ridge_flop_per_byte={ridge_flop_per_byte} must be > 0")
+
+    def intensity(b: int) -> float:
+        return decode_work(model_config, b, context_tokens, dtype_bytes).arithmetic_intensity_flop_per_byte
+
+    if intensity(max_batch) < ridge_flop_per_byte:
+        return None
+    lo, hi = 1, max_batch  # intensity grows with the batch: bisect for the first b at the ridge
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if intensity(mid) < ridge_flop_per_byte else (lo, mid)
+    return lo
+
+
+def sustainable_rate(tpot_s: float, batch_size: int, mean_output_tokens: float, prompt_tokens: int,
+                     prefill_tok_s: float) -> float:
+    """Requests per second a continuously full batch can serve: each request holds one of
+    ``batch_size`` slots for ``mean_output_tokens`` steps of ``tpot_s`` s, and its prompt takes
+    ``prompt_tokens / prefill_tok_s`` s of the engine alone. An estimate, for choosing an arrival
+    rate below it. Raises ``ValueError`` for non-positive inputs."""
+    if min(tpot_s, batch_size, mean_output_tokens, prefill_tok_s) <= 0 or prompt_tokens < 0:
+        raise ValueError("tpot_s, batch_size, mean_output_tokens and prefill_tok_s must be > 0, prompt_tokens >= 0; "
+                         f"got {tpot_s}, {batch_size}, {mean_output_tokens}, {prefill_tok_s}, {prompt_tokens}")
+    return 1.0 / (mean_output_tokens * tpot_s / batch_size + prompt_tokens / prefill_tok_s)
+
+
+def compare_batching(engines: dict[str, LLMEngine], specs: list[RequestSpec], prompts: list[list[int]],
+                     progress: bool = False) -> dict:
+    """Replay the same workload in real time (``replay.run_workload``) against each engine.
+
+    Each engine is warmed up first with one full batch (``max_num_seqs`` short requests, so a
+    static batch starts at once). Returns per engine name: ``metrics``
+    (``metrics.serving_metrics``, as a dict), ``mean_sequences_per_step`` (weighted by the
+    steps' durations), per-request ``ttft_ms``, ``tpot_ms`` and ``e2el_ms``,
+    ``steps`` (``[start s since the run began, duration s, sequences in the step]``) and
+    ``token_ids``; and ``same_tokens``: whether every engine produced the same tokens for every
+    request (greedy requests, so batching must not change them).
+    """
+    runs = {}
+    for name, engine in engines.items():
+        warm_up(engine, text_prompts(engine.tokenizer, 16, engine.config.max_num_seqs))
+        result = run_workload(engine, specs, prompts, progress=progress)
+        ms = [request_metrics(o) for o in result.outputs]
+        busy = sum(s.duration_s for s in result.steps)
+        runs[name] = {
+            # sequences per step, weighted by the steps' durations: how full the batch was
+            "mean_sequences_per_step": sum(s.duration_s * (s.num_prefill_seqs + s.num_decode_seqs)
+                                           for s in result.steps) / busy if busy else 0.0,
+            "metrics": serving_metrics(result.outputs, result.duration_s).to_dict(),
+            "ttft_ms": [1e3 * m.ttft_s for m in ms if m.ttft_s is not None],
+            "tpot_ms": [1e3 * m.tpot_s for m in ms if m.tpot_s is not None],
+            "e2el_ms": [1e3 * m.e2el_s for m in ms if m.e2el_s is not None],
+            "steps": [[s.start_s - result.start_s, s.duration_s, s.num_prefill_seqs + s.num_decode_seqs]
+                      for s in result.steps],
+            "token_ids": [list(o.token_ids) for o in result.outputs]}
+    tokens = [r["token_ids"] for r in runs.values()]
+    return {"runs": runs, "same_tokens": all(t == tokens[0] for t in tokens)}
+

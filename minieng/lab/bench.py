@@ -1,0 +1,235 @@
+"""The main benchmark: prefill against decode, minieng against transformers, in one run.
+
+Two sweeps on the same prompts (real text cut to exact token lengths):
+
+- prompt length: TTFT and prefill tok/s (= prompt tokens / TTFT) of one request alone;
+- batch size: TPOT and decode tok/s (= batch / TPOT) with every request decoding together.
+
+TTFT and TPOT follow docs/architecture.md, Figures (vLLM's definitions): TTFT = first token - arrival,
+TPOT = (E2EL - TTFT) / (n_out - 1), taken from the engine's recorded timestamps. transformers'
+``generate`` has no timestamps, so its TTFT is the wall time of a 1-token ``generate`` and its
+TPOT is (t(n tokens) - t(1 token)) / (n - 1) on the same prompts. After a warm-up, a prefill
+figure is the median over ``repeats`` distinct prompts and a decode figure the median TPOT over
+the batch's requests; ratios are taken within this one run, since timings on a shared machine
+drift between runs. MFU and MBU come from the FLOPs and bytes of the steps that ran
+(``roofline.phase_utilization``) against this machine's ceilings (``ceilings.machine_ceilings``:
+measured once per machine and environment, shared with the notebooks), and the result records
+the machine's timing noise read at the start.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
+from minieng.engine.llm_engine import LLMEngine
+from minieng.engine.outputs import StepRecord
+from minieng.measure.roofline import phase_utilization
+from minieng.measure.harness import fingerprint
+from minieng.measure.metrics import request_metrics
+from minieng.measure.ceilings import machine_ceilings
+from minieng.measure.peaks import datasheet_peak, measure_ceilings
+from minieng.device import synchronize
+from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
+from minieng.measure.workloads import text_prompts
+
+SEED_PANEL = {"prefill_tok_s": 12968.6, "decode_tok_s": 95.0}  # the vLLM panel of Nascimento's article (136x)
+
+
+@dataclass
+class BenchConfig:
+    """The sweeps: prompt lengths (tokens) for prefill, batch sizes for decode, and their sizes."""
+
+    prompt_lens: list[int] = field(default_factory=lambda: [32, 128, 512, 1024])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    decode_prompt_len: int = 64
+    output_tokens: int = 32
+    repeats: int = 3
+    compare_transformers: bool = True
+
+
+def warm_up(engine: LLMEngine, prompts: list[list[int]] | None = None, output_tokens: int = 4) -> None:
+    """Run ``prompts`` (default: one 16-token prompt of real text) for ``output_tokens`` tokens, untimed.
+    A first call allocates memory, picks kernels and, on a GPU, plans every new shape: a figure
+    taken cold can be ten times off, so every timed run starts after this."""
+    if prompts is None:
+        prompts = text_prompts(engine.tokenizer, 16, 1)
+    engine.generate(prompts, SamplingParams.fixed_length(output_tokens))
+
+
+def minieng_prefill(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, list[StepRecord]]:
+    """Median TTFT (s) of each prompt sent alone, and the steps that ran them (all prefill)."""
+    params = SamplingParams.fixed_length(1)
+    first = len(engine.step_records)
+    ttft = statistics.median(request_metrics(engine.generate([p], params)[0]).ttft_s for p in prompts)
+    return ttft, engine.step_records[first:]
+
+
+def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: int) -> tuple[float, list[StepRecord]]:
+    """Median TPOT (s) over a batch decoding together, and the decode-only steps of the run."""
+    params = SamplingParams.fixed_length(output_tokens)
+    first = len(engine.step_records)
+    tpot = statistics.median(request_metrics(o).tpot_s for o in engine.generate(prompts, params))
+    return tpot, [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
+
+
+def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
+    ids = torch.tensor(prompts, device=hf_model.device)
+    start = time.perf_counter()
+    hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    synchronize(hf_model.device)
+    return time.perf_counter() - start
+
+
+def hf_prefill(hf_model, prompts: list[list[int]]) -> float:
+    return statistics.median([_hf_generate_s(hf_model, [p], 1) for p in prompts])
+
+
+def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
+    return (_hf_generate_s(hf_model, prompts, output_tokens) - _hf_generate_s(hf_model, prompts, 1)) / (output_tokens - 1)
+
+
+def load_transformers(engine: LLMEngine):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=engine.dtype).to(engine.device).eval()
+
+
+def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, progress=print,
+              sweeps: bool = True) -> dict:
+    """Measure the ceilings, run both sweeps (unless ``sweeps=False``); return a JSON-serializable
+    dict whose keys carry their units."""
+    if not sweeps:
+        cfg.prompt_lens, cfg.batch_sizes, cfg.compare_transformers = [], [], False
+    hf = load_transformers(engine) if cfg.compare_transformers else None
+    tok = engine.tokenizer
+    progress("this machine's ceilings (matmul, copy: stored once per machine) and its noise now")
+    ceilings = machine_ceilings(engine.device, engine.dtype, measure=measure_ceilings)
+    env = environment(engine)
+    sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
+    peaks = [ceilings.peak] + ([sheet] if sheet else [])
+    result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
+              "peaks": [p.to_dict() for p in peaks], "ceilings": ceilings.to_dict(),
+              "prefill": [], "decode": []}
+    warm = text_prompts(tok, 16, 1)
+    warm_up(engine, warm)
+    if hf is not None:
+        _hf_generate_s(hf, warm, 4)
+    for n in cfg.prompt_lens:
+        progress(f"prefill: {n} prompt tokens")
+        prompts = text_prompts(tok, n, cfg.repeats)
+        ttft, steps = minieng_prefill(engine, prompts)
+        row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
+                                               engine.matmul_bytes)}
+        if hf is not None:
+            row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
+            row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
+            row["prefill_speedup_x"] = row["minieng_prefill_tok_s"] / row["transformers_prefill_tok_s"]
+        result["prefill"].append(row)
+    for b in cfg.batch_sizes:
+        progress(f"decode: batch {b}")
+        prompts = text_prompts(tok, cfg.decode_prompt_len, b)
+        tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
+        row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
+               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
+                                               engine.matmul_bytes)}
+        if hf is not None:
+            row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
+            row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)
+            row["decode_speedup_x"] = row["minieng_decode_tok_s"] / row["transformers_decode_tok_s"]
+        result["decode"].append(row)
+    result["phase_ratio"] = phase_ratio(result)
+    return result
+
+
+def phase_ratio(result: dict) -> dict:
+    """Prefill tok/s (best of the sweep) over batch-1 decode tok/s, beside the article's panel."""
+    out = {"seed_vllm_prefill_tok_s": SEED_PANEL["prefill_tok_s"], "seed_vllm_decode_tok_s": SEED_PANEL["decode_tok_s"],
+           "seed_ratio_x": SEED_PANEL["prefill_tok_s"] / SEED_PANEL["decode_tok_s"]}
+    b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
+    if b1 and result["prefill"]:
+        for name in ("minieng", "transformers"):
+            key = f"{name}_prefill_tok_s"
+            if key in result["prefill"][0]:
+                best = max(result["prefill"], key=lambda r: r[key])
+                out[f"{name}_prefill_tok_s"] = best[key]
+                out[f"{name}_prefill_at_prompt_tokens"] = best["prompt_tokens"]
+                out[f"{name}_decode_tok_s"] = b1[f"{name}_decode_tok_s"]
+                out[f"{name}_ratio_x"] = best[key] / b1[f"{name}_decode_tok_s"]
+    return out
+
+
+def environment(engine: LLMEngine) -> dict:
+    """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
+    import transformers
+
+    graphs = engine.runner.graphs
+    return fingerprint(engine.device, engine.dtype) | {
+        "transformers_version": transformers.__version__,
+        "model": str(engine.config.model or f"{DEFAULT_MODEL_NAME} (embedded default)"),
+        "model_params": engine.model_config.num_params,
+        "kv_pool_tokens": engine.memory_plan.kv_tokens,
+        "max_model_len": engine.max_model_len,
+        "cuda_graphs": graphs.num_graphs if graphs else 0,  # decode buckets captured (0: eager)
+        "cuda_graph_capture_s": graphs.capture_s if graphs else None,
+    }
+
+
+def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 15.0,
+                repeats: int = 3) -> dict:
+    """A probe of this device, after a warm-up: where prefill turns compute-bound, and a decode step.
+
+    First a tiny ``generate`` (allocation, kernel selection: on a GPU the first calls cost many
+    times a later one, and an unwarmed probe overestimated a decode step tenfold). Then whole prompts prefilled in one step at doubling lengths from 64 tokens
+    (``sweep_plan.scan_prefill``): at each new length one discarded run (a GPU plans attention for
+    every new shape) and the median TTFT of ``repeats`` more, until prefill tok/s stops growing
+    (``sweep_plan.prefill_knee``), the longest prompt is reached, or ``budget_s`` would be overrun.
+    Last, the median TPOT of ``repeats`` batch-1 decodes of 6 tokens after a 64-token prompt.
+    While it runs the step's token budget is raised to the longest prompt (so no prompt is
+    chunked) and the prefix cache is switched off and emptied (its contents are lost).
+
+    Args:
+        max_prompt_tokens: the longest prompt to time; default and cap: ``max_model_len - 1`` and
+            what the KV pool holds.
+        budget_s: rough seconds for the prefill scan (the decode runs come on top).
+    Returns:
+        a JSON-serializable dict: ``prefill_tok_s`` (the best prefill tok/s seen),
+        ``decode_step_s`` (a batch-1 decode step, s), ``knee_tokens``, ``knee_reached``,
+        ``overhead_s`` (per-step floor; see ``sweep_plan.prefill_knee``), ``prefill_points``
+        (``[prompt_tokens, ttft_s]`` pairs) and ``max_prompt_tokens``. ``estimate_s`` and
+        ``sweep_plan.prefill_sweep_lengths`` read it.
+    """
+    block = engine.config.block_size
+    cap = min(engine.max_model_len - 1, (engine.block_manager.num_blocks - 1) * block)
+    cap = min(cap, max_prompt_tokens) if max_prompt_tokens else cap
+    tok = engine.tokenizer
+
+    def time_prefill(n: int) -> float:
+        prompts = text_prompts(tok, n, repeats + 1)
+        minieng_prefill(engine, prompts[:1])  # a new length is a new shape: discarded
+        return minieng_prefill(engine, prompts[1:])[0]
+
+    # Cache off (a hit would shorten a prefill); a budget that holds every probed prompt in one step.
+    budget = max(engine.config.max_num_batched_tokens, cap)
+    with engine.block_manager.caching(False), engine.reconfigured(max_num_batched_tokens=budget):
+        warm_up(engine, text_prompts(tok, min(16, cap), 1), output_tokens=2)
+        points = scan_prefill(time_prefill, probe_lengths(cap), budget_s, repeats + 1)
+        prompt = text_prompts(tok, min(64, cap), 1)
+        tpot = statistics.median(minieng_decode(engine, prompt, 6)[0] for _ in range(repeats))
+    knee = prefill_knee(points)
+    return {"prefill_tok_s": knee["peak_tok_s"], "decode_step_s": tpot, "knee_tokens": knee["knee_tokens"],
+            "knee_reached": knee["knee_reached"], "overhead_s": knee["overhead_s"],
+            "prefill_points": [list(p) for p in points], "max_prompt_tokens": cap}
+
+
+def estimate_s(probe: dict, prefill_tokens: int = 0, decode_steps: int = 0, prefills: int = 0) -> float:
+    """Rough seconds for ``prefill_tokens`` of prefill in ``prefills`` prompts (each paying the
+    probe's per-step overhead) plus ``decode_steps`` batch-1 decode steps, from ``probe_speed``."""
+    return (prefills * probe.get("overhead_s", 0.0) + prefill_tokens / probe["prefill_tok_s"]
+            + decode_steps * probe["decode_step_s"])

@@ -1,0 +1,219 @@
+"""Colocated against disaggregated serving on one workload, in the measured model (claim S9).
+
+``disagg_model`` is the model (each engine a device with its own clock, the KV link); this is
+the experiment a notebook runs: the same requests on one colocated engine, on as many colocated
+replicas as the disaggregated setup has engines (the same devices and KV memory: the fair
+baseline), and on prefill + decode engines, optionally beside a real-time run of the colocated
+engine (``replay.run_workload``) that checks the model's colocated twin against the wall
+clock. The result is one JSON-serializable dict with serving metrics per run (``metrics``),
+goodput per device (DistServe's figure of merit), the KV transfers and every request's
+timeline; ``format_comparison`` prints it, ``run_metrics`` re-counts a run under another SLO,
+``estimate_comparison_s`` says how long it will take.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+
+from minieng.config import SamplingParams
+from minieng.lab.bench import warm_up
+from minieng.lab.disagg_model import (COLOCATED, DEFAULT_LINK_BANDWIDTH_GBPS, ClusterRun, colocated_replay,
+                                      default_params, disaggregated_replay, interleave)
+from minieng.engine.llm_engine import LLMEngine
+from minieng.measure.metrics import (SLO, RequestMetrics, ServingMetrics, request_metrics, serving_metrics,
+                                     summarize_ms)
+from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.lab.replay import run_workload
+from minieng.measure.workloads import RequestSpec, workload_prompts
+from minieng.units import cdiv
+
+
+def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO | None = None,
+                           prompts: list[list[int]] | None = None, *, num_prefill: int = 1, num_decode: int = 1,
+                           link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
+                           prefill_overrides: dict | None = None, decode_overrides: dict | None = None,
+                           real_time_baseline: bool = False,
+                           params: Callable[[RequestSpec], SamplingParams] | None = None,
+                           progress: Callable[[str], None] | None = None) -> dict:
+    """Colocated against disaggregated serving on the same requests, in the model; a JSON dict.
+
+    Runs, each on fresh engines sharing ``engine``'s weights and configuration (KV pools empty,
+    prefix caches cold; every engine's pool ``comparison_pool``'s, unless the overrides say
+    otherwise), after one short warm-up. The three model runs advance a step each in turn, so a
+    machine slowing down (other work on it) slows them alike:
+
+    - ``colocated``: one engine, one device (the model's twin of ``replay.run_workload``);
+    - ``colocated_xN``: N = ``num_prefill + num_decode`` colocated replicas, as many devices as
+      the disaggregated setup;
+    - ``disaggregated``: ``num_prefill`` prefill and ``num_decode`` decode engines;
+    - ``colocated_real_time`` (``real_time_baseline=True``): one engine replayed in real time by
+      ``replay.run_workload``, wall clock: how far the model's colocated twin is from a real run.
+
+    Args:
+        engine: supplies the weights and the configuration of every engine.
+        slo: goodput is counted against it (DistServe's definition, ``metrics.SLO``).
+        prompts, params: as ``disagg_model.replay_disaggregated``.
+        link_bandwidth_gbps: the assumed link, GB/s (``DEFAULT_LINK_BANDWIDTH_GBPS``).
+        prefill_overrides, decode_overrides: ``EngineConfig`` fields for the prefill or decode
+            engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization; a
+            ``num_kv_blocks`` there studies a smaller pool. On a GPU, 2 N + 1 engines (N =
+            ``num_prefill + num_decode``) hold their pools and CUDA graphs at once, beside ``engine``.
+        progress: called with a line before each run.
+    Returns:
+        ``{"assumptions", "slo", "runs", "transfers", "timeline", "outputs_identical", "wall_s"}``:
+        ``runs`` a list, per run: ``name``, ``label``, ``num_devices``, ``roles``, ``clock``
+        ("model" or "wall"), ``duration_s``, ``metrics`` (``ServingMetrics.to_dict()``),
+        ``goodput_per_device_req_s``, ``step_ms`` (``summarize_ms`` of steps with a prefill chunk
+        and of decode-only steps) and ``requests`` (per request ``RequestMetrics`` as dicts, for
+        ``run_metrics`` under other SLOs); ``transfers`` a summary of the hand-offs (count, bytes,
+        time on the link, time waiting for the link and for the decode engine, ms);
+        ``timeline`` the disaggregated run's ``ClusterRun.timeline()``; ``outputs_identical``
+        how many requests produced the same tokens colocated and disaggregated (all, for greedy
+        requests, up to fp near-ties); ``wall_s`` what the comparison took on this machine.
+    Raises:
+        ValueError: counts below 1, a bandwidth <= 0, or as ``replay_disaggregated``.
+    """
+    if num_prefill < 1 or num_decode < 1:
+        raise ValueError(f"num_prefill={num_prefill} and num_decode={num_decode} must be >= 1")
+    if not link_bandwidth_gbps > 0:
+        raise ValueError(f"link_bandwidth_gbps={link_bandwidth_gbps!r} must be > 0 (GB/s)")
+    wall = time.perf_counter()
+    prompts = prompts if prompts is not None else workload_prompts(engine.tokenizer, specs)
+    params = params or default_params
+    say = progress or (lambda _: None)
+
+    pool = comparison_pool(engine, specs)
+    base = replace(engine.config, **pool)
+
+    def make(overrides: dict | None = None) -> LLMEngine:
+        return LLMEngine(replace(base, **(overrides or {})), loaded=engine.loaded)
+
+    warm = make()  # first calls of a shape cost more: not inside any run
+    warm_up(warm, [p[:16] for p in prompts[:2]], output_tokens=2)
+    del warm
+    n = num_prefill + num_decode
+    say(f"model: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
+        "engines, a step of each in turn")
+    colocated, replicas, disagg = interleave([
+        colocated_replay([make()], specs, prompts, params, "colocated"),
+        colocated_replay([make() for _ in range(n)], specs, prompts, params, f"colocated_x{n}"),
+        disaggregated_replay([make(prefill_overrides) for _ in range(num_prefill)],
+                             [make(decode_overrides) for _ in range(num_decode)], specs, prompts, params,
+                             link_bandwidth_gbps, "disaggregated")])
+    runs = [_run_record(colocated, "1 colocated engine", slo), _run_record(replicas, f"{n} colocated replicas", slo),
+            _run_record(disagg, f"{num_prefill} prefill + {num_decode} decode engines", slo)]
+    if real_time_baseline:
+        say("colocated, real time (serving.run_workload)")
+        real = run_workload(make(), specs, prompts, params)
+        runs.append(_record("colocated_real_time", "1 colocated engine, real time", [COLOCATED], "wall",
+                            real.outputs, real.steps, slo))
+    same = sum(a.token_ids == b.token_ids for a, b in zip(colocated.outputs, disagg.outputs))
+    kv_dtype = engine.kv_cache.k.dtype
+    return {
+        "assumptions": {
+            "link_bandwidth_gbps": link_bandwidth_gbps,
+            "link": "one FIFO link per prefill engine; transfer = KV bytes / bandwidth, no latency, after the prefill",
+            "clock": "each engine's steps run and are timed for real on this device, placed on that engine's own clock",
+            "routing": "round-robin: arrivals among prefill engines, hand-offs among decode engines",
+            "kv_bytes_per_token": engine.model_config.kv_bytes_per_token(kv_dtype.itemsize),
+            "kv_dtype": str(kv_dtype).removeprefix("torch."),
+            "device": str(engine.device),
+            "engine_pool": pool,
+            "num_prefill": num_prefill, "num_decode": num_decode,
+            "prefill_overrides": prefill_overrides or {}, "decode_overrides": decode_overrides or {},
+        },
+        "slo": asdict(slo) if slo is not None else None,
+        "runs": runs,
+        "transfers": disagg.transfer_summary(),
+        "timeline": disagg.timeline(),
+        "outputs_identical": {"compared": len(specs), "identical": same},
+        "wall_s": time.perf_counter() - wall,
+    }
+
+
+def comparison_pool(engine: LLMEngine, specs: list[RequestSpec]) -> dict:
+    """``EngineConfig`` fields for every engine of a comparison: ``max_model_len`` the workload's
+    longest request, and a KV pool of ``engine``'s size capped at what the workload can fill (every
+    request at once), so that the runs' pools, alive together, fit beside ``engine``'s on a GPU
+    and cost little RAM on a CPU. Every device of every run gets the same pool."""
+    bs = engine.config.block_size
+    longest = max((s.prompt_tokens + s.output_tokens for s in specs), default=1)
+    max_model_len = min(engine.max_model_len, longest + 1)
+    need = max(cdiv(max_model_len, bs), sum(cdiv(s.prompt_tokens + s.output_tokens, bs) for s in specs))
+    return {"max_model_len": max_model_len, "num_kv_blocks": min(engine.block_manager.num_blocks, need)}
+
+
+def _run_record(run: ClusterRun, label: str, slo: SLO | None) -> dict:
+    return _record(run.name, label, run.roles, "model", run.outputs, [s for steps in run.steps for s in steps], slo)
+
+
+def _record(name: str, label: str, roles: list[str], clock: str, outputs: list[RequestOutput],
+            steps: list[StepRecord], slo: SLO | None) -> dict:
+    requests = [request_metrics(o) for o in outputs]
+    m = serving_metrics(requests, None, slo)
+    return {
+        "name": name, "label": label, "num_devices": len(roles), "roles": list(roles), "clock": clock,
+        "duration_s": m.duration_s, "metrics": m.to_dict(),
+        "goodput_per_device_req_s": m.goodput_req_s / len(roles) if m.goodput_req_s is not None else None,
+        "step_ms": {"with_prefill": summarize_ms(s.duration_s for s in steps if s.num_prefill_tokens),
+                    "decode_only": summarize_ms(s.duration_s for s in steps if not s.num_prefill_tokens)},
+        "requests": [asdict(r) for r in requests],
+    }
+
+
+def run_metrics(run: dict, slo: SLO | None = None) -> ServingMetrics:
+    """A run of ``compare_disaggregation``'s result summarized again, e.g. under another SLO."""
+    return serving_metrics([RequestMetrics(**r) for r in run["requests"]], None, slo)
+
+
+def format_comparison(result: dict) -> list[str]:
+    """``compare_disaggregation``'s result as a table: one row per run, and the transfers."""
+    slo = result["slo"] or {}
+    slo_text = ", ".join(f"{k} <= {v:g}" for k, v in slo.items() if v is not None) or "no SLO"
+    link = f"link {result['assumptions']['link_bandwidth_gbps']:g} GB/s assumed"
+    lines = [f"Colocated against disaggregated serving ({slo_text}; {link})",
+             (f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
+              f"{'ITL P99 ms':>10} {'goodput/dev':>11}")]
+
+    def pair(d: dict) -> str:
+        return f"{d['p50'] or 0:.0f}/{d['p99'] or 0:.0f}"
+
+    for r in result["runs"]:
+        m, good = r["metrics"], r["goodput_per_device_req_s"]
+        lines.append(f"  {r['label'] + (' (wall)' if r['clock'] == 'wall' else ''):<36} {r['num_devices']:>3} "
+                     f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms']):>16} {pair(m['tpot_ms']):>16} "
+                     f"{m['itl_ms']['p99'] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}")
+    t = result["transfers"]
+    if t["count"]:
+        lines.append(f"  {t['count']} KV transfers, {t['total_bytes'] / 1e6:.1f} MB: link P50 {t['link_ms']['p50']:.2f} ms, "
+                     f"P99 {t['link_ms']['p99']:.2f} ms; waiting for the link P99 {t['link_wait_ms']['p99']:.2f} ms, "
+                     f"for the decode engine P99 {t['decode_wait_ms']['p99'] or 0:.1f} ms")
+    o = result["outputs_identical"]
+    lines.append(f"  outputs identical colocated and disaggregated: {o['identical']}/{o['compared']} requests")
+    return lines
+
+
+def estimate_comparison_s(probe: dict, specs: list[RequestSpec], max_num_seqs: int = 64,
+                          real_time_baseline: bool = False) -> float:
+    """Rough seconds ``compare_disaggregation`` takes, from ``bench.probe_speed``'s figures.
+
+    The model skips idle time, so each of its three runs costs the workload's compute: every
+    prompt prefilled once, plus the decode steps, counted as batch-1 steps of ``decode_step_s``.
+    Decode steps are the output tokens divided by the mean number of requests decoding together,
+    estimated by Little's law (arrival rate x time to decode one request), at least 1 and at
+    most ``max_num_seqs``. The real-time baseline lasts at least the workload's span.
+    """
+    from minieng.lab.bench import estimate_s
+
+    if not specs:
+        return 0.0
+    outs = [s.output_tokens for s in specs]
+    span = max(s.arrival_s for s in specs) - min(s.arrival_s for s in specs)
+    cap = min(len(specs), max_num_seqs)
+    together = cap if span <= 0 else min(cap, max(1.0, len(specs) / span * sum(outs) / len(outs) * probe["decode_step_s"]))
+    decode_steps = max(max(outs), sum(outs) / together)
+    one = estimate_s(probe, prefill_tokens=sum(s.prompt_tokens for s in specs), decode_steps=round(decode_steps),
+                     prefills=len(specs))
+    return 3 * one + (max(span, one) if real_time_baseline else 0.0)

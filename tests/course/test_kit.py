@@ -1,0 +1,192 @@
+"""Notebook machinery: the smoke switch, the result cache, panels that run headless, the claims table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minieng.course import kit as widgets
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("yes", True), ("0", False),
+                                            ("false", False), ("False", False), ("no", False), ("", False)])
+def test_smoke_mode_reads_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("MINIENG_SMOKE", value)
+    assert widgets.smoke_mode() is expected
+
+
+def test_smoke_mode_off_when_unset(monkeypatch):
+    monkeypatch.delenv("MINIENG_SMOKE", raising=False)
+    assert widgets.smoke_mode() is False
+
+
+def test_cached_computes_once_then_reads_from_disk(tmp_path, capsys):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"tok_s": 12.5, "rows": [1, 2, 3]}
+
+    params = {"batch": 4, "model": "tiny"}
+    first = widgets.cached("bench", params, compute, directory=tmp_path)
+    second = widgets.cached("bench", dict(reversed(params.items())), compute, directory=tmp_path)  # key order
+    assert first == second == {"tok_s": 12.5, "rows": [1, 2, 3]}
+    assert len(calls) == 1
+    assert "cached result" in capsys.readouterr().out
+    files = list(tmp_path.glob("bench-*.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text())["params"] == params
+    assert not list(tmp_path.glob("*.tmp"))  # written atomically
+
+    widgets.cached("bench", {"batch": 8, "model": "tiny"}, compute, directory=tmp_path)
+    widgets.cached("other", params, compute, directory=tmp_path)
+    assert len(calls) == 3
+    assert len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_cached_default_directory_follows_the_environment_at_call_time(tmp_path, monkeypatch):
+    """STYLE.md: no environment reads at import. A notebook that sets MINIENG_RESULTS_DIR after
+    ``import minieng.course.kit`` should still have its results written there."""
+    monkeypatch.chdir(tmp_path)  # where a default "results/" would land
+    target = tmp_path / "elsewhere"
+    monkeypatch.setenv("MINIENG_RESULTS_DIR", str(target))
+    widgets.cached("x", {"a": 1}, lambda: {"v": 1})
+    assert list(target.glob("x-*.json")), "MINIENG_RESULTS_DIR set after import was ignored"
+
+
+def _other_machine(real):
+    return lambda device="cpu", dtype=None: real(device, dtype) | {"host": "someone-elses-laptop"}
+
+
+def test_cached_never_shows_another_environments_result_as_this_runs(tmp_path, monkeypatch, capsys):
+    """A result measured elsewhere (another host, torch, device), or in smoke mode, is measured
+    afresh; a reused one says when and where it was measured."""
+    from minieng.measure import harness
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"ttft_ms": float(len(calls))}
+
+    monkeypatch.delenv("MINIENG_SMOKE", raising=False)
+    first = widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path)
+    stored = json.loads(next(tmp_path.glob("ttft-*.json")).read_text())
+    assert stored["environment"]["host"] and stored["environment"]["smoke"] is False
+    assert stored["measured_at"].endswith("UTC")
+    assert "sm_clock_mhz" not in stored["environment"]  # momentary fields never split the cache
+
+    monkeypatch.setattr(harness, "environment", _other_machine(harness.environment))
+    elsewhere = widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path)
+    assert (first, elsewhere) == ({"ttft_ms": 1.0}, {"ttft_ms": 2.0})
+    monkeypatch.undo()
+
+    monkeypatch.setenv("MINIENG_SMOKE", "1")
+    assert widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path) == {"ttft_ms": 3.0}
+    monkeypatch.delenv("MINIENG_SMOKE")
+    capsys.readouterr()
+    assert widgets.cached("ttft", {"n": 16}, compute, directory=tmp_path) == {"ttft_ms": 1.0}
+    out = capsys.readouterr().out
+    assert f"measured {stored['measured_at']} on {stored['environment']['device_name']}" in out
+    assert len(calls) == 3 and len(list(tmp_path.glob("ttft-*.json"))) == 3
+
+
+def test_int_slider_and_dropdown():
+    s = widgets.int_slider("batch", 4, 1, 32, step=1)
+    assert s.continuous_update is False
+    assert (s.value, s.min, s.max, s.description) == (4, 1, 32, "batch")
+    d = widgets.dropdown("mode", ["a", "b"], "b")
+    assert d.value == "b" and list(d.options) == ["a", "b"]
+
+
+def test_controls_keep_their_body_beside_a_long_description():
+    """ipywidgets' 300 px default left a 30-character description's slider a zero-width track
+    (notebook 07); each control is now its description's width plus a fixed body."""
+    long = widgets.int_slider("shared share of the prompt (%)", 50, 0, 99)
+    assert long.style.description_width == "30ch"
+    assert long.layout.width == f"calc(30ch + {widgets.SLIDER_BODY_PX}px)"
+    short = widgets.int_slider("k", 1, 1, 8)
+    assert short.layout.width == f"calc(1ch + {widgets.SLIDER_BODY_PX}px)"
+    menu = widgets.dropdown("scheme", ["none", "int8"], "none")
+    assert (menu.style.description_width, menu.layout.width) == ("6ch", f"calc(6ch + {widgets.DROPDOWN_BODY_PX}px)")
+
+
+def test_run_panel_gives_its_controls_one_description_column():
+    import ipywidgets as w
+
+    slider = widgets.int_slider("n", 3, 1, 10)
+    menu = widgets.dropdown("a longer description", ["x", "y"], "x")
+    other = w.Checkbox(description="other widgets are left as they are")
+    widgets.run_panel({"n": slider, "mode": menu, "flag": other}, lambda n, mode, flag: None)
+    assert slider.style.description_width == menu.style.description_width == "20ch"
+    assert slider.layout.width == f"calc(20ch + {widgets.SLIDER_BODY_PX}px)"
+    assert menu.layout.width == f"calc(20ch + {widgets.DROPDOWN_BODY_PX}px)"
+    assert other.layout.width is None
+
+
+def _button(panel):
+    import ipywidgets as w
+
+    (button,) = [c for c in panel.children if isinstance(c, w.Button)]
+    return button
+
+
+def test_run_panel_runs_at_build_and_on_each_click():
+    import ipywidgets as w
+
+    seen = []
+    slider = widgets.int_slider("n", 3, 1, 10)
+    drop = widgets.dropdown("mode", ["fast", "slow"], "fast")
+
+    def callback(n, mode):
+        seen.append((n, mode))
+        print(f"n={n} mode={mode}")
+
+    panel = widgets.run_panel({"n": slider, "mode": drop}, callback, button="Go")
+    assert seen == [(3, "fast")]  # once at build, with the defaults
+    assert isinstance(panel, w.VBox)
+    assert isinstance(panel.children[-1], w.Output)
+    assert panel.children[0] is slider and panel.children[1] is drop
+    button = _button(panel)
+    assert button.description == "Go"
+
+    slider.value, drop.value = 7, "slow"
+    button.click()
+    button.click()
+    assert seen == [(3, "fast"), (7, "slow"), (7, "slow")]
+
+
+def test_run_panel_without_run_now():
+    seen = []
+    panel = widgets.run_panel({"n": widgets.int_slider("n", 2, 1, 5)}, lambda n: seen.append(n), run_now=False)
+    assert seen == []
+    _button(panel).click()
+    assert seen == [2]
+
+
+def test_show_displays_a_figure_headless():
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    widgets.show(fig)
+
+
+def test_claims_table_is_markdown_with_the_rows():
+    from IPython.display import Markdown
+
+    rows = [("prefill is compute-bound", "136x", "18x", "yes"), ("decode TPOT floor", "67 ms", "71 ms", "yes")]
+    table = widgets.claims_table(rows)
+    assert isinstance(table, Markdown)
+    lines = table.data.splitlines()
+    assert lines[0] == "| claim | article | here | holds? |"
+    assert lines[1].startswith("| ---")
+    assert lines[2:] == ["| prefill is compute-bound | 136x | 18x | yes |", "| decode TPOT floor | 67 ms | 71 ms | yes |"]
+
+
+def test_announce(capsys):
+    widgets.announce("prefill sweep", 30)
+    widgets.announce("decode sweep", 600)
+    out = capsys.readouterr().out
+    assert "prefill sweep: about 30 s" in out and "decode sweep: about 10.0 min" in out

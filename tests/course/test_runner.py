@@ -1,0 +1,215 @@
+"""The course command: notebooks executed into HTML with an index, failures reported, the seed
+claims tabled. Runs tiny notebooks written into a temporary folder (seconds), never the course's."""
+
+import json
+
+import pytest
+
+pytest.importorskip("nbclient", reason="the course needs nbclient (the notebooks extra)")
+pytest.importorskip("nbconvert", reason="the course needs nbconvert (the notebooks extra)")
+nbformat = pytest.importorskip("nbformat", reason="the course needs nbformat (the notebooks extra)")
+
+from minieng.course import claims  # noqa: E402
+from minieng.cli import main as cli  # noqa: E402
+
+
+def write_notebook(folder, name, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / name)
+
+
+@pytest.fixture
+def notebooks(tmp_path):
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    (folder / "data.txt").write_text("found")
+    write_notebook(folder, "00_measures.ipynb",
+                   "import os\nfrom minieng.course.kit import smoke_mode\n"
+                   "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
+                   "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])\n"
+                   "import sys\nprint('python:', sys.executable)",
+                   "from minieng.course.kit import int_slider, run_panel\n"
+                   "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
+                   "from minieng.course.kit import claims_table\n"
+                   "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
+                   "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])",
+                   "import os\nprint(f'kernel pid {os.getpid()}')")
+    write_notebook(folder, "01_raises.ipynb", "print('before')", "raise RuntimeError('broken on purpose')",
+                   "from minieng.course.kit import claims_table\nclaims_table([('S5: the hit rate drives TTFT', 'a', 'b', 'c')])")
+    write_notebook(folder, "02_not_selected.ipynb",
+                   "from minieng.course.kit import claims_table\nclaims_table([('S8: speculation', 'a', 'b', 'c')])")
+    return folder
+
+
+def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["course", "--notebooks", str(notebooks), "--output", str(out), "--only", "0,01", "--smoke"])
+    assert rc == 1  # one notebook failed
+    summary = json.loads((out / "course.json").read_text())
+    runs = {r["name"]: r for r in summary["notebooks"]}
+    assert list(runs) == ["00_measures", "01_raises"]
+    assert runs["00_measures"]["status"] == "ok"
+    assert runs["01_raises"]["status"] == "failed"
+    assert runs["01_raises"]["error"] == "RuntimeError: broken on purpose"
+
+    index = (out / "index.html").read_text()
+    for name in runs:
+        assert f'href="{name}.html"' in index and (out / f"{name}.html").is_file()
+    assert "broken on purpose" in index
+    # where and when it ran, so the page is never read as another machine's numbers
+    from minieng.device import cpu_name
+
+    assert summary["started_at"].endswith("UTC") and summary["started_at"] in index
+    assert summary["machine"] in index and (cpu_name() in summary["machine"] or "cuda" in summary["machine"])
+    # the failed notebook's page keeps what it showed before the error, and the error
+    failed_page = (out / "01_raises.html").read_text()
+    assert "before" in failed_page and "broken on purpose" in failed_page
+    assert not (out / "02_not_selected.html").exists()
+    # a panel's page shows what its run with the default values printed, with no widget to render
+    page = (out / "00_measures.html").read_text()
+    assert "panel ran with n=3" in page and "An interactive panel" in page
+    assert "application/vnd.jupyter.widget-view+json" not in page
+
+    table = {(c["id"], c["notebook"]): c for c in summary["seed_claims"]}
+    s1 = table["S1", "00_measures"]
+    assert s1["here"] == "found, smoke True, 42x" and s1["holds"] == "holds"  # run in the folder, smoke mode on
+    assert table["S5", "01_raises"]["here"] == "not measured (notebook 01 failed)"
+    assert table["S8", "02_not_selected"]["here"] == "not measured (notebook 02 not run)"
+    assert table["S3", ""]["here"] == "not measured (no notebook names it)"
+    assert [c["id"] for c in summary["seed_claims"]].count("S1") == 1  # the extra row is not a seed claim
+    assert {c["id"] for c in summary["seed_claims"]} == set(claims.SEED_CLAIMS)
+
+    printed = capsys.readouterr().out
+    assert "| S1: " in printed and "found, smoke True, 42x" in printed and "notebook 01 failed" in printed
+    # the result cache went under the output folder, and nothing was written beside the notebooks
+    executed = nbformat.read(out / "00_measures.ipynb", as_version=4)
+    # and the kernel ran this interpreter, whatever a "python3" kernelspec elsewhere names
+    import sys
+
+    assert executed.cells[0].outputs[0]["text"] == f"cache: {out.resolve() / 'results'}\npython: {sys.executable}\n"
+    # each notebook's kernel was shut down when it finished (a full course would hold 11 models)
+    import os
+
+    pid = int(executed.cells[3].outputs[0]["text"].split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert sorted(p.name for p in notebooks.iterdir()) == ["00_measures.ipynb", "01_raises.ipynb",
+                                                           "02_not_selected.ipynb", "data.txt"]
+
+
+def test_course_stops_a_notebook_at_its_timeout(tmp_path):
+    from minieng.course.runner import run_course
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "05_slow.ipynb", "import time\ntime.sleep(60)")
+    summary = run_course(folder, tmp_path / "out", timeout_s=2, progress=False)
+    (run,) = summary["notebooks"]
+    assert run["status"] == "timed out" and run["wall_s"] < 30
+    assert (tmp_path / "out" / "05_slow.html").is_file()
+
+
+def test_sliced_get_msg_asks_again_each_slice_and_keeps_the_timeout():
+    """A wake-up the socket missed costs one slice, not the whole timeout; a message that never
+    comes raises ``queue.Empty`` once the caller's timeout is spent, as the channel does."""
+    import asyncio
+    import queue
+    import time
+
+    from minieng.course.runner import sliced_get_msg
+
+    waits = []
+
+    async def missed_wakeup(timeout=None):  # the message is queued, but this wait never sees it
+        waits.append(timeout)
+        if len(waits) == 1:
+            await asyncio.sleep(timeout)
+            raise queue.Empty
+        return {"msg_id": "reply"}
+
+    start = time.monotonic()
+    assert asyncio.run(sliced_get_msg(missed_wakeup, slice_s=0.05)(timeout=30)) == {"msg_id": "reply"}
+    assert time.monotonic() - start < 5 and waits[0] == pytest.approx(0.05)
+
+    async def silent(timeout=None):
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        asyncio.run(sliced_get_msg(silent, slice_s=0.05)(timeout=0.2))
+    assert 0.2 <= time.monotonic() - start < 5
+
+
+def test_only_names_an_unknown_notebook(notebooks, tmp_path, capsys):
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--only", "9"]) == 2
+    assert "no such notebook" in capsys.readouterr().err
+
+
+def test_course_never_writes_over_the_notebooks(notebooks, capsys):
+    before = {p.name: p.read_bytes() for p in notebooks.glob("*.ipynb")}
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(notebooks), "--smoke"]) == 2
+    assert "notebooks' own folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in notebooks.glob("*.ipynb")} == before
+
+
+@pytest.mark.parametrize("text, ids", [
+    ("S7: chunked prefill", ["S7"]), ("S10: bigger batch", ["S10"]), ("S3, S13: both", ["S3", "S13"]),
+    ("(S5) hit rate", ["S5"]), ("**S2**: bold", ["S2"]), ("(beyond the seeds) KV bytes", []),
+    ("decode time follows the bytes (S3)", []), ("S99: not a seed claim", []), ("S1x: no", []),
+])
+def test_claim_ids_are_read_from_the_start_of_a_row(text, ids):
+    assert claims.claim_ids(text) == ids
+
+
+def test_every_course_notebook_names_its_seed_claims():
+    """Each row about a seed claim starts with its id, and every seed claim has a notebook."""
+    from pathlib import Path
+
+    named = set()
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        named |= claims.claims_in_source(source)
+    assert named == set(claims.SEED_CLAIMS)
+
+
+def test_make_test_notebooks_fails_when_a_notebook_fails(tmp_path):
+    """The test command's notebook step (the Makefile's ``test-notebooks``, two at a time) exits
+    non-zero when one notebook fails, after running the others, and leaves no folder behind."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "00_fine.ipynb", "print('fine')")
+    write_notebook(folder, "01_raises.ipynb", "raise RuntimeError('broken on purpose')")
+    write_notebook(folder, "02_fine.ipynb", "print('fine too')")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    # This interpreter's environment, whatever made it: -o keeps make from setting one up.
+    prefix = Path(sys.prefix)
+    run = subprocess.run(["make", "--no-print-directory", "-C", str(Path(__file__).resolve().parents[2]),
+                          "-o", str(prefix / ".installed"), "test-notebooks", f"VENV={prefix}",
+                          f"BIN={Path(sys.executable).parent}", f"NOTEBOOKS={folder}", "NOTEBOOK_JOBS=2",
+                          "NOTEBOOK_TIMEOUT=120"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(temp)))
+    out = run.stdout
+    assert run.returncode != 0, out + run.stderr
+    assert "broken on purpose" in out and out.rstrip().endswith("notebooks: 2 passed, 1 failed"), out + run.stderr
+    # the report lists the notebooks in their order, whichever finished first
+    report = [m.group(1, 2) for m in re.finditer(r"^(\d\d_\w+)\s+(ok|failed)\s+\d+ s", out, re.M)]
+    assert report == [("00_fine", "ok"), ("01_raises", "failed"), ("02_fine", "ok")], out
+    assert list(temp.iterdir()) == [], "the executed copies' temporary folder was left behind"
+
+
+def test_course_refuses_zero_jobs(notebooks, tmp_path, capsys):
+    assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--jobs", "0"]) == 2
+    assert "--jobs=0" in capsys.readouterr().err
