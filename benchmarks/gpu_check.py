@@ -40,9 +40,9 @@ import torch
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.lab.bench import minieng_decode, minieng_prefill
-from minieng.measure.roofline import phase_utilization
 from minieng.measure.harness import fingerprint
 from minieng.measure.peaks import datasheet_peak, measure_ceilings
+from minieng.measure.roofline import phase_utilization
 from minieng.measure.workloads import text_prompts
 
 GREEDY = dict(temperature=0, ignore_eos=True)

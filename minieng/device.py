@@ -13,7 +13,6 @@ import platform
 
 import torch
 
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 
 import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, SamplingParams
 from minieng.engine.chat_template import chat_token_ids
-from minieng.model.loader import LoadedModel, build_model
 from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.model.loader import LoadedModel, build_model
 
 # -- tiny random models ---------------------------------------------------------------------------
 

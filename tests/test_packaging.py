@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from minieng.package_data import copy_notebooks, data_path, notebooks_path
 from minieng.measure.workloads import DEFAULT_TEXT, TRACE_QUANTILES
+from minieng.package_data import copy_notebooks, data_path, notebooks_path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb"))

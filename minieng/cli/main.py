@@ -123,8 +123,8 @@ def cmd_bench(args) -> int:
         result["speculative"] = speculative_bench(engine, args.spec_method, args.draft_model, args.spec_ks,
                                                   args.spec_batch_sizes, args.spec_batch_k, args.spec_output_tokens, log)
     if args.quantization:
-        from minieng.measure.peaks import Peak
         from minieng.lab.quantization_lab import QuantBenchConfig, run_quantization
+        from minieng.measure.peaks import Peak
 
         qcfg = QuantBenchConfig(schemes=args.quant_schemes, group_size=args.quant_group_size,
                                 prompt_tokens=args.quant_prompt_tokens, batch_sizes=args.quant_batch_sizes,
@@ -213,9 +213,9 @@ def _slo(args):
 def cmd_loadgen(args) -> int:
     from transformers import AutoTokenizer
 
+    from minieng.lab.report import format_serving
     from minieng.model.loader import resolve_model_dir
     from minieng.serve.loadgen import load_requests, run_load, served_models
-    from minieng.lab.report import format_serving
 
     models = served_models(args.base_url)
     model = args.model or (models[0] if models else None)

@@ -9,15 +9,19 @@ dragged (``continuous_update=False``), put slow work behind a Run button, render
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import io
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from minieng.measure.harness import smoke_mode
+import torch
 
+from minieng.course.claims import CLAIMS_MIMETYPE, noise_note
+from minieng.measure.harness import environment, smoke_mode
 
 
 def in_colab() -> bool:
@@ -37,12 +41,6 @@ def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path
     ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the working directory (the
     notebook's folder); delete a file to measure again.
     """
-    import datetime
-
-    import torch
-
-    from minieng.measure.harness import environment
-
     directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     where = environment(device) | {"smoke": smoke_mode()}
@@ -150,8 +148,6 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
 def show(fig, dpi: int = 100) -> None:
     """Display a matplotlib ``Figure`` as a PNG: works in JupyterLab, Colab, an ``Output`` and
     headless runs alike, with no pyplot backend involved."""
-    import io
-
     from IPython.display import Image, display
 
     buf = io.BytesIO()
@@ -169,8 +165,6 @@ def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     ``python -m minieng course`` reads from the executed notebook.
     """
     from IPython.display import Markdown
-
-    from minieng.course.claims import CLAIMS_MIMETYPE, noise_note
 
     rows = [[str(x) for x in row] for row in rows]
     if any(len(row) != 4 for row in rows):

@@ -17,6 +17,7 @@ import datetime
 import html
 import json
 import os
+import queue
 import re
 import tempfile
 import time
@@ -24,14 +25,16 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
+import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from minieng.course.claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
+from minieng.measure.harness import SMOKE_ENV, environment
+from minieng.model.loader import convert_gguf, default_gguf_path
 from minieng.package_data import notebooks_path
-from minieng.measure.harness import SMOKE_ENV
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout (minieng/course/runner.py)
 
@@ -137,8 +140,6 @@ def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
     idle kernel whose reply was sent, the course waiting 15 minutes; jupyter/nbclient#312). Each
     new slice asks the socket again.
     """
-    import queue
-
     async def get(timeout: float | None = None, **kwargs):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -204,8 +205,6 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
 def fill_model_cache() -> None:
     """Convert the embedded default model into its cache now, if it is installed and not yet
     converted: notebooks run side by side would otherwise each convert it into the same folder."""
-    from minieng.model.loader import convert_gguf, default_gguf_path
-
     try:
         path = default_gguf_path()
     except ValueError:
@@ -283,10 +282,6 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
 def machine() -> str:
     """Where the course ran, in words: the device the notebooks pick (CUDA when available), the
     host, torch's version and threads (``harness.environment``)."""
-    import torch
-
-    from minieng.measure.harness import environment
-
     env = environment("cuda" if torch.cuda.is_available() else "cpu")
     return (f"{env['device_name']} ({env['device']}), host {env['host']}, torch {env['torch_version']}, "
             f"{env['torch_threads']} threads")

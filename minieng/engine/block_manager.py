@@ -38,8 +38,6 @@ from minieng.engine.sequence import Sequence
 from minieng.units import cdiv
 
 
-
-
 def block_hash(parent: bytes, token_ids, extra_keys: tuple = ()) -> bytes:
     """SHA-256 of the parent block's key, this block's token ids and the extra keys."""
     h = hashlib.sha256(parent)

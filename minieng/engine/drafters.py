@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from minieng.engine.block_manager import BlockManager
 from minieng.config import SamplingParams
-from minieng.model.kv_cache import KVCache
-from minieng.model.llama import LlamaForCausalLM
+from minieng.engine.block_manager import BlockManager
 from minieng.engine.model_runner import ModelRunner
 from minieng.engine.sampling import probabilities, race
 from minieng.engine.sequence import Sequence
+from minieng.model.kv_cache import KVCache
+from minieng.model.llama import LlamaForCausalLM
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minieng.units import cdiv
 from minieng.config import ModelConfig
 from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.units import cdiv
 
 if TYPE_CHECKING:
     from minieng.engine.llm_engine import LLMEngine

@@ -12,27 +12,37 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from dataclasses import replace
 
-
+from minieng.config import EngineConfig, SamplingParams
+from minieng.device import select_device, select_dtype, synchronize
 from minieng.engine.block_manager import BlockManager
 from minieng.engine.chat_template import EMPTY_PROMPT, Message, chat_token_ids, check_text
-from minieng.config import EngineConfig, SamplingParams
 from minieng.engine.detokenizer import IncrementalDetokenizer
-from minieng.device import select_device, select_dtype, synchronize
-from minieng.engine.setup import (check_max_model_len, check_quantization, configured_kv_blocks, decode_graphs,
-                                  device_sized_kv_blocks, engine_matmul_bytes, engine_model, fit_max_model_len,
-                                  gather_budget_tokens, load_draft, make_drafter)
-from minieng.model.kv_cache import KVCache
-from minieng.model.loader import LoadedModel, load_config, load_model
 from minieng.engine.memory_plan import plan_memory
-from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.model_runner import ModelRunner
+from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
 from minieng.engine.scheduler import Scheduler
 from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.engine.setup import (
+    check_engine_quantization,
+    check_max_model_len,
+    configured_kv_blocks,
+    decode_graphs,
+    device_sized_kv_blocks,
+    engine_matmul_bytes,
+    engine_model,
+    fit_max_model_len,
+    gather_budget_tokens,
+    load_draft,
+    make_drafter,
+)
+from minieng.model.kv_cache import KVCache
+from minieng.model.loader import LoadedModel, load_config, load_model
 
 Prompt = str | list[int]
 
@@ -73,7 +83,7 @@ class LLMEngine:
         self.model_config = model_config
         self.max_model_len = check_max_model_len(config.max_model_len, max_position)
         num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
-        check_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
+        check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
         loaded_here = loaded is None
         if loaded_here:
             # refuse with advice before allocating anything

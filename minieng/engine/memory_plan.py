@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from minieng.config import ModelConfig
+from minieng.device import host_memory_bytes
+from minieng.model.attention import build_metadata
+from minieng.model.kv_cache import KVCache
 from minieng.model.weight_bytes import MatmulBytes, weight_bytes
 from minieng.units import GIB, cdiv
 
@@ -82,8 +85,6 @@ def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: in
     """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on
     ``device``; ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The
     KV cache stays in ``dtype``."""
-    from minieng.device import host_memory_bytes
-
     dtype_bytes = dtype.itemsize
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     return MemoryPlan(weight_bytes(model_config, dtype_bytes, quantized), model_config.kv_bytes_per_token(dtype_bytes),
@@ -132,9 +133,6 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
     prompt tokens (the largest step ``max_num_batched_tokens`` allows), weights included, the
     throwaway KV pool of that forward excluded."""
-    from minieng.model.attention import build_metadata
-    from minieng.model.kv_cache import KVCache
-
     device = next(model.parameters()).device
     slots, chunks, positions, num_blocks = profile_step(num_tokens, model.rope.cos.shape[0], block_size)
     torch.cuda.synchronize(device)

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minieng.model.attention import build_metadata
-from minieng.engine.block_manager import BlockManager
 from minieng.device import synchronize
-from minieng.model.kv_cache import KVCache
-from minieng.model.llama import LlamaForCausalLM
-from minieng.engine.verification import verify_coupled, verify_greedy
+from minieng.engine.block_manager import BlockManager
 from minieng.engine.sampling import probabilities, sample
 from minieng.engine.sequence import Sequence
+from minieng.engine.verification import verify_coupled, verify_greedy
+from minieng.model.attention import build_metadata
+from minieng.model.kv_cache import KVCache
+from minieng.model.llama import LlamaForCausalLM
 
 # The most tokens per sequence a step may run and still be laid out as a decode step (speculative
 # verification runs k + 1); longer uniform chunks are prefills, attended chunk by chunk.

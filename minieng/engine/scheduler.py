@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minieng.engine.block_manager import BlockManager
 from minieng.config import EngineConfig
+from minieng.engine.block_manager import BlockManager
 from minieng.engine.sequence import Sequence, SequenceStatus
 
 

@@ -16,9 +16,12 @@ from dataclasses import replace
 import torch
 
 from minieng.config import EngineConfig, ModelConfig
+from minieng.engine.cuda_graph import DecodeGraphs
+from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
+from minieng.engine.memory_plan import device_kv_blocks
 from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from minieng.model.loader import LoadedModel, load_model
-from minieng.engine.memory_plan import device_kv_blocks
+from minieng.model.quantization import SCHEMES, check_quantization, matmul_bytes, model_quantization, quantize_model
 from minieng.units import GIB, cdiv
 
 CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
@@ -97,18 +100,16 @@ def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: to
     return tokens
 
 
-def check_quantization(config: EngineConfig, model_config: ModelConfig, device: torch.device,
+def check_engine_quantization(config: EngineConfig, model_config: ModelConfig, device: torch.device,
                        dtype: torch.dtype) -> None:
     """Refuse, before any weight loads, a scheme the device does not run or an int4 group size
     that does not divide the model's layers (``ValueError`` listing what runs where). A
     separate draft model's group sizes are checked when it is quantized."""
     if config.quantization is None and config.draft_quantization is None:
         return
-    from minieng.model.quantization import check_quantization as check
-
-    check(config.quantization, config.quantization_group_size, model_config, device, dtype)
+    check_quantization(config.quantization, config.quantization_group_size, model_config, device, dtype)
     if config.speculative_method == "draft" and config.num_speculative_tokens and config.draft_model is None:
-        check(config.draft_quantization, config.quantization_group_size, model_config, device, dtype)
+        check_quantization(config.draft_quantization, config.quantization_group_size, model_config, device, dtype)
 
 
 def engine_model(config: EngineConfig, model) -> tuple[EngineConfig, object]:
@@ -117,8 +118,6 @@ def engine_model(config: EngineConfig, model) -> tuple[EngineConfig, object]:
     as it is, and a model ``quantization.quantize_model`` made (a quantized draft reused as a
     model of its own) runs with its scheme, which the returned config then names. Raises
     ``ValueError`` for a model already quantized with another scheme."""
-    from minieng.model.quantization import SCHEMES, model_quantization, quantize_model
-
     if config.quantization is not None:
         return config, quantize_model(model, config.quantization, config.quantization_group_size)
     done = model_quantization(model)
@@ -132,8 +131,6 @@ def engine_matmul_bytes(config: EngineConfig, model_config: ModelConfig, dtype: 
     without quantization (dtype bytes per weight)."""
     if config.quantization is None:
         return None
-    from minieng.model.quantization import matmul_bytes
-
     return matmul_bytes(model_config, config.quantization, config.quantization_group_size, dtype.itemsize)
 
 
@@ -152,8 +149,6 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
         draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
         check_same_tokenizer(target, draft)
     if config.draft_quantization is not None:
-        from minieng.model.quantization import quantize_model
-
         return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
     return draft.model
 
@@ -161,8 +156,6 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
 def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_len: int):
     """The drafter: prompt lookup, or the draft model with its own KV pool of ``num_blocks`` (and
     its own decode graphs on CUDA)."""
-    from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
-
     if draft_model is None:
         return PromptLookupDrafter(config.ngram_max)
     drafter = DraftModelDrafter(draft_model, num_blocks, config.block_size)
@@ -182,8 +175,6 @@ def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len:
         return None
     if query_lens is None:
         query_lens = tuple(range(1, config.num_speculative_tokens + 2))
-    from minieng.engine.cuda_graph import DecodeGraphs
-
     # A bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the
     # graphs' pool): within the gather budget, so the scratch and the warm-up beside it fit the
     # memory the KV sizing left out.

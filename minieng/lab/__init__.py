@@ -2,21 +2,41 @@
 tables. What the notebooks and ``python -m minieng bench`` run; the names below are what the notebooks use.
 """
 
-from minieng.lab.batching import (batch_sweep, compare_batching, compute_bound_batch, decode_point, limiting_factor,
-                                  near_linear_batch, sustainable_rate)
+from minieng.lab.batching import (
+                                  batch_sweep,
+                                  compare_batching,
+                                  compute_bound_batch,
+                                  decode_point,
+                                  limiting_factor,
+                                  near_linear_batch,
+                                  sustainable_rate,
+)
 from minieng.lab.bench import estimate_s, minieng_decode, minieng_prefill, probe_speed
-from minieng.lab.chunked_prefill import (budget_for, budget_sweep, choice_in_words, choose_long_prompt,
-                                         estimate_sweep_s, long_prompt_run, predict_prefill_s, read_result,
-                                         s7_verdict)
+from minieng.lab.chunked_prefill import (
+                                  budget_for,
+                                  budget_sweep,
+                                  choice_in_words,
+                                  choose_long_prompt,
+                                  estimate_sweep_s,
+                                  long_prompt_run,
+                                  predict_prefill_s,
+                                  read_result,
+                                  s7_verdict,
+)
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
 from minieng.lab.gpu_utilization import decode_for, decode_utilization, profile_decode, trace_series, utilization_rows
-from minieng.lab.kv_cache_lab import (concurrency_run, live_block_tables, recompute_budget_tokens,
-                                      recompute_estimate_s, recompute_vs_cache, sequences_that_fit)
+from minieng.lab.kv_cache_lab import (
+                                  concurrency_run,
+                                  live_block_tables,
+                                  recompute_budget_tokens,
+                                  recompute_estimate_s,
+                                  recompute_vs_cache,
+                                  sequences_that_fit,
+)
 from minieng.lab.prefix_caching import measure_point, multi_turn, ttft_vs_hit_rate
 from minieng.lab.quant_quality import activation_outliers, quality, reference_sequences
-from minieng.lab.quantization_lab import (device_schemes, layer_decode_times, predicted_table, QuantBenchConfig,
-                                          run_quantization)
+from minieng.lab.quantization_lab import QuantBenchConfig, device_schemes, layer_decode_times, predicted_table, run_quantization
 from minieng.lab.report import format_quantization
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import time
 
-from minieng.lab.bench import minieng_decode, warm_up
 from minieng.config import ModelConfig
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.work import decode_work, step_work
-from minieng.measure.roofline import phase_utilization
-from minieng.measure.metrics import request_metrics, serving_metrics
+from minieng.lab.bench import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
+from minieng.measure.metrics import request_metrics, serving_metrics
+from minieng.measure.roofline import phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
+from minieng.measure.work import decode_work, step_work
 from minieng.measure.workloads import RequestSpec, text_prompts
 
 

@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
+from minieng.device import synchronize
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
-from minieng.measure.roofline import phase_utilization
+from minieng.measure.ceilings import machine_ceilings
 from minieng.measure.harness import fingerprint
 from minieng.measure.metrics import request_metrics
-from minieng.measure.ceilings import machine_ceilings
 from minieng.measure.peaks import datasheet_peak, measure_ceilings
-from minieng.device import synchronize
+from minieng.measure.roofline import phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
 from minieng.measure.workloads import text_prompts
 
@@ -110,7 +110,7 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     tok = engine.tokenizer
     progress("this machine's ceilings (matmul, copy: stored once per machine) and its noise now")
     ceilings = machine_ceilings(engine.device, engine.dtype, measure=measure_ceilings)
-    env = environment(engine)
+    env = bench_environment(engine)
     sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
     peaks = [ceilings.peak] + ([sheet] if sheet else [])
     result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
@@ -165,7 +165,7 @@ def phase_ratio(result: dict) -> dict:
     return out
 
 
-def environment(engine: LLMEngine) -> dict:
+def bench_environment(engine: LLMEngine) -> dict:
     """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
     import transformers
 

@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 import statistics
 
-from minieng.lab.bench import estimate_s
 from minieng.config import ModelConfig, SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.work import prefill_work
+from minieng.lab.bench import estimate_s
 from minieng.measure.metrics import RequestMetrics
+from minieng.measure.work import prefill_work
 from minieng.units import cdiv
 
 SLOWED_FACTOR = 2.0  # a gap over this many baseline gaps counts as slowed
@@ -292,7 +292,7 @@ MEDIAN_KEYS = ("baseline_itl_ms", "worst_itl_ms", "slowed_gaps", "decoder_delay_
                "prefill_steps")
 
 
-def measure(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budget_tokens: int | None,
+def measure_setting(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budget_tokens: int | None,
             repeats: int = 1, warmup_runs: int = 0, **run_kwargs) -> dict:
     """``repeats`` runs of one setting (after ``warmup_runs`` discarded ones: on a GPU the first
     run of a chunk size plans attention for every new shape). Returns the setting, the medians of
@@ -308,12 +308,12 @@ def measure(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: li
 
 def budget_sweep(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budgets: list[int],
                  repeats: int = 1, warmup_runs: int = 0, progress=None, **run_kwargs) -> dict:
-    """Chunking off, then on at every budget (ascending): ``{"off": measure(...), "on": [...]}``."""
+    """Chunking off, then on at every budget (ascending): ``{"off": measure_setting(...), "on": [...]}``."""
     rows = []
     for budget in [None] + sorted(budgets):
         if progress:
             progress("chunked prefill: " + ("off" if budget is None else f"budget {budget} tokens"))
-        rows.append(measure(engine, decoder_prompts, long_prompt, budget, repeats, warmup_runs, **run_kwargs))
+        rows.append(measure_setting(engine, decoder_prompts, long_prompt, budget, repeats, warmup_runs, **run_kwargs))
     return {"long_prompt_tokens": len(long_prompt), "num_decoders": len(decoder_prompts),
             "off": rows[0], "on": rows[1:]}
 

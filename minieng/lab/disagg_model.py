@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from minieng.config import SamplingParams
-from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.kv_transfer import KVHandoff, admit_prefilled, can_admit, export_prefilled
-from minieng.measure.metrics import SLO, ServingMetrics, serving_metrics, summarize_ms
+from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.measure.metrics import SLO, ServingMetrics, serving_metrics, summarize_ms
 from minieng.measure.workloads import RequestSpec, workload_prompts
 
 # An assumption, for the user to set: PCIe 4.0 x16 carries about 32 GB/s each way. NVLink-class

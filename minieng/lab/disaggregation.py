@@ -18,14 +18,20 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from minieng.config import SamplingParams
-from minieng.lab.bench import warm_up
-from minieng.lab.disagg_model import (COLOCATED, DEFAULT_LINK_BANDWIDTH_GBPS, ClusterRun, colocated_replay,
-                                      default_params, disaggregated_replay, interleave)
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.metrics import (SLO, RequestMetrics, ServingMetrics, request_metrics, serving_metrics,
-                                     summarize_ms)
 from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.lab.bench import estimate_s, warm_up
+from minieng.lab.disagg_model import (
+    COLOCATED,
+    DEFAULT_LINK_BANDWIDTH_GBPS,
+    ClusterRun,
+    colocated_replay,
+    default_params,
+    disaggregated_replay,
+    interleave,
+)
 from minieng.lab.replay import run_workload
+from minieng.measure.metrics import SLO, RequestMetrics, ServingMetrics, request_metrics, serving_metrics, summarize_ms
 from minieng.measure.workloads import RequestSpec, workload_prompts
 from minieng.units import cdiv
 
@@ -205,8 +211,6 @@ def estimate_comparison_s(probe: dict, specs: list[RequestSpec], max_num_seqs: i
     estimated by Little's law (arrival rate x time to decode one request), at least 1 and at
     most ``max_num_seqs``. The real-time baseline lasts at least the workload's span.
     """
-    from minieng.lab.bench import estimate_s
-
     if not specs:
         return 0.0
     outs = [s.output_tokens for s in specs]

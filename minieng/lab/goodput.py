@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.metrics import SLO, serving_metrics
 from minieng.lab.replay import run_workload
+from minieng.measure.metrics import SLO, serving_metrics
 from minieng.measure.workloads import RequestSpec, workload_prompts
 
 

@@ -23,10 +23,10 @@ import statistics
 import time
 from collections.abc import Sequence
 
-
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
+from minieng.measure.nvml import VALUE_FIELDS, TelemetrySampler, summarize
 from minieng.measure.roofline import format_percent, phase_utilization
 
 # The matrix-product ops of torch's dispatcher. ``aten::linear`` and ``aten::matmul`` are
@@ -90,8 +90,6 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
         (``nvml.summarize`` of those samples) or None, ``nvml_unavailable`` (why there is no
         NVML reading, else None) and ``na_reasons`` (field -> why it is N/A).
     """
-    from minieng.measure.nvml import VALUE_FIELDS, TelemetrySampler, summarize
-
     why = None
     if sampler == "auto":
         if engine.device.type == "cuda":

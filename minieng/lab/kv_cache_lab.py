@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minieng.units import cdiv
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.work import step_work
-from minieng.measure.metrics import request_metrics
 from minieng.engine.outputs import StepRecord
+from minieng.measure.metrics import request_metrics
 from minieng.measure.sweep_plan import predict_ttft_s
+from minieng.measure.work import step_work
+from minieng.units import cdiv
 
 
 def _per_token(steps: list[StepRecord], model_config, dtype_bytes: float) -> tuple[list[int], list[float]]:

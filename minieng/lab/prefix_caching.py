@@ -12,6 +12,7 @@ The vLLM panel in "O erro de resumir performance a um número" (Igor Nascimento)
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass
 
 from minieng.config import SamplingParams
@@ -106,8 +107,6 @@ def zero_hit_overhead(engine: LLMEngine, num_requests: int = 8, prompt_tokens: i
 
     On, every full block is hashed and registered and the free list is an LRU; off, none of that.
     """
-    import statistics
-
     prompts = text_prompts(engine.tokenizer, prompt_tokens, num_requests)
     params = SamplingParams.fixed_length(output_tokens)
     tok_s = {True: [], False: []}

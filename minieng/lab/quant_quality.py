@@ -22,10 +22,10 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from minieng.model.attention import build_metadata
 from minieng.config import SamplingParams
-from minieng.model.kv_cache import KVCache
 from minieng.engine.memory_plan import profile_step
+from minieng.model.attention import build_metadata
+from minieng.model.kv_cache import KVCache
 
 
 @torch.inference_mode()

@@ -29,15 +29,15 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from minieng.lab.bench import minieng_decode, minieng_prefill, warm_up
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.work import decode_work
-from minieng.measure.roofline import phase_utilization
-from minieng.measure.peaks import Peak
-from minieng.measure.harness import measure
+from minieng.lab.bench import minieng_decode, minieng_prefill, warm_up
 from minieng.lab.quant_quality import quality, reference_sequences
-from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear
+from minieng.measure.harness import measure
+from minieng.measure.peaks import Peak
+from minieng.measure.roofline import phase_utilization, tpot_floor_s
+from minieng.measure.work import decode_work
 from minieng.measure.workloads import text_prompts
+from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear, matmul_bytes
 
 
 @dataclass
@@ -88,9 +88,6 @@ def predicted_table(model_config, dtype_bytes: int, group_size: int, bandwidth_b
     weight (scales included), a decode step's bytes at ``batch_size`` sequences of
     ``context_tokens`` tokens, the TPOT floor bytes / ``bandwidth_bytes_s`` and its ratio to
     the float model's (``work.decode_work``, ``tpot_floor_s``)."""
-    from minieng.measure.roofline import tpot_floor_s
-    from minieng.model.quantization import matmul_bytes
-
     rows = []
     for scheme in (None, *SCHEMES):
         mb = matmul_bytes(model_config, scheme, group_size, dtype_bytes)

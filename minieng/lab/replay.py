@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.measure.metrics import serving_metrics
+from minieng.measure.nvml import TelemetrySampler, summarize
+from minieng.measure.roofline import phase_utilization
 from minieng.measure.workloads import RequestSpec, workload_prompts
-
 
 
 @dataclass
@@ -111,10 +113,6 @@ class _Null:
 def serving_report(result: WorkloadResult, model_config, dtype_bytes: float, peaks, slo=None) -> dict:
     """Metrics of a run (``metrics.serving_metrics``), MFU/MBU of its prefill-carrying and its
     decode-only steps, and the telemetry summary: one JSON-serializable dict."""
-    from minieng.measure.roofline import phase_utilization
-    from minieng.measure.metrics import serving_metrics
-    from minieng.measure.nvml import summarize
-
     prefill_steps = [s for s in result.steps if s.num_prefill_tokens > 0]
     decode_steps = [s for s in result.steps if s.num_prefill_tokens == 0]
     return {
@@ -130,8 +128,6 @@ def serving_bench(engine: LLMEngine, specs: list[RequestSpec], peaks, slo, workl
     the serving report (TTFT/TPOT/ITL/E2EL percentiles, goodput under ``slo``, MFU and MBU against
     ``peaks``) and the workload's totals. Returns the report (JSON-serializable) and the raw run
     (for the figures)."""
-    from minieng.measure.nvml import TelemetrySampler
-
     sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
     run = run_workload(engine, specs, sampler=sampler)
     report = serving_report(run, engine.model_config, engine.dtype.itemsize, peaks, slo)

@@ -5,6 +5,7 @@ Formatting only: every figure was measured by ``bench`` or ``replay`` and sits i
 
 from __future__ import annotations
 
+from minieng.lab.quantization_lab import decode_vs_prefill
 from minieng.measure.roofline import format_percent
 
 TARGETS = [  # (description, section, selector, key, comparison, threshold): the engine's speed targets
@@ -211,8 +212,6 @@ def format_speculative(result: dict) -> list[str]:
 def format_quantization(result: dict) -> list[str]:
     """The ``--quantization`` section: per scheme, bytes, TTFT and TPOT as ratios to the float
     model beside the roofline's prediction, then accuracy (``quantization_lab.run_quantization``)."""
-    from minieng.lab.quantization_lab import decode_vs_prefill
-
     cfg = result["config"]
     batches = cfg["batch_sizes"]
     lines = [f"Quantization on {result['device']} ({result['dtype']}): ratios to the float model measured in the same rounds; "

@@ -21,6 +21,7 @@ import statistics
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.measure.metrics import acceptance_metrics, request_metrics
+from minieng.measure.workloads import text_prompts
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:
@@ -136,8 +137,6 @@ def speculative_bench(engine: LLMEngine, method: str, draft_model: str | None, k
     GPU, pass ``draft_model``. Returns a JSON-serializable dict.
     """
     from dataclasses import replace
-
-    from minieng.measure.workloads import text_prompts
 
     int8 = method == "draft" and draft_model is None and engine.device.type == "cpu"
     config = replace(engine.config, speculative_method=method, num_speculative_tokens=1, draft_model=draft_model,

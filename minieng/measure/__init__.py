@@ -7,16 +7,29 @@ an engine. The names below are what the notebooks use.
 from minieng.measure.ceilings import machine_ceilings
 from minieng.measure.flop_count import counted_steps
 from minieng.measure.harness import smoke_mode
-from minieng.measure.metrics import request_metrics, serving_metrics, SLO, summarize_ms
-from minieng.measure.nvml import nvml_status, summarize, TelemetrySampler
-from minieng.measure.peaks import check_environment, datasheet_peak, Peak
+from minieng.measure.metrics import SLO, request_metrics, serving_metrics, summarize_ms
+from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
+from minieng.measure.peaks import Peak, check_environment, datasheet_peak
 from minieng.measure.roofline import attainable_flops, format_percent, phase_utilization, roofline_bound, tpot_floor_s
-from minieng.measure.sweep_plan import (decode_sweep_batches, fit_ttft, kv_sweep_plan, predict_decode_step_s,
-                                        predict_ttft_s, prefill_sweep_lengths)
+from minieng.measure.sweep_plan import (
+                                        decode_sweep_batches,
+                                        fit_ttft,
+                                        kv_sweep_plan,
+                                        predict_decode_step_s,
+                                        predict_ttft_s,
+                                        prefill_sweep_lengths,
+)
 from minieng.measure.tp_model import LINKS, tensor_parallel_decode
 from minieng.measure.work import attention_crossover_tokens, decode_ridge_batch, decode_work, prefill_work, step_work
-from minieng.measure.workloads import (poisson_workload, read_trace, sampled_trace_workload, scale_workload,
-                                       spread_output_lengths, text_prompts, workload_prompts)
+from minieng.measure.workloads import (
+                                        poisson_workload,
+                                        read_trace,
+                                        sampled_trace_workload,
+                                        scale_workload,
+                                        spread_output_lengths,
+                                        text_prompts,
+                                        workload_prompts,
+)
 
 __all__ = [
     "attainable_flops", "attention_crossover_tokens", "check_environment", "counted_steps", "datasheet_peak",

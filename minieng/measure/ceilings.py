@@ -29,15 +29,16 @@ import datetime
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from minieng.measure.peaks import Peak, ceiling_sizes, measure_ceilings, measure_copy, measure_matmul
 from minieng.device import select_device, select_dtype
-from minieng.measure.harness import Measurement
+from minieng.measure.harness import Measurement, environment, smoke_mode
+from minieng.measure.peaks import Peak, ceiling_sizes, measure_ceilings, measure_copy, measure_matmul
 
 # Rounds x runs of a first measurement (smoke mode: one round of 3), and runs of the repeat that
 # reads the noise at every call. On the workshop's 2-core CPU a round costs about a second.
@@ -61,8 +62,6 @@ def others_running(samples: int = 10, interval_s: float = 0.02) -> float | None:
     """How many threads of other processes are running or waiting for a CPU now: the mean over
     ``samples`` readings of Linux's runnable count (``/proc/loadavg``) less this process's own
     running threads (``/proc/self/task``). Unlike the load average it does not lag. None off Linux."""
-    import time
-
     counts = []
     try:
         for i in range(samples):
@@ -210,9 +209,6 @@ def ceilings_dir() -> Path:
 
 
 def _key(device: torch.device, dtype: torch.dtype, method: str) -> tuple[str, dict]:
-    from minieng.measure.harness import environment
-    from minieng.measure.harness import smoke_mode
-
     where = environment(device, dtype) | {"smoke": smoke_mode(), "method": method}
     return hashlib.sha256(json.dumps(where, sort_keys=True, default=str).encode()).hexdigest()[:16], where
 
@@ -282,8 +278,6 @@ def machine_ceilings(device: torch.device | str = "auto", dtype: torch.dtype | s
     Raises:
         RuntimeError: on a GPU with too little memory free for the ceilings (``peaks.ceiling_sizes``).
     """
-    from minieng.measure.harness import smoke_mode
-
     device = select_device(device) if isinstance(device, str) else device
     dtype = select_dtype(dtype, device) if isinstance(dtype, str) else dtype
     smoke = smoke_mode()

@@ -28,8 +28,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula, sdpa_flop_count
 
 from minieng.config import SamplingParams
-from minieng.model.llama import ONEDNN_LINEAR
 from minieng.measure.work import masked_attention_flops, step_work
+from minieng.model.llama import ONEDNN_LINEAR
 
 # FlopCounterMode's op names (``str(op)`` of its OpOverloadPackets).
 LINEAR_OPS = ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 
 from minieng._version import __version__
 from minieng.device import cpu_name, synchronize
+from minieng.measure.nvml import read_clocks
 
 
 @dataclass
@@ -94,10 +96,6 @@ def measure(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
 
 def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
     """What a measurement depends on: device, driver, versions, dtype, threads, GPU clocks now."""
-    import platform
-
-    from minieng.measure.nvml import read_clocks
-
     device = torch.device(device)
     fp = {"device": device.type, "torch_version": torch.__version__, "minieng_version": __version__,
           "torch_threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch.") if dtype else None,
@@ -118,8 +116,6 @@ MOMENTARY_FIELDS = ("sm_clock_mhz", "temperature_c", "throttle_reasons")
 def environment(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
     """``fingerprint`` less its momentary fields (clocks, temperature) plus the host's name: what
     must match for a stored result to stand for a new measurement here."""
-    import platform
-
     fp = fingerprint(device, dtype)
     for field_name in MOMENTARY_FIELDS:
         fp.pop(field_name, None)

@@ -22,9 +22,10 @@ import torch
 
 from minieng.device import cpu_name, dtype_choice, has_native_bf16, host_memory_bytes, select_device
 from minieng.measure.harness import Measurement, measure
+from minieng.measure.nvml import nvml_status
 from minieng.measure.roofline import ridge_point
+from minieng.model.llama import linear
 from minieng.units import GIB
-
 
 # Dense bf16/fp16 tensor peak (TFLOP/s) and memory bandwidth (GB/s), from vendor datasheets.
 # Matched against torch's device name, most specific first ("A100" must not match "A10").
@@ -115,8 +116,6 @@ class Environment:
 
 def check_environment(device: str = "auto") -> Environment:
     """Inspect the machine and pick the device and dtype, saying why."""
-    from minieng.measure.nvml import nvml_status
-
     dev = select_device(device)
     dtype, reason = dtype_choice(dev)
     total, avail = host_memory_bytes()
@@ -192,8 +191,6 @@ def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = Non
     the ceiling, a long prefill read 90% MFU. Elsewhere it is ``F.linear`` (cuBLAS on CUDA). The
     measurement's fingerprint records ``matmul_n``.
     """
-    from minieng.model.llama import linear
-
     n = n or ceiling_sizes(device, dtype)[0]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -14,8 +14,8 @@ import warnings
 from dataclasses import dataclass
 
 from minieng.config import ModelConfig
-from minieng.model.weight_bytes import MatmulBytes
 from minieng.measure.work import step_work
+from minieng.model.weight_bytes import MatmulBytes
 
 
 def format_percent(percent: float | None) -> str:

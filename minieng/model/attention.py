@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+
 @dataclass
 class PrefillChunk:
     """One sequence's multi-token chunk: query rows ``[q_start, q_start + q_len)`` of the batch.

@@ -27,7 +27,6 @@ from minieng.config import ModelConfig
 from minieng.units import GIB
 
 
-
 def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of K and V that one token occupies across all layers (GQA-aware)."""
     return model_config.kv_bytes_per_token(dtype.itemsize)

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minieng.model.attention import AttentionMetadata, paged_attention, sdpa_backends
 from minieng.config import ModelConfig
+from minieng.model.attention import AttentionMetadata, paged_attention, sdpa_backends
 from minieng.model.kv_cache import KVCache, write_kv
 
 

@@ -36,12 +36,21 @@ inputs to 1,024: 78% more bytes read). A CUDA kernel this torch lacks is refused
 from __future__ import annotations
 
 import copy
+
 import torch
 from torch import nn
 
 from minieng.config import INT4_GROUP_SIZES, QUANTIZATION_SCHEMES, ModelConfig
-from minieng.model.quant_codes import (dequantize_int4_grouped, dequantize_per_channel_int8, quantize_int4_grouped,
-                                       quantize_per_channel_int8, quantize_per_token)
+from minieng.model import quant_kernels
+from minieng.model.llama import Linear
+from minieng.model.quant_codes import (
+    dequantize_int4_grouped,
+    dequantize_per_channel_int8,
+    quantize_int4_grouped,
+    quantize_per_channel_int8,
+    quantize_per_token,
+)
+from minieng.model.quant_kernels import fbgemm_activation_levels
 from minieng.model.weight_bytes import MatmulBytes
 
 SCHEMES = QUANTIZATION_SCHEMES
@@ -162,8 +171,6 @@ def activation_levels(scheme: str, device_type: str) -> int | None:
     if scheme != "w8a8":
         return None
     if device_type == "cpu":
-        from minieng.model.quant_kernels import fbgemm_activation_levels
-
         return fbgemm_activation_levels()
     return 127
 
@@ -173,17 +180,15 @@ def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch
     """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
     kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
     the pair: ``check_supported`` is the engine's gate."""
-    from minieng.model import quant_kernels as k
-
     if reference:
         return ReferenceLinear(weight, bias, scheme, group_size, activation_levels(scheme, device_type))
     if scheme == "int4":  # on a CPU: tinygemm's CPU twin, which the engine refuses (timing it shows why)
-        return k.Int4Linear(weight, bias, group_size)
+        return quant_kernels.Int4Linear(weight, bias, group_size)
     if device_type == "cpu":
-        return k.FbgemmLinear(weight, bias, digits=2 if scheme == "int8" else 1)
+        return quant_kernels.FbgemmLinear(weight, bias, digits=2 if scheme == "int8" else 1)
     if scheme == "int8":
-        return k.Int8WeightOnlyLinear(weight, bias)
-    return k.W8A8Linear(weight, bias)
+        return quant_kernels.Int8WeightOnlyLinear(weight, bias)
+    return quant_kernels.W8A8Linear(weight, bias)
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -304,8 +309,6 @@ def reference_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GRO
 def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:
     """A copy of ``model`` (modules copied, tensors shared) with every ``model.Linear`` replaced by
     ``make(weight, bias)``, tagged ``key`` (``model_quantization``)."""
-    from minieng.model.llama import Linear
-
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     memo[id(model.config)] = model.config
     out = copy.deepcopy(model, memo)

@@ -2,7 +2,7 @@
 """
 
 from minieng.serve.loadgen import load_requests, run_load, served_models
-from minieng.serve.server import build_app, served_model_name, ServerThread
+from minieng.serve.server import ServerThread, build_app, served_model_name
 
 __all__ = [
     "build_app", "load_requests", "run_load", "served_model_name", "served_models", "ServerThread",

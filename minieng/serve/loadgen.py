@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from minieng.measure.metrics import SLO, RequestMetrics, ServingMetrics, serving_metrics
-from minieng.measure.workloads import RequestSpec
+from minieng.measure.workloads import RequestSpec, workload_prompts
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,6 @@ def load_requests(specs: list[RequestSpec], tokenizer, as_text: bool = True) -> 
     """Prompts of real text of each spec's length (``workloads.workload_prompts``), as text (decoded
     with ``tokenizer``: the server's count may differ by a token or two, and its usage is what is
     reported) or as token ids (exact, for a server with the same tokenizer)."""
-    from minieng.measure.workloads import workload_prompts
-
     prompts = workload_prompts(tokenizer, specs)
     return [LoadRequest(s.arrival_s, tokenizer.decode(p) if as_text else p, s.output_tokens)
             for s, p in zip(specs, prompts)]

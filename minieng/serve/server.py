@@ -40,14 +40,24 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 
-from minieng.serve.protocol import (ChatCompletionRequest, CompletionRequest, NotHonoured, chat_chunk, chat_response,
-                                    completion_chunk, completion_response, error_body, models_list, usage,
-                                    usage_chunk)
 from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
 from minieng.engine.chat_template import check_text
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
 from minieng.serve.async_engine import AsyncEngine
+from minieng.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NotHonoured,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    error_body,
+    models_list,
+    usage,
+    usage_chunk,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

@@ -3,11 +3,27 @@
 (``bench_figures``, ``--plot DIR``).
 """
 
-from minieng.viz.phases import (curve, decode_bytes_and_tpot, phase_costs, quantization_ratios, roofline,
-                                top_ops_figure, utilization_trace)
-from minieng.viz.levers import (batch_scaling, batching_timeline, block_tables, chunked_itl_traces,
-                                chunked_prefill_tradeoff, compared_cdfs, kv_concurrency, recompute_vs_cache_figure,
-                                speculative_sweep, ttft_vs_hit_rate_figure)
+from minieng.viz.levers import (
+                                batch_scaling,
+                                batching_timeline,
+                                block_tables,
+                                chunked_itl_traces,
+                                chunked_prefill_tradeoff,
+                                compared_cdfs,
+                                kv_concurrency,
+                                recompute_vs_cache_figure,
+                                speculative_sweep,
+                                ttft_vs_hit_rate_figure,
+)
+from minieng.viz.phases import (
+                                curve,
+                                decode_bytes_and_tpot,
+                                phase_costs,
+                                quantization_ratios,
+                                roofline,
+                                top_ops_figure,
+                                utilization_trace,
+)
 from minieng.viz.serving import goodput_sweep, latency_cdfs, request_phases, step_timeline
 
 __all__ = [

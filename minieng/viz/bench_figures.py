@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minieng.measure.metrics import request_metrics
 from minieng.measure.peaks import Peak
+from minieng.measure.roofline import phase_utilization
+from minieng.viz.levers import speculative_sweep, ttft_vs_hit_rate_figure
+from minieng.viz.phases import quantization_ratios, roofline, utilization_trace
+from minieng.viz.serving import latency_cdfs, step_timeline
 
 
 def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
     """Write the bench's figures as PNG files into ``directory``; return their paths."""
-    from minieng.measure.metrics import request_metrics
-    from minieng.viz.phases import roofline, utilization_trace
-    from minieng.viz.serving import latency_cdfs, step_timeline
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     figures = {}
@@ -38,8 +39,6 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
                       for (prev, _), (t, _) in zip(o.times.emissions, o.times.emissions[1:])]
         figures["step_timeline"] = step_timeline(run.steps, run.start_s, itl_points)
         if run.telemetry:
-            from minieng.measure.roofline import phase_utilization
-
             nvml_t = [s.time_s - run.start_s for s in run.telemetry]
             dtype_bytes = engine.dtype.itemsize
             mfu = [phase_utilization(engine.model_config, dtype_bytes, [s], peaks[:1])[peaks[0].source]["mfu_percent"]
@@ -51,16 +50,10 @@ def save_figures(result: dict, directory: str, engine, run=None) -> list[str]:
                 f"MFU % per step ({peaks[0].source} peak)": ([s.start_s - run.start_s for s in run.steps], mfu)},
                 title="What NVML reports against what the steps achieved")
     if result.get("speculative"):
-        from minieng.viz.levers import speculative_sweep
-
         figures["speculative"] = speculative_sweep(result["speculative"])
     if result.get("prefix_cache"):
-        from minieng.viz.levers import ttft_vs_hit_rate_figure
-
         figures["ttft_vs_hit_rate"] = ttft_vs_hit_rate_figure(result["prefix_cache"])
     if result.get("quantization"):
-        from minieng.viz.phases import quantization_ratios
-
         figures["quantization"] = quantization_ratios(result["quantization"])
     paths = []
     for name, fig in figures.items():

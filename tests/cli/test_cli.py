@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from minieng import EngineConfig, LLMEngine
-from minieng.lab import bench
-from minieng.viz import bench_figures
 from minieng.cli import main as cli
-from minieng.measure import peaks as hardware
+from minieng.lab import bench
 from minieng.lab.report import format_table
+from minieng.measure import peaks as hardware
+from minieng.viz import bench_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -127,6 +127,7 @@ def test_errors_use_the_command_line_words(capsys):
 def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, tiny_llama):
     """The chat template's BOS and the tokenizer's are not both sent (a tokenizer that adds BOS)."""
     from helpers import BOS_ID, bos_tokenizer, make_engine
+
     from minieng.model.loader import LoadedModel
 
     loaded = tiny_llama[1]
@@ -276,8 +277,9 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     from dataclasses import asdict
 
     from helpers import random_prompts
-    from minieng.measure.metrics import SLO
+
     from minieng.lab.replay import run_workload, serving_report
+    from minieng.measure.metrics import SLO
     from minieng.measure.nvml import Sample
     from minieng.measure.workloads import fixed_workload
 

@@ -9,8 +9,8 @@ pytest.importorskip("nbclient", reason="the course needs nbclient (the notebooks
 pytest.importorskip("nbconvert", reason="the course needs nbconvert (the notebooks extra)")
 nbformat = pytest.importorskip("nbformat", reason="the course needs nbformat (the notebooks extra)")
 
-from minieng.course import claims  # noqa: E402
 from minieng.cli import main as cli  # noqa: E402
+from minieng.course import claims  # noqa: E402
 
 
 def write_notebook(folder, name, *sources):

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minieng.measure import peaks as hardware
 from minieng.config import published_config
-from minieng.model.kv_cache import num_blocks_for_budget
 from minieng.engine.memory_plan import HEADROOM, plan_memory
 from minieng.engine.setup import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
+from minieng.measure import peaks as hardware
+from minieng.model.kv_cache import num_blocks_for_budget
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 GIB = 1024**3

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from minieng.measure.ceilings import Noise
 from minieng.course.claims import TOO_NOISY, noise_note, verdict
 from minieng.course.kit import claims_table
+from minieng.measure.ceilings import Noise
 
 
 def ratio_above(threshold):

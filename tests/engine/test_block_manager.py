@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from minieng import SamplingParams
 from minieng.engine.block_manager import BlockManager
-from minieng.units import cdiv
 from minieng.engine.sequence import Sequence
+from minieng.units import cdiv
 
 
 def make_seq(num_tokens: int, name: str = "s") -> Sequence:

@@ -13,13 +13,13 @@ import warnings
 
 import pytest
 import torch
-
 from helpers import make_engine, random_prompts
+
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.model import attention
 from minieng.engine.cuda_graph import DecodeGraphs, capture_batch_sizes, capture_widths, smallest_at_least
 from minieng.engine.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
 from minieng.engine.model_runner import NonFiniteLogitsError
+from minieng.model import attention
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -277,8 +277,8 @@ def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
     """The issue's case: SmolLM2-1.7B's shape in fp16 on a T4 (15 GiB), 64 sequences of 8k context.
     Ungrouped, one layer's gathered K/V is 4.3 GB; grouped, it fits half the scratch kept out of
     the KV pool, whatever the batch."""
-    from minieng.model.attention import decode_group_size
     from minieng.engine.setup import GATHER_SCRATCH_FRACTION, gather_budget_for
+    from minieng.model.attention import decode_group_size
 
     total = 15 * 1024**3
     per_layer_token_bytes = 2 * 32 * 64 * 2  # K and V, 32 KV heads x head_dim 64, fp16
@@ -402,9 +402,9 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
     """The KV sizing profile runs ``max_num_batched_tokens`` tokens; with a budget beyond the RoPE
     table (max_model_len) it must split them into sequences the table covers (a CUDA device-side
     assert otherwise). The same layout runs here on the CPU."""
+    from minieng.engine.memory_plan import profile_step
     from minieng.model.attention import build_metadata
     from minieng.model.kv_cache import KVCache
-    from minieng.engine.memory_plan import profile_step
 
     model = tiny_llama[1].model
     longest = model.rope.cos.shape[0]  # 256

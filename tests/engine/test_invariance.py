@@ -12,10 +12,10 @@ Each scenario runs on a tiny random Llama (fast) and on the embedded default mod
 from __future__ import annotations
 
 import pytest
+from helpers import assert_same_or_near_tie, chat_ids, hf_next_logits, make_engine, random_prompts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_same_or_near_tie, chat_ids, hf_next_logits, make_engine, random_prompts
 from minieng import EngineConfig, LLMEngine, SamplingParams
 
 TINY_OUT = 24

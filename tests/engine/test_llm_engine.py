@@ -13,14 +13,14 @@ import textwrap
 
 import pytest
 import torch
+from helpers import chat_ids, make_engine, random_prompts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import chat_ids, make_engine, random_prompts
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.engine.detokenizer import IncrementalDetokenizer
-from minieng.model.loader import LoadedModel
 from minieng.engine.sampling import KeyedRandom, probabilities, race, sample
+from minieng.model.loader import LoadedModel
 
 VOCAB = 300  # the tiny Llama's
 

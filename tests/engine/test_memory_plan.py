@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minieng import EngineConfig, LLMEngine, ModelConfig
+from minieng import EngineConfig, LLMEngine, ModelConfig, device
 from minieng.engine import llm_engine as engine_module
-from minieng import device
 from minieng.engine.memory_plan import MemoryPlan, plan_memory
 from minieng.units import GIB
 

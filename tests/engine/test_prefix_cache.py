@@ -14,15 +14,15 @@ and compares each request's ``num_cached_tokens`` with that prediction at its fi
 from __future__ import annotations
 
 import pytest
+from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.engine import block_manager as bm_module
 from minieng.engine.block_manager import BlockManager, block_hash
-from minieng.measure.metrics import serving_metrics
 from minieng.engine.sequence import Sequence
+from minieng.measure.metrics import serving_metrics
 
 TINY_OUT = 8
 REAL_OUT = 5

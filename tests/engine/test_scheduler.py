@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from minieng import EngineConfig, SamplingParams
 from minieng.engine.block_manager import BlockManager
-from minieng.units import cdiv
 from minieng.engine.scheduler import Scheduler, SchedulerOutput
 from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.units import cdiv
 
 FAKE_TOKEN = 7
 

@@ -27,25 +27,33 @@ import math
 
 import pytest
 import torch
+from helpers import (
+    assert_same_or_near_tie,
+    chat_ids,
+    hf_logits,
+    hf_next_logits,
+    make_engine,
+    random_prompts,
+    tiny_hf_config,
+    tiny_pair,
+)
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pytest import approx
 
-from helpers import (assert_same_or_near_tie, chat_ids, hf_logits, hf_next_logits, make_engine,
-                     random_prompts, tiny_hf_config, tiny_pair)
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.units import cdiv
-from minieng.engine.setup import check_same_tokenizer
-from minieng.model.loader import LoadedModel
-from minieng.measure.metrics import acceptance_metrics, request_metrics, serving_metrics
-from minieng.model.llama import Linear
+from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.model_runner import verify
-from minieng.model.quantization import model_quantization, quantize_model
-from minieng.engine.verification import verify_coupled, verify_greedy, verify_sampled
 from minieng.engine.sampling import KeyedRandom, probabilities, race
 from minieng.engine.sequence import Sequence
+from minieng.engine.setup import check_same_tokenizer
+from minieng.engine.verification import verify_coupled, verify_greedy, verify_sampled
 from minieng.lab.speculative import expected_tokens_per_step
-from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
+from minieng.measure.metrics import acceptance_metrics, request_metrics, serving_metrics
+from minieng.model.llama import Linear
+from minieng.model.loader import LoadedModel
+from minieng.model.quantization import model_quantization, quantize_model
+from minieng.units import cdiv
 
 VOCAB = 300  # the tiny Llama's
 KS = (1, 2, 4, 8)
@@ -1017,7 +1025,7 @@ def test_spec_experiment_functions_report_consistent_figures(tiny_engine):
     only at the end of the output), and the timing figures are positive."""
     from helpers import random_prompts
 
-    from minieng.lab.speculative import k_sweep, speculative_batch_sweep, machinery_overhead
+    from minieng.lab.speculative import k_sweep, machinery_overhead, speculative_batch_sweep
 
     engine = tiny_engine(speculative_method="draft", num_speculative_tokens=1)
     prompts = random_prompts([12], 300, seed=3)

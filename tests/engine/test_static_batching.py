@@ -12,17 +12,17 @@ import math
 import time
 
 import pytest
+from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 from minieng import EngineConfig, SamplingParams
 from minieng.engine.block_manager import BlockManager
-from minieng.units import cdiv
 from minieng.engine.scheduler import Scheduler, SchedulerOutput
 from minieng.engine.sequence import Sequence, SequenceStatus
 from minieng.lab.replay import run_workload
 from minieng.measure.workloads import RequestSpec
+from minieng.units import cdiv
 
 FAKE_TOKEN = 7
 

@@ -4,16 +4,23 @@ the arrival rate, and static against continuous batching on one workload."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import assert_same_or_near_tie, bos_tokenizer, hf_next_logits, make_engine, random_prompts
-from minieng.lab import batching as batch_experiment
-from minieng.lab.batching import (batch_sweep, compare_batching, compute_bound_batch, decode_point, limiting_factor,
-                                  near_linear_batch, sustainable_rate)
+
 from minieng.config import ModelConfig
-from minieng.measure.work import decode_work
+from minieng.lab import batching as batch_experiment
+from minieng.lab.batching import (
+    batch_sweep,
+    compare_batching,
+    compute_bound_batch,
+    decode_point,
+    limiting_factor,
+    near_linear_batch,
+    sustainable_rate,
+)
 from minieng.measure.peaks import Peak
-from minieng.model.loader import LoadedModel
+from minieng.measure.work import decode_work
 from minieng.measure.workloads import RequestSpec, fixed_workload, poisson_workload, spread_output_lengths
+from minieng.model.loader import LoadedModel
 
 PEAK = Peak("measured cpu float32", 0.07, 15.0, "measured")
 

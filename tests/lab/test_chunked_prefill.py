@@ -11,13 +11,22 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from helpers import random_prompts
 
 from minieng import ModelConfig
 from minieng.engine import llm_engine as engine_module
-from minieng.lab.chunked_prefill import (budget_for, budget_sweep, choice_in_words, choose_long_prompt,
-                                         estimate_sweep_s, long_prompt_run, measure, predict_prefill_s, read_result,
-                                         s7_verdict)
-from helpers import random_prompts
+from minieng.lab.chunked_prefill import (
+    budget_for,
+    budget_sweep,
+    choice_in_words,
+    choose_long_prompt,
+    estimate_sweep_s,
+    long_prompt_run,
+    measure_setting,
+    predict_prefill_s,
+    read_result,
+    s7_verdict,
+)
 
 B, P, L = 3, 8, 96  # decoders, their prompt tokens, the long prompt's tokens
 
@@ -128,7 +137,7 @@ def test_the_same_tokens_whatever_the_policy(tiny_engine, tiny_llama):
 def test_measure_and_sweep_keep_every_run_and_take_medians(tiny_engine, tiny_llama):
     engine = tiny_engine(max_num_seqs=4, max_num_batched_tokens=256)
     decoders, long_prompt = prompts(tiny_llama, long_tokens=32)
-    row = measure(engine, decoders, long_prompt, 19, repeats=3, warmup_runs=1, inject_after_steps=1, tail_steps=0)
+    row = measure_setting(engine, decoders, long_prompt, 19, repeats=3, warmup_runs=1, inject_after_steps=1, tail_steps=0)
     assert row["chunked"] and row["budget_tokens"] == 19 and len(row["runs"]) == 3
     assert row["ttft_ms"] == sorted(r["ttft_ms"] for r in row["runs"])[1]
     seen = []
@@ -138,7 +147,7 @@ def test_measure_and_sweep_keep_every_run_and_take_medians(tiny_engine, tiny_lla
     assert seen == ["chunked prefill: off", "chunked prefill: budget 19 tokens", "chunked prefill: budget 40 tokens"]
     assert sweep["long_prompt_tokens"] == 32 and sweep["num_decoders"] == B
     with pytest.raises(ValueError, match="repeats"):
-        measure(engine, decoders, long_prompt, 19, repeats=0)
+        measure_setting(engine, decoders, long_prompt, 19, repeats=0)
 
 
 def test_refuses_what_would_not_measure_the_policy(tiny_engine, tiny_llama):

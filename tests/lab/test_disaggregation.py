@@ -18,16 +18,21 @@ import time
 
 import pytest
 import torch
-
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
+
 from minieng import SamplingParams
-from minieng.lab.disaggregation import (compare_disaggregation, comparison_pool, estimate_comparison_s,
-                                        format_comparison, run_metrics)
-from minieng.lab.disagg_model import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
 from minieng.engine.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
+from minieng.lab.disagg_model import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
+from minieng.lab.disaggregation import (
+    compare_disaggregation,
+    comparison_pool,
+    estimate_comparison_s,
+    format_comparison,
+    run_metrics,
+)
 from minieng.measure.metrics import SLO, serving_metrics
-from minieng.viz import request_phases
 from minieng.measure.workloads import RequestSpec, poisson_workload
+from minieng.viz import request_phases
 
 VOCAB = 300  # the tiny Llama's
 BLOCK = 4  # make_engine's block_size

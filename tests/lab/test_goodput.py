@@ -1,8 +1,8 @@
 """The batch-cap sweep: one workload per cap, goodput against raw throughput (no timing assertions)."""
 
 import pytest
-
 from helpers import random_prompts
+
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
 from minieng.measure.metrics import SLO
 from minieng.measure.workloads import poisson_workload

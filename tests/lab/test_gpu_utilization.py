@@ -6,18 +6,27 @@ Nothing asserts a speed: only what is recorded, how shares add up, and N/A where
 
 from __future__ import annotations
 
-import pytest
-
-from minieng.measure.peaks import Peak
-from minieng.measure.nvml import DeviceId, TelemetrySampler
 from types import SimpleNamespace
 
+import pytest
+from fake_nvml import FakeGPU, FakeNVML
+from helpers import random_prompts
 from torch.autograd import DeviceType
 
-from minieng.lab.gpu_utilization import (MATMUL_OPS, OUTSIDE_OPS, decode_for, decode_utilization, is_matmul,
-                                         op_shares, op_times, profile_decode, trace_series, utilization_rows)
-from helpers import random_prompts
-from fake_nvml import FakeGPU, FakeNVML
+from minieng.lab.gpu_utilization import (
+    MATMUL_OPS,
+    OUTSIDE_OPS,
+    decode_for,
+    decode_utilization,
+    is_matmul,
+    op_shares,
+    op_times,
+    profile_decode,
+    trace_series,
+    utilization_rows,
+)
+from minieng.measure.nvml import DeviceId, TelemetrySampler
+from minieng.measure.peaks import Peak
 
 PEAKS = [Peak("test", 1.0, 10.0, "measured"), Peak("sheet", 2.0, 20.0, "datasheet")]
 

@@ -4,13 +4,19 @@ tables of a live batch, and the pool's cap on concurrency."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import assert_same_or_near_tie, hf_next_logits, random_prompts
-from minieng.units import cdiv
-from minieng.lab.kv_cache_lab import (block_table_snapshot, concurrency_run, live_block_tables,
-                                      recompute_budget_tokens, recompute_estimate_s, recompute_vs_cache,
-                                      sequences_that_fit)
+
+from minieng.lab.kv_cache_lab import (
+    block_table_snapshot,
+    concurrency_run,
+    live_block_tables,
+    recompute_budget_tokens,
+    recompute_estimate_s,
+    recompute_vs_cache,
+    sequences_that_fit,
+)
 from minieng.measure.sweep_plan import predict_ttft_s
+from minieng.units import cdiv
 
 VOCAB = 300
 

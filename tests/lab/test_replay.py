@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import make_engine, random_prompts
+
 from minieng import SamplingParams
-from minieng.measure.peaks import Peak
-from minieng.measure.metrics import SLO
 from minieng.lab.replay import WorkloadResult, run_workload, serving_report
+from minieng.measure.metrics import SLO
+from minieng.measure.peaks import Peak
 from minieng.measure.workloads import RequestSpec
 
 VOCAB = 300  # the tiny Llama's

@@ -6,9 +6,16 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from minieng.measure.metrics import (SLO, RequestMetrics, acceptance_metrics, request_metrics, run_duration_s,
-                                     serving_metrics, summarize_ms)
 from minieng.engine.sequence import RequestTimes
+from minieng.measure.metrics import (
+    SLO,
+    RequestMetrics,
+    acceptance_metrics,
+    request_metrics,
+    run_duration_s,
+    serving_metrics,
+    summarize_ms,
+)
 
 approx = pytest.approx
 req = RequestMetrics.from_emissions

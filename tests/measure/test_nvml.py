@@ -14,11 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_nvml import FakeGPU, FakeNVML, NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound, NVMLError_NotSupported
 
-from fake_nvml import (FakeGPU, FakeNVML, NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound,
-                       NVMLError_NotSupported)
-from minieng.measure import nvml as telemetry
 from minieng.engine.outputs import StepRecord
+from minieng.measure import nvml as telemetry
 from minieng.measure.nvml import DeviceId, Sample, TelemetrySampler, find_nvml_handle, samples_per_step, summarize
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minieng.device import DTYPES, dtype_choice, select_device, select_dtype
 from minieng.measure import peaks as hardware
 from minieng.measure.harness import Measurement
 from minieng.measure.peaks import Peak, datasheet_peak
-from minieng.device import DTYPES, dtype_choice, select_device, select_dtype
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # constructing a device object needs no GPU

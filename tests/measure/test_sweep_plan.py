@@ -11,9 +11,17 @@ from __future__ import annotations
 import pytest
 
 from minieng.lab.bench import estimate_s
-from minieng.measure.sweep_plan import (decode_sweep_batches, fit_ttft, kv_sweep_plan, predict_decode_step_s,
-                                        predict_ttft_s, prefill_knee, prefill_sweep_lengths, probe_lengths,
-                                        scan_prefill)
+from minieng.measure.sweep_plan import (
+    decode_sweep_batches,
+    fit_ttft,
+    kv_sweep_plan,
+    predict_decode_step_s,
+    predict_ttft_s,
+    prefill_knee,
+    prefill_sweep_lengths,
+    probe_lengths,
+    scan_prefill,
+)
 
 CPU = {16: 0.106, 32: 0.15, 64: 0.2456, 128: 0.3677, 256: 0.7115, 512: 1.511, 1024: 3.266, 2048: 7.0,
        4096: 16.0, 8191: 40.0}  # TTFT s, one step per prompt

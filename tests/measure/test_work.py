@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from minieng.config import ModelConfig
 from minieng.measure import roofline
 from minieng.measure import work as flops
-from minieng.config import ModelConfig
 from minieng.measure.work import StepWork, decode_work, prefill_work, step_work
 
 
@@ -349,8 +349,8 @@ def test_roofline_bound_names_the_binding_resource_or_overhead():
 
 
 def test_phase_utilization_says_what_bounds_each_peak():
-    from minieng.measure.peaks import Peak
     from minieng.engine.outputs import StepRecord
+    from minieng.measure.peaks import Peak
 
     steps = [StepRecord(0.0, 0.0022, 0, 0, 1, 0, 1, 0, 1, chunks=[(1, 100, True)])]
     out = roofline.phase_utilization(SMOLLM2_135M, 2, steps, [Peak("H200", 989, 4800, "datasheet")])

@@ -17,9 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minieng.measure.workloads import (TRACE_QUANTILES, TRACE_SERVICES, RequestSpec, fixed_workload,
-                                       poisson_workload, read_trace, sampled_trace_workload, scale_workload,
-                                       stored_trace_quantiles, text_prompts, trace_quantiles, workload_prompts)
+from minieng.measure.workloads import (
+    TRACE_QUANTILES,
+    TRACE_SERVICES,
+    RequestSpec,
+    fixed_workload,
+    poisson_workload,
+    read_trace,
+    sampled_trace_workload,
+    scale_workload,
+    stored_trace_quantiles,
+    text_prompts,
+    trace_quantiles,
+    workload_prompts,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO.parent / "shared" / "data" / "azure-llm-trace-2023" / "conv.csv"

@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import (
+    TINY_KINDS,
+    DirectRunner,
+    assert_same_or_near_tie,
+    chat_ids,
+    hf_greedy,
+    hf_logits,
+    hf_next_logits,
+    make_engine,
+    random_prompts,
+    tiny_hf_config,
+    tiny_hf_model,
+    tiny_pair,
+)
 
-from helpers import (TINY_KINDS, DirectRunner, assert_same_or_near_tie, chat_ids, hf_greedy, hf_logits,
-                     hf_next_logits, make_engine, random_prompts, tiny_hf_config, tiny_hf_model, tiny_pair)
 from minieng import ModelConfig, SamplingParams
-from minieng.model.loader import LoadedModel, build_model
 from minieng.model.llama import LlamaForCausalLM
+from minieng.model.loader import LoadedModel, build_model
 
 ATOL = 1e-4
 # The real model: 30 fp32 layers whose products run in oneDNN here and in MKL in transformers

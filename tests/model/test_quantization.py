@@ -9,21 +9,32 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import assert_same_or_near_tie, make_engine, random_prompts
+
 from minieng import EngineConfig, SamplingParams
 from minieng.config import ModelConfig
-from minieng.model.weight_bytes import MatmulBytes
-from minieng.measure.work import decode_work
-from minieng.model.weight_bytes import weight_bytes
-from minieng.model.llama import Linear
-from minieng.model.quant_kernels import (FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear,
-                                         fbgemm_activation_levels)
 from minieng.lab.quant_quality import activation_outliers, quality, sequence_logits
-from minieng.model.quantization import (KERNELS, linear_shapes, ReferenceLinear, check_supported, matmul_bytes,
-                                        model_quantization, quantize_model, reference_model)
-from minieng.model.quant_codes import (dequantize_int4_grouped, dequantize_per_channel_int8, quantize_int4_grouped,
-                                       quantize_per_channel_int8, quantize_per_token)
+from minieng.measure.work import decode_work
+from minieng.model.llama import Linear
+from minieng.model.quant_codes import (
+    dequantize_int4_grouped,
+    dequantize_per_channel_int8,
+    quantize_int4_grouped,
+    quantize_per_channel_int8,
+    quantize_per_token,
+)
+from minieng.model.quant_kernels import FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear, fbgemm_activation_levels
+from minieng.model.quantization import (
+    KERNELS,
+    ReferenceLinear,
+    check_supported,
+    linear_shapes,
+    matmul_bytes,
+    model_quantization,
+    quantize_model,
+    reference_model,
+)
+from minieng.model.weight_bytes import MatmulBytes, weight_bytes
 
 VOCAB = 300  # the tiny Llama's
 

@@ -21,9 +21,10 @@ httpx = pytest.importorskip("httpx", reason="the server extra (pip install -e '.
 pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve]') is not installed")
 
 from helpers import TINY_SHAPE  # noqa: E402
+
 from minieng import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from minieng.model.loader import LoadedModel, build_model, randomize  # noqa: E402
 from minieng.measure.metrics import request_metrics  # noqa: E402
+from minieng.model.loader import LoadedModel, build_model, randomize  # noqa: E402
 from minieng.serve.server import ServerThread, build_app  # noqa: E402
 
 MODEL = "tiny-test"
@@ -722,9 +723,9 @@ def test_loadgen_against_minieng_agrees_with_the_engine(text_model):
     """The client's figures against the engine's own records of the same requests: every request
     completes with the server's token counts, and the client's TTFT/E2EL exceed the engine's by
     the loopback HTTP path only (a few ms; bounded here at 50 ms for a loaded CI machine)."""
-    from minieng.serve.loadgen import load_requests, run_load
     from minieng.measure.metrics import SLO, serving_metrics
     from minieng.measure.workloads import poisson_workload
+    from minieng.serve.loadgen import load_requests, run_load
 
     engine = make_engine(text_model)
     finished = []
@@ -828,8 +829,8 @@ def test_loadgen_times_a_request_whose_only_token_hit_a_stop(served, text_model)
     """minieng's own stream of a request whose first token completes a stop string: no text at
     all, one token. The loadgen gave it no TTFT or E2EL, so it never counted toward goodput,
     while the engine's record did; now its finishing chunk is its first (and last) token."""
-    from minieng.serve.loadgen import stream_figures
     from minieng.measure.metrics import SLO
+    from minieng.serve.loadgen import stream_figures
 
     engine, server, finished = served
     first = text_model.tokenizer.decode(_greedy_ids(text_model, "completions", "Hello", 1))
