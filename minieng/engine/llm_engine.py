@@ -259,27 +259,58 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for every request that emitted tokens or finished."""
+        """Run one step: draft, schedule, run the model, advance the requests, record the step.
+        Returns an output for every request that emitted tokens or finished."""
         start = self.clock()
-        if self.drafter is not None:
-            self._propose()
-            synchronize(self.device)
-        draft_s = self.clock() - start
-        plan = self.scheduler.schedule()
-        for seq in plan.preempted:
-            self._forget_draft(seq)
+        draft_s = self._draft()
+        plan = self._schedule(start)
         if not plan.scheduled:
             return []
         # The plan's composition, read now: finishing a sequence below resets its state.
         num_prefill_tokens, num_decode_seqs = plan.num_prefill_tokens, plan.num_decode_seqs
-        for seq, _ in plan.scheduled:
-            if seq.times.first_scheduled_s is None:
-                seq.times.first_scheduled_s = start
         emitted = self.runner.execute(plan.scheduled)
         synchronize(self.device)
         end = self.clock()
+        chunks = self._advance(plan.scheduled, emitted)
+        outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
+        for seq, _ in plan.scheduled:
+            if not seq.is_finished:
+                self.block_manager.cache_full_blocks(seq)
+        self.step_records.append(StepRecord(
+            start_s=start, duration_s=end - start, num_prefill_tokens=num_prefill_tokens,
+            num_prefill_seqs=len(plan.scheduled) - num_decode_seqs, num_decode_seqs=num_decode_seqs,
+            num_preempted=len(plan.preempted), num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting), num_used_blocks=self.block_manager.num_used_blocks,
+            chunks=chunks, num_evictions=self.block_manager.num_evictions, draft_s=draft_s,
+            forward_s=self.runner.last_forward_s, graphed=self.runner.last_step_graphed))
+        return outputs
+
+    def _draft(self) -> float:
+        """Speculative decoding: the drafter proposes tokens for the running sequences. Seconds it took."""
+        if self.drafter is None:
+            return 0.0
+        start = self.clock()
+        self._propose()
+        synchronize(self.device)
+        return self.clock() - start
+
+    def _schedule(self, start: float):
+        """The scheduler's plan for this step; the drafts of preempted sequences are forgotten, and
+        each newly scheduled sequence notes when it first ran."""
+        plan = self.scheduler.schedule()
+        for seq in plan.preempted:
+            self._forget_draft(seq)
+        for seq, _ in plan.scheduled:
+            if seq.times.first_scheduled_s is None:
+                seq.times.first_scheduled_s = start
+        return plan
+
+    def _advance(self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]]) -> list[tuple[int, int, int]]:
+        """Move each scheduled sequence past the tokens whose KV the step wrote (with drafts: the
+        newest token and the accepted ones; the rejected drafts' KV trimmed) and return the step's
+        ``StepRecord.chunks``."""
         chunks = []
-        for seq, n in plan.scheduled:
+        for seq, n in scheduled:
             tokens = emitted.get(seq.request_id, [])
             logits_rows = seq.num_computed_tokens + n - seq.num_tokens + 1 if tokens else 0  # 1, or k + 1
             chunks.append((n, seq.num_computed_tokens, logits_rows))
@@ -291,19 +322,7 @@ class LLMEngine:
                 seq.spec_token_ids = []
             else:
                 seq.num_computed_tokens += n
-        outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
-        for seq, _ in plan.scheduled:
-            if not seq.is_finished:
-                self.block_manager.cache_full_blocks(seq)
-        self.step_records.append(StepRecord(
-            start_s=start, duration_s=end - start, num_prefill_tokens=num_prefill_tokens,
-            num_prefill_seqs=len(plan.scheduled) - num_decode_seqs, num_decode_seqs=num_decode_seqs,
-            num_preempted=len(plan.preempted), num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting), num_used_blocks=self.block_manager.num_used_blocks,
-            chunks=chunks, num_evictions=self.block_manager.num_evictions,
-            draft_s=draft_s if self.drafter is not None else 0.0, forward_s=self.runner.last_forward_s,
-            graphed=self.runner.last_step_graphed))
-        return outputs
+        return chunks
 
     def _propose(self) -> None:
         """Ask the drafter for up to k tokens for every running sequence that is decoding, never

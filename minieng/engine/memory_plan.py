@@ -129,22 +129,31 @@ def profile_step(num_tokens: int, longest: int, block_size: int) -> tuple[list[i
 
 
 @torch.inference_mode()
+def throwaway_forward(model, input_ids: torch.Tensor, logits_indices: torch.Tensor,
+                      block_size: int = 16) -> tuple[torch.Tensor, int]:
+    """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
+    table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
+    after it. Returns the logits at ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
+    device = input_ids.device
+    slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.cos.shape[0], block_size)
+    cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
+    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
+    logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices)
+    return logits, cache.nbytes
+
+
 def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
     prompt tokens (the largest step ``max_num_batched_tokens`` allows), weights included, the
     throwaway KV pool of that forward excluded."""
     device = next(model.parameters()).device
-    slots, chunks, positions, num_blocks = profile_step(num_tokens, model.rope.cos.shape[0], block_size)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
-    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    model(ids, torch.tensor(positions, device=device), cache, meta, torch.tensor([num_tokens - 1], device=device))
+    _, cache_bytes = throwaway_forward(model, ids, torch.tensor([num_tokens - 1], device=device), block_size)
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - cache.nbytes
-    del cache
+    peak = torch.cuda.max_memory_allocated(device) - cache_bytes
     torch.cuda.empty_cache()
     return peak
 

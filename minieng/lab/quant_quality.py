@@ -23,9 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from minieng.config import SamplingParams
-from minieng.engine.memory_plan import profile_step
-from minieng.model.attention import build_metadata
-from minieng.model.kv_cache import KVCache
+from minieng.engine.memory_plan import throwaway_forward
 
 
 @torch.inference_mode()
@@ -33,12 +31,8 @@ def sequence_logits(model, token_ids: list[int]) -> torch.Tensor:
     """The model's next-token logits after every prefix of ``token_ids``: [len, vocab] float32,
     from one forward pass over a throwaway KV cache (row i predicts token i + 1)."""
     device = next(model.parameters()).device
-    n, block = len(token_ids), 16
-    slots, chunks, positions, num_blocks = profile_step(n, n, block)
-    cache = KVCache(model.config, num_blocks + 1, block, next(model.parameters()).dtype, device)
-    meta = build_metadata(slots, [], chunks, block, cache.null_block, device)
-    return model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device), cache, meta,
-                 torch.arange(n, device=device))
+    n = len(token_ids)
+    return throwaway_forward(model, torch.tensor(token_ids, device=device), torch.arange(n, device=device))[0]
 
 
 def reference_sequences(engine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
