@@ -45,6 +45,7 @@ NOTEBOOK_TIMEOUT ?= 600
 
 test: setup
 	$(BIN)/ruff check  # lint: pyflakes and pycodestyle's errors (pyproject.toml)
+	$(BIN)/ruff format --check  # one format, line length 120
 	$(BIN)/lint-imports  # the layers of docs/architecture.md, and no import cycles
 	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q tests
 	$(MAKE) --no-print-directory test-notebooks

@@ -48,22 +48,77 @@ from minieng.measure.workloads import text_prompts
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 SHAPES = {  # transformers LlamaConfig fields; max_position_embeddings raised for 16k prompts
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0),
-    "smollm2-1.7b": dict(vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
-                         num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=True, rope_theta=130000.0),
-    "llama-7b-hd64": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                          num_attention_heads=64, num_key_value_heads=16, tie_word_embeddings=False, rope_theta=500000.0),
+    "smollm2-135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    ),
+    "smollm2-1.7b": dict(
+        vocab_size=49152,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        tie_word_embeddings=True,
+        rope_theta=130000.0,
+    ),
+    "llama-7b-hd64": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=64,
+        num_key_value_heads=16,
+        tie_word_embeddings=False,
+        rope_theta=500000.0,
+    ),
 }
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, tie_word_embeddings=False)
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+)
 
-FULL = dict(max_position=16384 + 512, prefill_lens=[512, 4096, 16384], batches=[1, 8, 64, 256], decode_context=1024,
-            big_batch_context=512, output_tokens=32, prefix_tokens=16384, prefix_shares=[0.0, 0.5, 0.9, 0.97],
-            spec_ks=[1, 2, 4], nvml_seconds=4.0, repeats=3, quant_prompt=4096, quant_batches=[1, 16])
-SMOKE = dict(max_position=512, prefill_lens=[16, 64], batches=[1, 2], decode_context=16, big_batch_context=16,
-             output_tokens=4, prefix_tokens=64, prefix_shares=[0.0, 0.5], spec_ks=[1, 2], nvml_seconds=0.0, repeats=1,
-             quant_prompt=64, quant_batches=[1, 2])
+FULL = dict(
+    max_position=16384 + 512,
+    prefill_lens=[512, 4096, 16384],
+    batches=[1, 8, 64, 256],
+    decode_context=1024,
+    big_batch_context=512,
+    output_tokens=32,
+    prefix_tokens=16384,
+    prefix_shares=[0.0, 0.5, 0.9, 0.97],
+    spec_ks=[1, 2, 4],
+    nvml_seconds=4.0,
+    repeats=3,
+    quant_prompt=4096,
+    quant_batches=[1, 16],
+)
+SMOKE = dict(
+    max_position=512,
+    prefill_lens=[16, 64],
+    batches=[1, 2],
+    decode_context=16,
+    big_batch_context=16,
+    output_tokens=4,
+    prefix_tokens=64,
+    prefix_shares=[0.0, 0.5],
+    spec_ks=[1, 2],
+    nvml_seconds=0.0,
+    repeats=1,
+    quant_prompt=64,
+    quant_batches=[1, 2],
+)
 
 
 def byte_tokenizer():
@@ -86,14 +141,23 @@ def make_checkpoint(directory: Path, shape: dict, max_position: int, device: tor
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     directory.mkdir(parents=True, exist_ok=True)
-    config = LlamaConfig(**shape, max_position_embeddings=max_position, rms_norm_eps=1e-5,
-                         initializer_range=0.05, eos_token_id=256, bos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        **shape,
+        max_position_embeddings=max_position,
+        rms_norm_eps=1e-5,
+        initializer_range=0.05,
+        eos_token_id=256,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     config.save_pretrained(directory)
     byte_tokenizer().save_pretrained(directory)
     if weights:
         torch.manual_seed(0)  # the same random weights on every run
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32
+            )
         model.save_pretrained(directory)
         del model
     return directory
@@ -109,14 +173,20 @@ def release() -> None:
 
 # -- sections --------------------------------------------------------------------------------------
 
+
 def parity(path: Path, device: torch.device, p: dict) -> list[dict]:
     """Logits and greedy tokens of minieng against transformers on the same checkpoint."""
     from transformers import AutoModelForCausalLM
 
     rows = []
     for dtype in ("float32", "bfloat16"):
-        engine = LLMEngine(model=str(path), dtype=dtype, device=str(device), kv_cache_memory_gib=2.0,
-                           max_model_len=min(1024, p["max_position"]))
+        engine = LLMEngine(
+            model=str(path),
+            dtype=dtype,
+            device=str(device),
+            kv_cache_memory_gib=2.0,
+            max_model_len=min(1024, p["max_position"]),
+        )
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=engine.dtype).to(device).eval()
         prompt = text_prompts(engine.tokenizer, 64, 1)[0]
         with torch.no_grad():
@@ -126,8 +196,15 @@ def parity(path: Path, device: torch.device, p: dict) -> list[dict]:
         theirs = reference_greedy(hf, prompt, n)
         agree = greedy_agreement(ours, theirs)
         logits = last_logits(engine, prompt)
-        rows.append({"dtype": dtype, "max_abs_logit_diff": (logits - ref).abs().max().item(),
-                     "logit_std": ref.std().item(), "greedy_tokens_agreeing": agree, "greedy_tokens": n})
+        rows.append(
+            {
+                "dtype": dtype,
+                "max_abs_logit_diff": (logits - ref).abs().max().item(),
+                "logit_std": ref.std().item(),
+                "greedy_tokens_agreeing": agree,
+                "greedy_tokens": n,
+            }
+        )
         del engine, hf
         release()
     return rows
@@ -180,8 +257,15 @@ def prefill(engine: LLMEngine, peaks, p: dict) -> list[dict]:
         first_ttft, _ = minieng_prefill(engine, prompts[:1])  # the first request of this length
         ttft, steps = minieng_prefill(engine, prompts[1:])
         util = phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)
-        rows.append({"prompt_tokens": n, "ttft_ms": 1e3 * ttft, "first_request_ttft_ms": 1e3 * first_ttft,
-                     "new_shape_cost_ms": 1e3 * (first_ttft - ttft), "utilization": util})
+        rows.append(
+            {
+                "prompt_tokens": n,
+                "ttft_ms": 1e3 * ttft,
+                "first_request_ttft_ms": 1e3 * first_ttft,
+                "new_shape_cost_ms": 1e3 * (first_ttft - ttft),
+                "utilization": util,
+            }
+        )
     return rows
 
 
@@ -194,22 +278,41 @@ def decode(engine: LLMEngine, peaks, p: dict) -> list[dict]:
         prompts = text_prompts(engine.tokenizer, context, b)
         tpot, steps = minieng_decode(engine, prompts, p["output_tokens"])
         util = phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)
-        rows.append({"batch_size": b, "context_tokens": context, "tpot_ms": 1e3 * tpot,
-                     "graphed_steps": sum(s.graphed for s in steps), "steps": len(steps), "utilization": util})
+        rows.append(
+            {
+                "batch_size": b,
+                "context_tokens": context,
+                "tpot_ms": 1e3 * tpot,
+                "graphed_steps": sum(s.graphed for s in steps),
+                "steps": len(steps),
+                "utilization": util,
+            }
+        )
     return rows
 
 
 def shape_speed(name: str, path: Path, device: torch.device, peaks, p: dict, load_format: str) -> dict:
     """Prefill and decode of one shape, with CUDA graphs and eager, on one loaded copy of the weights."""
-    base = dict(model=str(path), load_format=load_format, device=str(device), max_num_seqs=max(p["batches"]),
-                max_num_batched_tokens=max(p["prefill_lens"]), enable_prefix_caching=False)
+    base = dict(
+        model=str(path),
+        load_format=load_format,
+        device=str(device),
+        max_num_seqs=max(p["batches"]),
+        max_num_batched_tokens=max(p["prefill_lens"]),
+        enable_prefix_caching=False,
+    )
     if device.type == "cpu":
         base["kv_cache_memory_gib"] = 0.25
     start = time.perf_counter()
     engine = LLMEngine(**base)
-    out = {"shape": name, "params": engine.model_config.num_params, "load_s": time.perf_counter() - start,
-           "weight_bytes": engine.memory_plan.weight_bytes, "kv_pool_tokens": engine.memory_plan.kv_tokens,
-           "max_model_len": engine.max_model_len}
+    out = {
+        "shape": name,
+        "params": engine.model_config.num_params,
+        "load_s": time.perf_counter() - start,
+        "weight_bytes": engine.memory_plan.weight_bytes,
+        "kv_pool_tokens": engine.memory_plan.kv_tokens,
+        "max_model_len": engine.max_model_len,
+    }
     graphs = engine.runner.graphs
     out["graph_capture_s"] = graphs.capture_s if graphs else None
     out["num_graphs"] = graphs.num_graphs if graphs else 0
@@ -232,29 +335,50 @@ def shape_speed(name: str, path: Path, device: torch.device, peaks, p: dict, loa
 def prefix_cache(path: Path, device: torch.device, p: dict, load_format: str) -> dict:
     from minieng.lab.prefix_caching import measure_point
 
-    engine = LLMEngine(model=str(path), load_format=load_format, device=str(device),
-                       max_num_batched_tokens=p["prefix_tokens"], max_num_seqs=8,
-                       **({"kv_cache_memory_gib": 0.25} if device.type == "cpu" else {}))
+    engine = LLMEngine(
+        model=str(path),
+        load_format=load_format,
+        device=str(device),
+        max_num_batched_tokens=p["prefix_tokens"],
+        max_num_seqs=8,
+        **({"kv_cache_memory_gib": 0.25} if device.type == "cpu" else {}),
+    )
     n, rows = p["prefix_tokens"], []
     cold = measure_point(engine, 0, n, p["repeats"], cache=False)
     for share in p["prefix_shares"]:
         shared = int(share * n)
         point = measure_point(engine, shared, n - shared, p["repeats"], cache=True)
-        rows.append({"share": share, "hit_rate": point.hit_rate, "ttft_p50_ms": point.ttft_ms["p50"],
-                     "ttft_p99_ms": point.ttft_ms["p99"]})
+        rows.append(
+            {
+                "share": share,
+                "hit_rate": point.hit_rate,
+                "ttft_p50_ms": point.ttft_ms["p50"],
+                "ttft_p99_ms": point.ttft_ms["p99"],
+            }
+        )
     del engine
     release()
-    return {"prompt_tokens": n, "cold_ttft_p50_ms": cold.ttft_ms["p50"], "cold_ttft_p99_ms": cold.ttft_ms["p99"],
-            "points": rows}
+    return {
+        "prompt_tokens": n,
+        "cold_ttft_p50_ms": cold.ttft_ms["p50"],
+        "cold_ttft_p99_ms": cold.ttft_ms["p99"],
+        "points": rows,
+    }
 
 
 def speculative(target: Path, draft: Path, device: torch.device, p: dict) -> dict:
     from minieng.lab.speculative import k_sweep, machinery_overhead
 
     # k at its largest: a GPU engine captures verification graphs for every k up to it.
-    engine = LLMEngine(model=str(target), draft_model=str(draft), speculative_method="draft",
-                       num_speculative_tokens=max(p["spec_ks"]), device=str(device), max_num_seqs=8,
-                       **({"kv_cache_memory_gib": 0.25} if device.type == "cpu" else {}))
+    engine = LLMEngine(
+        model=str(target),
+        draft_model=str(draft),
+        speculative_method="draft",
+        num_speculative_tokens=max(p["spec_ks"]),
+        device=str(device),
+        max_num_seqs=8,
+        **({"kv_cache_memory_gib": 0.25} if device.type == "cpu" else {}),
+    )
     prompts = text_prompts(engine.tokenizer, 64, 1)
     result = k_sweep(engine, prompts, p["spec_ks"], p["output_tokens"])
     result["machinery"] = [machinery_overhead(engine, prompts[0], k, p["output_tokens"]) for k in p["spec_ks"]]
@@ -269,8 +393,9 @@ def nvml_during_decode(path: Path, device: torch.device, peaks, p: dict, load_fo
 
     rows = []
     for eager in (True, False):
-        engine = LLMEngine(model=str(path), load_format=load_format, device=str(device), max_num_seqs=8,
-                           enforce_eager=eager)
+        engine = LLMEngine(
+            model=str(path), load_format=load_format, device=str(device), max_num_seqs=8, enforce_eager=eager
+        )
         prompt = text_prompts(engine.tokenizer, 64, 1)
         engine.generate(prompt, SamplingParams(max_tokens=8, **GREEDY))
         step = statistics.median(s.duration_s for s in engine.step_records[-4:])
@@ -280,9 +405,16 @@ def nvml_during_decode(path: Path, device: torch.device, peaks, p: dict, load_fo
             engine.generate(prompt, SamplingParams(max_tokens=tokens, **GREEDY))
         steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
         util = phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)
-        rows.append({"enforce_eager": eager, "decode_steps": len(steps), "nvml": summarize(sampler.samples),
-                     "mfu_percent": util["measured"]["mfu_percent"], "mbu_percent": util["measured"]["mbu_percent"],
-                     "tpot_ms": 1e3 * statistics.median(s.duration_s for s in steps)})
+        rows.append(
+            {
+                "enforce_eager": eager,
+                "decode_steps": len(steps),
+                "nvml": summarize(sampler.samples),
+                "mfu_percent": util["measured"]["mfu_percent"],
+                "mbu_percent": util["measured"]["mbu_percent"],
+                "tpot_ms": 1e3 * statistics.median(s.duration_s for s in steps),
+            }
+        )
         del engine
         release()
     return rows
@@ -292,13 +424,25 @@ def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: 
     """Every scheme with a kernel on the device against the float engine, sharing its weights."""
     from minieng.lab.quantization_lab import QuantBenchConfig, device_schemes, run_quantization
 
-    engine = LLMEngine(model=str(path), load_format=load_format, device=str(device), max_num_seqs=max(p["quant_batches"]),
-                       max_num_batched_tokens=p["quant_prompt"], max_model_len=min(p["quant_prompt"] + 512, p["max_position"]),
-                       kv_cache_memory_gib=2.0 if device.type == "cuda" else 0.25, enable_prefix_caching=False)
-    cfg = QuantBenchConfig(schemes=device_schemes(engine.device, engine.dtype), prompt_tokens=p["quant_prompt"],
-                           batch_sizes=p["quant_batches"],
-                           output_tokens=p["output_tokens"], repeats=p["repeats"], quality_prompts=1,
-                           quality_tokens=8 if p is SMOKE else 32)
+    engine = LLMEngine(
+        model=str(path),
+        load_format=load_format,
+        device=str(device),
+        max_num_seqs=max(p["quant_batches"]),
+        max_num_batched_tokens=p["quant_prompt"],
+        max_model_len=min(p["quant_prompt"] + 512, p["max_position"]),
+        kv_cache_memory_gib=2.0 if device.type == "cuda" else 0.25,
+        enable_prefix_caching=False,
+    )
+    cfg = QuantBenchConfig(
+        schemes=device_schemes(engine.device, engine.dtype),
+        prompt_tokens=p["quant_prompt"],
+        batch_sizes=p["quant_batches"],
+        output_tokens=p["output_tokens"],
+        repeats=p["repeats"],
+        quality_prompts=1,
+        quality_tokens=8 if p is SMOKE else 32,
+    )
     result = run_quantization(engine, cfg, peaks)
     del engine
     release()
@@ -306,6 +450,7 @@ def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: 
 
 
 # -- targets ---------------------------------------------------------------------------------------
+
 
 def targets(result: dict) -> list[dict]:
     """Issue 9's GPU targets, from the figures measured above (absent figures are skipped)."""
@@ -327,8 +472,12 @@ def targets(result: dict) -> list[dict]:
         if name == "llama-7b-hd64":
             b64 = next((r for r in s["decode_graphs"] if r["batch_size"] == 64), None)
             if b64:
-                check(f"{name} batch-64 TPOT / batch-1 TPOT (1,024 context)", b64["tpot_ms"] / b1["tpot_ms"],
-                      "<= 1.6", b64["tpot_ms"] / b1["tpot_ms"] <= 1.6)
+                check(
+                    f"{name} batch-64 TPOT / batch-1 TPOT (1,024 context)",
+                    b64["tpot_ms"] / b1["tpot_ms"],
+                    "<= 1.6",
+                    b64["tpot_ms"] / b1["tpot_ms"] <= 1.6,
+                )
             at4k = next((r for r in s["prefill"] if r["prompt_tokens"] == 4096), None)
             if at4k:
                 mfu = at4k["utilization"]["measured"]["mfu_percent"]
@@ -364,12 +513,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "results"), help="folder for gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, every section, seconds (tests)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
-    parser.add_argument("--sections", default="parity,speed,prefix,spec,nvml,quant",
-                        help="comma-separated subset of parity,speed,prefix,spec,nvml,quant")
+    parser.add_argument(
+        "--sections",
+        default="parity,speed,prefix,spec,nvml,quant",
+        help="comma-separated subset of parity,speed,prefix,spec,nvml,quant",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     p = SMOKE if args.smoke else FULL
     shapes = {name: TINY for name in SHAPES} if args.smoke else SHAPES
     sections = set(args.sections.split(","))
@@ -380,8 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     peaks = [measured] + ([sheet] if sheet else [])
     result: dict = {"smoke": args.smoke, "peaks": [pk.to_dict() for pk in peaks]}
     work = Path(tempfile.mkdtemp(prefix="minieng-gpu-check-"))
-    ckpt = {name: make_checkpoint(work / name, shape, p["max_position"], device, weights=name != "llama-7b-hd64")
-            for name, shape in shapes.items()}
+    ckpt = {
+        name: make_checkpoint(work / name, shape, p["max_position"], device, weights=name != "llama-7b-hd64")
+        for name, shape in shapes.items()
+    }
     fmt = "dummy" if args.smoke else "auto"  # smoke: tiny dummy weights; full: the checkpoints' weights
 
     def section(key, fn):
@@ -400,8 +557,12 @@ def main(argv: list[str] | None = None) -> int:
 
     section("parity", lambda: parity(ckpt["smollm2-135m"], device, p))
     for name, path in ckpt.items():
-        section(f"speed:{name}", lambda n=name, pth=path: shape_speed(
-            n, pth, device, peaks, p, "dummy" if n == "llama-7b-hd64" or args.smoke else "auto"))
+        section(
+            f"speed:{name}",
+            lambda n=name, pth=path: shape_speed(
+                n, pth, device, peaks, p, "dummy" if n == "llama-7b-hd64" or args.smoke else "auto"
+            ),
+        )
     section("prefix", lambda: prefix_cache(ckpt["smollm2-1.7b"], device, p, fmt))
     section("spec", lambda: speculative(ckpt["smollm2-1.7b"], ckpt["smollm2-135m"], device, p))
     if device.type == "cuda":
@@ -426,27 +587,37 @@ def print_summary(result: dict) -> None:
 
     for row in result.get("parity") or []:
         if "dtype" in row:
-            print(f"parity {row['dtype']:>8}: max |dlogit| {row['max_abs_logit_diff']:.3g} (logit std "
-                  f"{row['logit_std']:.3g}), greedy {row['greedy_tokens_agreeing']}/{row['greedy_tokens']} agree")
+            print(
+                f"parity {row['dtype']:>8}: max |dlogit| {row['max_abs_logit_diff']:.3g} (logit std "
+                f"{row['logit_std']:.3g}), greedy {row['greedy_tokens_agreeing']}/{row['greedy_tokens']} agree"
+            )
     for s in result.get("speed") or []:
         if "error" in s:
             print(f"speed: {s['error']}")
             continue
-        print(f"\n{s['shape']}: {s['params'] / 1e9:.2f}B params, {s['num_graphs']} graphs captured in "
-              f"{(s['graph_capture_s'] or 0):.1f} s, b1 floor {s['tpot_floor_b1_ms']:.2f} ms")
+        print(
+            f"\n{s['shape']}: {s['params'] / 1e9:.2f}B params, {s['num_graphs']} graphs captured in "
+            f"{(s['graph_capture_s'] or 0):.1f} s, b1 floor {s['tpot_floor_b1_ms']:.2f} ms"
+        )
         for r in s["prefill"]:
             u = r["utilization"]["measured"]
-            print(f"  prefill {r['prompt_tokens']:>6}: TTFT {r['ttft_ms']:8.2f} ms (first {r['first_request_ttft_ms']:.2f})"
-                  f"  MFU {format_percent(u['mfu_percent'])}")
+            print(
+                f"  prefill {r['prompt_tokens']:>6}: TTFT {r['ttft_ms']:8.2f} ms (first {r['first_request_ttft_ms']:.2f})"
+                f"  MFU {format_percent(u['mfu_percent'])}"
+            )
         eager = {r["batch_size"]: r for r in s["decode_eager"]}
         for r in s["decode_graphs"]:
             e = eager.get(r["batch_size"], {})
-            print(f"  decode b{r['batch_size']:<4} TPOT {r['tpot_ms']:7.2f} ms {decode_mode(r)}, "
-                  f"{e.get('tpot_ms', float('nan')):7.2f} ms eager  MBU {format_percent(r['utilization']['measured']['mbu_percent'])}")
+            print(
+                f"  decode b{r['batch_size']:<4} TPOT {r['tpot_ms']:7.2f} ms {decode_mode(r)}, "
+                f"{e.get('tpot_ms', float('nan')):7.2f} ms eager  MBU {format_percent(r['utilization']['measured']['mbu_percent'])}"
+            )
     quant = result.get("quantization") or {}
     for r in quant.get("rows", [])[1:]:
-        print(f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
-              f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses")
+        print(
+            f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
+            f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses"
+        )
     for t in result.get("targets", []):
         print(f"{'PASS' if t['pass'] else 'MISS'}  {t['target']}: {t['value']:.3g} (goal {t['goal']})")
 

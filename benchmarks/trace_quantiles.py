@@ -23,32 +23,42 @@ from minieng.measure.workloads import TRACE_PROBABILITIES, TRACE_SERVICES, read_
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = "Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_{conv,code}.csv"
 LICENSE = "Creative Commons Attribution 4.0 International (CC BY 4.0)"
-ATTRIBUTION = ('Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
-               "ISCA 2024")
+ATTRIBUTION = 'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024'
 SERVICE_NAMES = {"conv": "conversation", "code": "code completion"}
 
 
 def derive(source_dir: Path) -> dict:
     """The quantiles document of the two services' CSVs in ``source_dir`` (conv.csv, code.csv)."""
-    return {"source": SOURCE, "license": LICENSE, "attribution": ATTRIBUTION,
-            "derived_with": "benchmarks/trace_quantiles.py (numpy.quantile, linear interpolation)",
-            "probabilities": list(TRACE_PROBABILITIES),
-            "services": {s: trace_quantiles(read_trace(source_dir / f"{s}.csv")) for s in TRACE_SERVICES}}
+    return {
+        "source": SOURCE,
+        "license": LICENSE,
+        "attribution": ATTRIBUTION,
+        "derived_with": "benchmarks/trace_quantiles.py (numpy.quantile, linear interpolation)",
+        "probabilities": list(TRACE_PROBABILITIES),
+        "services": {s: trace_quantiles(read_trace(source_dir / f"{s}.csv")) for s in TRACE_SERVICES},
+    }
 
 
 def readme(doc: dict) -> str:
     """The folder's README: source, licence, attribution, what was derived and how, a summary table."""
     probs = doc["probabilities"]
     at = [probs.index(p) for p in (0.5, 0.9, 0.99)]
-    rows = [f"| {service} | {name} | " + " | ".join(f"{q[name][i]:g}" for i in at) + " |"
-            for service, q in doc["services"].items() for name in ("prompt_tokens", "output_tokens", "interarrival_s")]
+    rows = [
+        f"| {service} | {name} | " + " | ".join(f"{q[name][i]:g}" for i in at) + " |"
+        for service, q in doc["services"].items()
+        for name in ("prompt_tokens", "output_tokens", "interarrival_s")
+    ]
     table = "\n".join(["| service | figure | p50 | p90 | p99 |", "| --- | --- | --- | --- | --- |", *rows])
-    rates = "; ".join(f"{s}: {q['num_requests']:,} requests over {q['duration_s']:,.0f} s, {q['rate_per_s']:.3f} req/s"
-                      for s, q in doc["services"].items())
+    rates = "; ".join(
+        f"{s}: {q['num_requests']:,} requests over {q['duration_s']:,.0f} s, {q['rate_per_s']:.3f} req/s"
+        for s, q in doc["services"].items()
+    )
     services = " and ".join(f"`{s}` ({SERVICE_NAMES[s]})" for s in doc["services"])
-    bullets = [f"**Source:** {doc['source']}: November 2023, one hour of each service, {services}.",
-               f"**Licence:** {doc['license']}.",
-               f"**Attribution:** {doc['attribution']}."]
+    bullets = [
+        f"**Source:** {doc['source']}: November 2023, one hour of each service, {services}.",
+        f"**Licence:** {doc['license']}.",
+        f"**Attribution:** {doc['attribution']}.",
+    ]
     bullets = "\n".join(textwrap.fill(b, 98, initial_indent="- ", subsequent_indent="  ") for b in bullets)
     return f"""# Azure LLM inference trace 2023: derived quantiles
 
@@ -79,8 +89,12 @@ the real trace with `--trace PATH`.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", type=Path, default=REPO.parent / "shared" / "data" / "azure-llm-trace-2023",
-                        help="folder with conv.csv and code.csv")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        default=REPO.parent / "shared" / "data" / "azure-llm-trace-2023",
+        help="folder with conv.csv and code.csv",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "data" / "azure-llm-trace-2023")
     args = parser.parse_args(argv)
     doc = derive(args.source)

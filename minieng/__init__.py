@@ -9,4 +9,13 @@ from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.package_data import data_path
 
-__all__ = ["__version__", "EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams", "StepRecord", "data_path"]
+__all__ = [
+    "__version__",
+    "EngineConfig",
+    "LLMEngine",
+    "ModelConfig",
+    "RequestOutput",
+    "SamplingParams",
+    "StepRecord",
+    "data_path",
+]

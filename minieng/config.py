@@ -25,6 +25,7 @@ def _require(ok: bool, name: str, value: Any, limit: str) -> None:
 # The embedded default model (``LLMEngine()`` with no model): served under this name, named in help.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The shape of a Llama-family decoder, read from a transformers config.
@@ -47,18 +48,30 @@ class ModelConfig:
     hf_config: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require(self.model_type in SUPPORTED_ARCHITECTURES, "model_type", self.model_type,
-                 f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)}; use one of those")
-        _require(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
-                 self.num_key_value_heads, f"must divide num_attention_heads={self.num_attention_heads}")
+        _require(
+            self.model_type in SUPPORTED_ARCHITECTURES,
+            "model_type",
+            self.model_type,
+            f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)}; use one of those",
+        )
+        _require(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            "num_key_value_heads",
+            self.num_key_value_heads,
+            f"must divide num_attention_heads={self.num_attention_heads}",
+        )
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> "ModelConfig":
         """Read a transformers ``PretrainedConfig``. Raises ``ValueError`` for other architectures."""
         model_type = getattr(hf_config, "model_type", None)
-        _require(model_type in SUPPORTED_ARCHITECTURES, "model_type", model_type,
-                 f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)} (Llama 2/3, SmolLM2, "
-                 "Mistral, Qwen2/2.5); pick a model of one of those families")
+        _require(
+            model_type in SUPPORTED_ARCHITECTURES,
+            "model_type",
+            model_type,
+            f"minieng implements {', '.join(SUPPORTED_ARCHITECTURES)} (Llama 2/3, SmolLM2, "
+            "Mistral, Qwen2/2.5); pick a model of one of those families",
+        )
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
         max_len = hf_config.max_position_embeddings
@@ -110,21 +123,66 @@ class ModelConfig:
 # give (``ModelConfig.num_params``): 134.5M, 1.71B, 8.03B, 70.55B and 7.62B (with Qwen2's q/k/v
 # biases, which ``num_params`` leaves out: 129,024 of them).
 PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
-    "SmolLM2-135M": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "SmolLM2-1.7B": dict(model_type="llama", vocab_size=49152, hidden_size=2048, intermediate_size=8192,
-                         num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=32,
-                         max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "Llama-3-8B": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                       max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False),
-    "Llama-3-70B": dict(model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672,
-                        num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                        max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False),
-    "Qwen2.5-7B-Instruct": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                                num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                                max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "SmolLM2-135M": dict(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "SmolLM2-1.7B": dict(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "Llama-3-8B": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "Llama-3-70B": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "Qwen2.5-7B-Instruct": dict(
+        model_type="qwen2",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -220,41 +278,87 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
-        _require(self.dtype in ("auto", "float32", "bfloat16", "float16"), "dtype", self.dtype,
-                 "use 'auto', 'float32', 'bfloat16' or 'float16'")
-        _require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device",
-                 self.device, "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        _require(
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            "dtype",
+            self.dtype,
+            "use 'auto', 'float32', 'bfloat16' or 'float16'",
+        )
+        _require(
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "device",
+            self.device,
+            "use 'auto', 'cpu', 'cuda' or 'cuda:N'",
+        )
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
-        _require(self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0, "kv_cache_memory_gib",
-                 self.kv_cache_memory_gib, "must be > 0 (or None to size the pool from the device)")
-        _require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", self.gpu_memory_utilization,
-                 "must be in (0, 1]")
-        _require(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks,
-                 "must be >= 1 (or None to derive it from kv_cache_memory_gib)")
-        _require(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len,
-                 "must be >= 1")
+        _require(
+            self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
+            "kv_cache_memory_gib",
+            self.kv_cache_memory_gib,
+            "must be > 0 (or None to size the pool from the device)",
+        )
+        _require(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "must be in (0, 1]",
+        )
+        _require(
+            self.num_kv_blocks is None or self.num_kv_blocks >= 1,
+            "num_kv_blocks",
+            self.num_kv_blocks,
+            "must be >= 1 (or None to derive it from kv_cache_memory_gib)",
+        )
+        _require(
+            self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1"
+        )
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
-        _require(self.batching in ("continuous", "static"), "batching", self.batching,
-                 "use 'continuous' or 'static'")
-        _require(self.batch_timeout_s >= 0, "batch_timeout_s", self.batch_timeout_s,
-                 "must be >= 0 s (0: start with whatever waits; math.inf: wait for a full batch)")
-        _require(self.speculative_method in (None, "draft", "ngram"), "speculative_method",
-                 self.speculative_method, "use None, 'draft' or 'ngram'")
-        _require(self.num_speculative_tokens >= 0, "num_speculative_tokens", self.num_speculative_tokens,
-                 "must be >= 0 (0 turns speculation off)")
-        _require(self.num_speculative_tokens == 0 or self.speculative_method is not None,
-                 "num_speculative_tokens", self.num_speculative_tokens,
-                 "needs speculative_method='draft' or 'ngram'")
+        _require(self.batching in ("continuous", "static"), "batching", self.batching, "use 'continuous' or 'static'")
+        _require(
+            self.batch_timeout_s >= 0,
+            "batch_timeout_s",
+            self.batch_timeout_s,
+            "must be >= 0 s (0: start with whatever waits; math.inf: wait for a full batch)",
+        )
+        _require(
+            self.speculative_method in (None, "draft", "ngram"),
+            "speculative_method",
+            self.speculative_method,
+            "use None, 'draft' or 'ngram'",
+        )
+        _require(
+            self.num_speculative_tokens >= 0,
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            "must be >= 0 (0 turns speculation off)",
+        )
+        _require(
+            self.num_speculative_tokens == 0 or self.speculative_method is not None,
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            "needs speculative_method='draft' or 'ngram'",
+        )
         schemes = "use None, " + ", ".join(repr(q) for q in QUANTIZATION_SCHEMES)
         _require(self.quantization in (None, *QUANTIZATION_SCHEMES), "quantization", self.quantization, schemes)
-        _require(self.draft_quantization in (None, *QUANTIZATION_SCHEMES), "draft_quantization",
-                 self.draft_quantization, schemes)
-        _require(self.quantization_group_size in INT4_GROUP_SIZES, "quantization_group_size",
-                 self.quantization_group_size, f"int4 kernels take one of {INT4_GROUP_SIZES}")
+        _require(
+            self.draft_quantization in (None, *QUANTIZATION_SCHEMES),
+            "draft_quantization",
+            self.draft_quantization,
+            schemes,
+        )
+        _require(
+            self.quantization_group_size in INT4_GROUP_SIZES,
+            "quantization_group_size",
+            self.quantization_group_size,
+            f"int4 kernels take one of {INT4_GROUP_SIZES}",
+        )
         _require(self.ngram_max >= 1, "ngram_max", self.ngram_max, "must be >= 1")
-        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
-                 self.max_num_batched_tokens,
-                 f"must be >= max_num_seqs={self.max_num_seqs} so every running decode fits a step")
+        _require(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            f"must be >= max_num_seqs={self.max_num_seqs} so every running decode fits a step",
+        )
 
 
 @dataclass
@@ -290,8 +394,9 @@ class SamplingParams:
         for name in ("temperature", "top_k", "top_p", "max_tokens", "seed"):
             value = getattr(self, name)
             if name != "seed" or value is not None:
-                _require(isinstance(value, numbers.Real) and math.isfinite(value), name, value,
-                         "must be a finite number")
+                _require(
+                    isinstance(value, numbers.Real) and math.isfinite(value), name, value, "must be a finite number"
+                )
         _require(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 is greedy)")
         _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps every token)")
         _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1] (1 keeps every token)")

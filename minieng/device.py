@@ -43,8 +43,9 @@ def dtype_choice(device: torch.device) -> tuple[str, str]:
     major, minor = torch.cuda.get_device_capability(device)
     if major >= 8:
         return "bfloat16", f"compute capability {major}.{minor} >= 8.0: native bf16"
-    return "float16", (f"compute capability {major}.{minor} < 8.0: no native bf16 (torch may report it, "
-                       "through emulation), so fp16")
+    return "float16", (
+        f"compute capability {major}.{minor} < 8.0: no native bf16 (torch may report it, through emulation), so fp16"
+    )
 
 
 def synchronize(device: torch.device) -> None:

@@ -36,8 +36,9 @@ def notebooks_path() -> Path:
     wheel or the sdist)."""
     folder = _folder("notebooks")
     if not any(folder.glob("*.ipynb")):
-        raise ValueError(f"no notebooks in {folder}: install minieng from its wheel or sdist, "
-                                "or run from a clone of the repository")
+        raise ValueError(
+            f"no notebooks in {folder}: install minieng from its wheel or sdist, or run from a clone of the repository"
+        )
     return folder
 
 

@@ -40,10 +40,10 @@ class FakeGPU:
     temperature_c: int = 55
     throttle_reasons: int = 0x4
     mig: bool = False
-    gpm: bool = True                   # Hopper or newer
+    gpm: bool = True  # Hopper or newer
     gpm_values: dict = field(default_factory=lambda: {3: 12.5, 10: 80.0, 5: 3.0})
-    gpm_metric_errors: dict = field(default_factory=dict)   # metricId -> NVML return code
-    errors: dict = field(default_factory=dict)              # NVML function name -> exception class
+    gpm_metric_errors: dict = field(default_factory=dict)  # metricId -> NVML return code
+    errors: dict = field(default_factory=dict)  # NVML function name -> exception class
 
 
 class FakeNVML:
@@ -65,7 +65,7 @@ class FakeNVML:
     def __init__(self, gpus=None, init_error=None):
         self.gpus = [FakeGPU()] if gpus is None else gpus
         self.init_error = init_error
-        self.initialized = 0                # nvmlInit minus nvmlShutdown calls
+        self.initialized = 0  # nvmlInit minus nvmlShutdown calls
         self.calls: dict[str, int] = {}
         self.gpm_seq = 0
         self.gpm_queries = []
@@ -161,7 +161,7 @@ class FakeNVML:
         assert query.sample1.seq < query.sample2.seq, "sample1 must be the earlier sample"
         self.gpm_queries.append((query.sample1.seq, query.sample2.seq))
         gpu = self.gpus[0]
-        for m in query.metrics[:query.numMetrics]:
+        for m in query.metrics[: query.numMetrics]:
             m.nvmlReturn = gpu.gpm_metric_errors.get(m.metricId, 0)
             m.value = gpu.gpm_values[m.metricId] if m.nvmlReturn == 0 else 0.0
         return query

@@ -19,14 +19,28 @@ from minieng.model.loader import LoadedModel, build_model
 
 # -- tiny random models ---------------------------------------------------------------------------
 
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, rms_norm_eps=1e-6,
-                  # Larger than the default 0.02, so random logits are spread out and greedy
-                  # choices are rarely near-ties.
-                  initializer_range=0.08)
+TINY_SHAPE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    # Larger than the default 0.02, so random logits are spread out and greedy
+    # choices are rarely near-ties.
+    initializer_range=0.08,
+)
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 # "llama3_rope" is tested on its own (test_model_parity.py): build_model cannot build it yet.
 TINY_KINDS = ("llama", "llama_tied", "llama_bias_head_dim", "mistral", "qwen2", "qwen2_tied")
@@ -87,6 +101,7 @@ def random_prompts(lengths: Seq[int], vocab: int, seed: int) -> list[list[int]]:
 
 # -- references -----------------------------------------------------------------------------------
 
+
 @torch.no_grad()
 def hf_logits(hf_model, ids: Seq[int]) -> torch.Tensor:
     """transformers' logits at every position of ``ids``: [len(ids), vocab] float32."""
@@ -104,9 +119,15 @@ def hf_greedy(hf_model, prompt: Seq[int], max_new_tokens: int) -> list[int]:
     ``eos_token_id=None`` rather than ``min_new_tokens``: the latter masks EOS out of the logits,
     which changes the argmax; minieng's ``ignore_eos`` keeps EOS as a choice and goes on.
     """
-    out = hf_model.generate(torch.tensor([list(prompt)]), max_new_tokens=max_new_tokens, do_sample=False,
-                            eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    return out[0, len(prompt):].tolist()
+    out = hf_model.generate(
+        torch.tensor([list(prompt)]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -130,14 +151,21 @@ def bos_tokenizer():
     core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS_ID)])
     tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})
-    tok.chat_template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    tok.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    )
     return tok
 
 
-def assert_same_or_near_tie(expected: Seq[int], actual: Seq[int], prompt: Seq[int],
-                            next_logits: Callable[[Seq[int]], torch.Tensor], what: str = "",
-                            tol: float = 1e-3) -> int | None:
+def assert_same_or_near_tie(
+    expected: Seq[int],
+    actual: Seq[int],
+    prompt: Seq[int],
+    next_logits: Callable[[Seq[int]], torch.Tensor],
+    what: str = "",
+    tol: float = 1e-3,
+) -> int | None:
     """Assert two greedy outputs are equal, or that they first differ at an exact near-tie.
 
     On a divergence at output position i, the reference logits after ``prompt + expected[:i]``
@@ -156,15 +184,20 @@ def assert_same_or_near_tie(expected: Seq[int], actual: Seq[int], prompt: Seq[in
         assert max(gap_a, gap_b) < tol, (
             f"{what}: outputs diverge at output position {i} ({a} vs {b}) and it is no near-tie: "
             f"reference logit gaps to the best {gap_a:.3g} and {gap_b:.3g} (top-2 gap "
-            f"{(top2[0] - top2[1]).item():.3g}, tolerance {tol})")
-        warnings.warn(f"{what}: near-tie divergence at output position {i} ({a} vs {b}); "
-                      f"top-2 gap {(top2[0] - top2[1]).item():.2e}", stacklevel=2)
+            f"{(top2[0] - top2[1]).item():.3g}, tolerance {tol})"
+        )
+        warnings.warn(
+            f"{what}: near-tie divergence at output position {i} ({a} vs {b}); "
+            f"top-2 gap {(top2[0] - top2[1]).item():.2e}",
+            stacklevel=2,
+        )
         return i
     assert len(expected) == len(actual), f"{what}: same tokens but lengths {len(expected)} != {len(actual)}"
     return None
 
 
 # -- direct forwards through the engine's runner ---------------------------------------------------
+
 
 class DirectRunner:
     """Drives an engine's model without the scheduler, to read logits at any row.

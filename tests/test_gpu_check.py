@@ -12,20 +12,36 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
 def test_gpu_check_smoke_runs_every_section(tmp_path):
-    run = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--device", "cpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    errors = [s for s in [*result["parity"], *result["speed"], result["prefix_cache"], result["speculative"],
-                          result["quantization"]]
-              if isinstance(s, dict) and "error" in s]
+    errors = [
+        s
+        for s in [
+            *result["parity"],
+            *result["speed"],
+            result["prefix_cache"],
+            result["speculative"],
+            result["quantization"],
+        ]
+        if isinstance(s, dict) and "error" in s
+    ]
     assert not errors, errors[0]["traceback"]
     fp32 = next(r for r in result["parity"] if r["dtype"] == "float32")
     assert fp32["max_abs_logit_diff"] < 1e-3 * max(1.0, fp32["logit_std"])
     assert fp32["greedy_tokens_agreeing"] == fp32["greedy_tokens"]
     for shape in result["speed"]:
         assert [r["prompt_tokens"] for r in shape["prefill"]] == [16, 64]
-        assert [r["batch_size"] for r in shape["decode_graphs"]] == [1, 2] == [r["batch_size"] for r in shape["decode_eager"]]
+        assert (
+            [r["batch_size"] for r in shape["decode_graphs"]]
+            == [1, 2]
+            == [r["batch_size"] for r in shape["decode_eager"]]
+        )
         assert all(r["tpot_ms"] > 0 for r in shape["decode_graphs"])
     assert result["prefix_cache"]["points"][1]["hit_rate"] > 0.4
     assert [r["k"] for r in result["speculative"]["rows"]] == [1, 2]
@@ -68,7 +84,7 @@ def test_greedy_parity_runs_the_reference_through_eos(tiny_llama):
     prompt = [5, 17, 42, 9]
     first = int(hf(torch.tensor([prompt])).logits[0, -1].argmax())
     hf.generation_config.eos_token_id = first  # the very first greedy token is EOS
-    stopped = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(prompt):]
+    stopped = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(prompt) :]
     assert len(stopped) < 8  # what the old comparison read as a full agreement
     tokens = script.reference_greedy(hf, prompt, 8)
     assert len(tokens) == 8 and tokens[0] == first

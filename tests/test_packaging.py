@@ -91,12 +91,26 @@ def _why_no_build() -> str | None:
 def _copy_source(dest: Path) -> None:
     """The files a clone has (git's tracked and unignored ones), or the tree without build output."""
     try:
-        names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                               capture_output=True, text=True).stdout.split("\0")
+        names = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout.split("\0")
     except (OSError, subprocess.CalledProcessError):  # no git, or not a clone (an unpacked sdist)
-        shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
-            "results", ".ipynb_checkpoints"))
+        shutil.copytree(
+            REPO,
+            dest,
+            ignore=shutil.ignore_patterns(
+                ".git",
+                ".venv",
+                "build",
+                "dist",
+                "*.egg-info",
+                "__pycache__",
+                ".pytest_cache",
+                ".hypothesis",
+                "results",
+                ".ipynb_checkpoints",
+            ),
+        )
         return
     for name in filter(None, names):
         if (REPO / name).is_file():
@@ -123,15 +137,25 @@ def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
 
     with tarfile.open(sdist) as t:
         in_sdist = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
-    assert {"README.md", "pyproject.toml", "MANIFEST.in", "data/text/pride_and_prejudice.txt",
-            "data/azure-llm-trace-2023/quantiles.json", "tests/measure/test_workloads.py",
-            "benchmarks/trace_quantiles.py"} <= in_sdist
+    assert {
+        "README.md",
+        "pyproject.toml",
+        "MANIFEST.in",
+        "data/text/pride_and_prejudice.txt",
+        "data/azure-llm-trace-2023/quantiles.json",
+        "tests/measure/test_workloads.py",
+        "benchmarks/trace_quantiles.py",
+    } <= in_sdist
     assert {f"notebooks/{n}" for n in NOTEBOOKS} <= in_sdist
     assert not any(n.startswith("notebooks/results") for n in in_sdist)
     in_wheel = set(zipfile.ZipFile(wheel).namelist())
-    assert {"minieng/data/text/pride_and_prejudice.txt", "minieng/data/text/README.md",
-            "minieng/data/azure-llm-trace-2023/quantiles.json", "minieng/data/azure-llm-trace-2023/README.md",
-            *(f"minieng/notebooks/{n}" for n in NOTEBOOKS)} <= in_wheel
+    assert {
+        "minieng/data/text/pride_and_prejudice.txt",
+        "minieng/data/text/README.md",
+        "minieng/data/azure-llm-trace-2023/quantiles.json",
+        "minieng/data/azure-llm-trace-2023/README.md",
+        *(f"minieng/notebooks/{n}" for n in NOTEBOOKS),
+    } <= in_wheel
     assert not any(n.startswith(("tests/", "data/", "notebooks/")) for n in in_wheel)
     assert not any(n.endswith(".csv") for n in in_sdist | in_wheel)
 
@@ -143,8 +167,21 @@ def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
     (purelib / "_running_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # The wheel alone, into the venv: pip neither resolves nor touches what the running environment
     # holds (its own minieng included); the check below asks that environment for the dependencies.
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--no-deps",
-          "--ignore-installed", str(wheel)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--ignore-installed",
+            str(wheel),
+        ]
+    )
 
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}

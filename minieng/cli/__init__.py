@@ -1,2 +1,1 @@
-"""The command line: ``python -m minieng {generate, bench, serve, loadgen, notebooks, course}`` (``main``).
-"""
+"""The command line: ``python -m minieng {generate, bench, serve, loadgen, notebooks, course}`` (``main``)."""

@@ -6,5 +6,12 @@ from minieng.course.claims import verdict
 from minieng.course.kit import announce, cached, claims_table, dropdown, int_slider, run_panel, show
 
 __all__ = [
-    "announce", "cached", "claims_table", "dropdown", "int_slider", "run_panel", "show", "verdict",
+    "announce",
+    "cached",
+    "claims_table",
+    "dropdown",
+    "int_slider",
+    "run_panel",
+    "show",
+    "verdict",
 ]

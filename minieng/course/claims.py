@@ -62,8 +62,9 @@ def claims_in_source(source: str) -> set[str]:
     return {i for group in _ROW_LITERAL.findall(source) for i in claim_ids(group) if i in SEED_CLAIMS}
 
 
-def seed_claims_table(rows: dict[str, list[list[str]]], expected: dict[str, set[str]],
-                      status: dict[str, str]) -> list[dict]:
+def seed_claims_table(
+    rows: dict[str, list[list[str]]], expected: dict[str, set[str]], status: dict[str, str]
+) -> list[dict]:
     """One entry per (claim, notebook): the rows measured, and a line for each notebook that
     should have measured a claim and did not.
 
@@ -78,25 +79,49 @@ def seed_claims_table(rows: dict[str, list[list[str]]], expected: dict[str, set[
         lines = []
         for name in sorted(set(rows) | set(expected)):
             got = [r for r in rows.get(name, []) if cid in claim_ids(r[0])]
-            lines += [dict(id=cid, title=title, notebook=name, claim=r[0], seed=r[1], here=r[2], holds=r[3]) for r in got]
+            lines += [
+                dict(id=cid, title=title, notebook=name, claim=r[0], seed=r[1], here=r[2], holds=r[3]) for r in got
+            ]
             if not got and cid in expected.get(name, set()):
                 why = {"ok": "gave no row"}.get(status.get(name, "not run"), status.get(name, "not run"))
-                lines.append(dict(id=cid, title=title, notebook=name, claim="", seed="",
-                                  here=f"not measured (notebook {name.split('_')[0]} {why})", holds="-"))
-        table += lines or [dict(id=cid, title=title, notebook="", claim="", seed="",
-                                here="not measured (no notebook names it)", holds="-")]
+                lines.append(
+                    dict(
+                        id=cid,
+                        title=title,
+                        notebook=name,
+                        claim="",
+                        seed="",
+                        here=f"not measured (notebook {name.split('_')[0]} {why})",
+                        holds="-",
+                    )
+                )
+        table += lines or [
+            dict(
+                id=cid,
+                title=title,
+                notebook="",
+                claim="",
+                seed="",
+                here="not measured (no notebook names it)",
+                holds="-",
+            )
+        ]
     return table
 
 
 def format_markdown(table: list[dict]) -> str:
     """``seed_claims_table``'s entries as one Markdown table: claim (the notebook's words, or the
     claim's title where nothing was measured), notebook, article's figure, measured here, holds?"""
+
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| claim | notebook | article | measured here | holds? |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {cell(e['claim'] or e['id'] + ': ' + e['title'])} | {e['notebook'].split('_')[0] or '-'} | "
-              f"{cell(e['seed'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |" for e in table]
+    lines += [
+        f"| {cell(e['claim'] or e['id'] + ': ' + e['title'])} | {e['notebook'].split('_')[0] or '-'} | "
+        f"{cell(e['seed'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |"
+        for e in table
+    ]
     return "\n".join(lines)
 
 
@@ -131,7 +156,9 @@ def verdict(judge: Callable[..., str], noise, **figures) -> str:
     said = judge(**figures)
     if not relative:
         return said
-    flat = [(name, i) for name, v in figures.items() for i in (range(len(v)) if isinstance(v, (list, tuple)) else [None])]
+    flat = [
+        (name, i) for name, v in figures.items() for i in (range(len(v)) if isinstance(v, (list, tuple)) else [None])
+    ]
     if len(flat) > MAX_FIGURES:
         raise ValueError(f"verdict: {len(flat)} figures, at most {MAX_FIGURES} (2^{MAX_FIGURES} corners)")
     up, down = 1 + relative, 1 / (1 + relative)
@@ -153,5 +180,8 @@ def noise_note(noise) -> str:
     if relative is None:
         return "The machine's timing noise was not read: the verdicts stand as measured."
     level = getattr(noise, "level", None)
-    return (f"Timing noise read at the start: about {100 * relative:.0f}%" + (f" ({level})" if level else "")
-            + f". A verdict that this noise could flip reads \"{TOO_NOISY}\"; rerun on a quieter machine to judge it.")
+    return (
+        f"Timing noise read at the start: about {100 * relative:.0f}%"
+        + (f" ({level})" if level else "")
+        + f'. A verdict that this noise could flip reads "{TOO_NOISY}"; rerun on a quieter machine to judge it.'
+    )

@@ -28,8 +28,9 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
-def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None,
-           device: str | None = None) -> dict:
+def cached(
+    name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None, device: str | None = None
+) -> dict:
     """Return ``compute()``'s JSON result, stored on disk under ``name`` and a hash of ``params``
     and of the environment it is measured in.
 
@@ -44,20 +45,24 @@ def cached(name: str, params: dict, compute: Callable[[], dict], directory: Path
     directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     where = environment(device) | {"smoke": smoke_mode()}
-    key = hashlib.sha256(json.dumps({"params": params, "environment": where}, sort_keys=True,
-                                    default=str).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps({"params": params, "environment": where}, sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
     path = directory / f"{name}-{key}.json"
     if path.is_file():
         stored = json.loads(path.read_text())
-        print(f"(cached result, measured {stored.get('measured_at', 'at an unrecorded time')} on "
-              f"{where['device_name']} ({where['host']}), read from {path}; delete it to measure again)")
+        print(
+            f"(cached result, measured {stored.get('measured_at', 'at an unrecorded time')} on "
+            f"{where['device_name']} ({where['host']}), read from {path}; delete it to measure again)"
+        )
         return stored["result"]
     result = compute()
     directory.mkdir(parents=True, exist_ok=True)
     measured_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"params": params, "environment": where, "measured_at": measured_at,
-                               "result": result}, default=str))
+    tmp.write_text(
+        json.dumps({"params": params, "environment": where, "measured_at": measured_at, "result": result}, default=str)
+    )
     tmp.replace(path)
     return result
 
@@ -89,8 +94,7 @@ def int_slider(description: str, value: int, min: int, max: int, step: int = 1):
     """An ``IntSlider`` that fires on release, sized so its track stays usable beside any description."""
     import ipywidgets as w
 
-    slider = w.IntSlider(value=value, min=min, max=max, step=step, description=description,
-                         continuous_update=False)
+    slider = w.IntSlider(value=value, min=min, max=max, step=step, description=description, continuous_update=False)
     _fit(slider, len(description), SLIDER_BODY_PX)
     return slider
 

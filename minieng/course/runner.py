@@ -62,14 +62,21 @@ def select_notebooks(notebooks_dir: Path, only: list[str] | None = None) -> list
 
 def claims_rows(nb) -> list[list[str]]:
     """The claims_table rows an executed notebook displayed (empty if it never got there)."""
-    return [row for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
-            for row in out.get("data", {}).get(CLAIMS_MIMETYPE, {}).get("rows", [])]
+    return [
+        row
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        for row in out.get("data", {}).get(CLAIMS_MIMETYPE, {}).get("rows", [])
+    ]
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-PANEL_NOTE = ("<p><em>An interactive panel: its controls work when you run the notebook. Its result for the "
-              "default values:</em></p>")
+PANEL_NOTE = (
+    "<p><em>An interactive panel: its controls work when you run the notebook. Its result for the "
+    "default values:</em></p>"
+)
 
 
 def _static(out, shown, note) -> list:
@@ -123,7 +130,9 @@ def _kernel_manager(kernels_dir: Path):
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
 
-    return AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)]))
+    return AsyncKernelManager(
+        kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)])
+    )
 
 
 POLL_SLICE_S = 1.0
@@ -140,6 +149,7 @@ def sliced_get_msg(get_msg, slice_s: float = POLL_SLICE_S):
     idle kernel whose reply was sent, the course waiting 15 minutes; jupyter/nbclient#312). Each
     new slice asks the socket again.
     """
+
     async def get(timeout: float | None = None, **kwargs):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -181,8 +191,14 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
     def on_cell_start(cell, cell_index):
         bar.set_postfix_str(f"{path.stem}: cell {cell_index + 1}/{len(nb.cells)}")
 
-    client = CourseClient(nb, km=_kernel_manager(kernels_dir), timeout=int(timeout_s), timeout_func=time_left,
-                            on_cell_start=on_cell_start, resources={"metadata": {"path": str(path.parent)}})
+    client = CourseClient(
+        nb,
+        km=_kernel_manager(kernels_dir),
+        timeout=int(timeout_s),
+        timeout_func=time_left,
+        on_cell_start=on_cell_start,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     start = time.perf_counter()
     status, error = "ok", None
     try:
@@ -198,8 +214,14 @@ def run_notebook(path: Path, output_dir: Path, env: dict, timeout_s: float, bar,
     nbformat.write(nb, output_dir / path.name)
     page = output_dir / f"{path.stem}.html"
     page.write_text(HTMLExporter().from_notebook_node(static_panels(nb))[0], encoding="utf-8")
-    return {"name": path.stem, "status": status, "error": error, "wall_s": round(wall_s, 1), "html": page.name,
-            "rows": claims_rows(nb)}
+    return {
+        "name": path.stem,
+        "status": status,
+        "error": error,
+        "wall_s": round(wall_s, 1),
+        "html": page.name,
+        "rows": claims_rows(nb),
+    }
 
 
 def fill_model_cache() -> None:
@@ -212,9 +234,15 @@ def fill_model_cache() -> None:
     convert_gguf(path)
 
 
-def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("course-output"),
-               only: list[str] | None = None, smoke: bool = False, timeout_s: float = 3600,
-               progress: bool = True, jobs: int = 1) -> dict:
+def run_course(
+    notebooks_dir: Path | None = None,
+    output_dir: Path = Path("course-output"),
+    only: list[str] | None = None,
+    smoke: bool = False,
+    timeout_s: float = 3600,
+    progress: bool = True,
+    jobs: int = 1,
+) -> dict:
     """Run the course's notebooks (those in ``notebooks_dir``, default the installed or checked-out
     course's, ``package_data.notebooks_path``; or ``only`` those numbers) into ``output_dir``.
 
@@ -230,20 +258,27 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
     notebooks_dir = Path(notebooks_dir or notebooks_path()).resolve()
     output_dir = Path(output_dir).resolve()
     if output_dir == notebooks_dir:
-        raise ValueError(f"--output {output_dir} is the notebooks' own folder: the executed copies would replace "
-                         "them; give another folder (default: course-output)")
+        raise ValueError(
+            f"--output {output_dir} is the notebooks' own folder: the executed copies would replace "
+            "them; give another folder (default: course-output)"
+        )
     every, chosen = select_notebooks(notebooks_dir), select_notebooks(notebooks_dir, only)
     output_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, MINIENG_RESULTS_DIR=str(output_dir / "results"),
-               # the kernels import the minieng that runs them
-               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        MINIENG_RESULTS_DIR=str(output_dir / "results"),
+        # the kernels import the minieng that runs them
+        PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     env.pop(SMOKE_ENV, None)
     if smoke:
         env[SMOKE_ENV] = "1"
     start = time.perf_counter()
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    with tqdm(total=len(chosen), unit="notebook", disable=not progress) as bar, \
-            tempfile.TemporaryDirectory() as kernels_dir:
+    with (
+        tqdm(total=len(chosen), unit="notebook", disable=not progress) as bar,
+        tempfile.TemporaryDirectory() as kernels_dir,
+    ):
         write_kernelspec(Path(kernels_dir))
 
         def run(path: Path) -> dict:
@@ -267,13 +302,25 @@ def run_course(notebooks_dir: Path | None = None, output_dir: Path = Path("cours
                     finished(future.result())
             runs = [f.result() for f in futures]
     status = {r["name"]: r["status"] for r in runs}
-    expected = {p.stem: claims_in_source("\n".join(c.source for c in nbformat.read(p, as_version=4).cells
-                                                   if c.cell_type == "code" and "claims_table(" in c.source))
-                for p in every}
-    summary = {"mode": "smoke" if smoke else "full", "notebooks_dir": str(notebooks_dir),
-               "started_at": started_at, "machine": machine(),
-               "wall_s": round(time.perf_counter() - start, 1), "notebooks": runs,
-               "seed_claims": seed_claims_table({r["name"]: r["rows"] for r in runs}, expected, status)}
+    expected = {
+        p.stem: claims_in_source(
+            "\n".join(
+                c.source
+                for c in nbformat.read(p, as_version=4).cells
+                if c.cell_type == "code" and "claims_table(" in c.source
+            )
+        )
+        for p in every
+    }
+    summary = {
+        "mode": "smoke" if smoke else "full",
+        "notebooks_dir": str(notebooks_dir),
+        "started_at": started_at,
+        "machine": machine(),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "notebooks": runs,
+        "seed_claims": seed_claims_table({r["name"]: r["rows"] for r in runs}, expected, status),
+    }
     (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
     return summary
@@ -283,8 +330,10 @@ def machine() -> str:
     """Where the course ran, in words: the device the notebooks pick (CUDA when available), the
     host, torch's version and threads (``harness.environment``)."""
     env = environment("cuda" if torch.cuda.is_available() else "cpu")
-    return (f"{env['device_name']} ({env['device']}), host {env['host']}, torch {env['torch_version']}, "
-            f"{env['torch_threads']} threads")
+    return (
+        f"{env['device_name']} ({env['device']}), host {env['host']}, torch {env['torch_version']}, "
+        f"{env['torch_threads']} threads"
+    )
 
 
 def index_html(summary: dict) -> str:
@@ -292,26 +341,29 @@ def index_html(summary: dict) -> str:
     articles' claims table."""
     e = html.escape
     nb_rows = "".join(
-        f"<tr><td><a href=\"{e(r['html'])}\">{e(r['name'])}</a></td><td class=\"{'ok' if r['status'] == 'ok' else 'bad'}\">"
+        f'<tr><td><a href="{e(r["html"])}">{e(r["name"])}</a></td><td class="{"ok" if r["status"] == "ok" else "bad"}">'
         f"{e(r['status'])}</td><td>{r['wall_s']:.0f} s</td><td>{e(r['error'] or '')}</td></tr>"
-        for r in summary["notebooks"])
+        for r in summary["notebooks"]
+    )
     pages = {r["name"]: r["html"] for r in summary["notebooks"]}
 
     def notebook(name: str) -> str:
         number = e(name.split("_")[0])
-        return f"<a href=\"{e(pages[name])}\">{number}</a>" if name in pages else number
+        return f'<a href="{e(pages[name])}">{number}</a>' if name in pages else number
 
     claim_rows = "".join(
         f"<tr><td>{e(c['claim'] or c['id'] + ': ' + c['title'])}</td><td>{notebook(c['notebook'])}</td>"
-        f"<td>{e(c['seed'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>" for c in summary["seed_claims"])
+        f"<td>{e(c['seed'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>"
+        for c in summary["seed_claims"]
+    )
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>minieng course</title>
 <style>body{{font-family:sans-serif;max-width:75em;margin:2em auto}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}} .ok{{color:#060}} .bad{{color:#b00}}</style>
 </head><body>
 <h1>minieng course, executed</h1>
-<p>{e(summary['mode'])} mode, {len(summary['notebooks'])} notebook(s) in {summary['wall_s'] / 60:.1f} min,
-started {e(summary['started_at'])} on {e(summary['machine'])}.</p>
+<p>{e(summary["mode"])} mode, {len(summary["notebooks"])} notebook(s) in {summary["wall_s"] / 60:.1f} min,
+started {e(summary["started_at"])} on {e(summary["machine"])}.</p>
 <table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
 <h2>The source articles' claims, measured here</h2>
 <p>All {len(SEED_CLAIMS)} articles' claims, one line per notebook that measures each (its closing table's rows).</p>
@@ -322,6 +374,8 @@ started {e(summary['started_at'])} on {e(summary['machine'])}.</p>
 
 def report(summary: dict) -> str:
     """The terminal's summary: one line per notebook, then the articles' claims as Markdown."""
-    lines = [f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]]
+    lines = [
+        f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]
+    ]
     head = [f"{summary['mode']} mode, started {summary['started_at']} on {summary['machine']}", ""]
     return "\n".join(head + lines + ["", format_markdown(summary["seed_claims"])])

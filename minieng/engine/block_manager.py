@@ -89,7 +89,7 @@ class BlockManager:
         tokens = seq.all_token_ids if len(keys) < num_blocks else None
         while len(keys) < num_blocks:
             i = len(keys)
-            keys.append(block_hash(keys[-1] if keys else b"", tokens[i * bs:(i + 1) * bs], seq.extra_keys))
+            keys.append(block_hash(keys[-1] if keys else b"", tokens[i * bs : (i + 1) * bs], seq.extra_keys))
         return keys[:num_blocks]
 
     def match_prefix(self, seq: Sequence) -> list[int]:
@@ -104,7 +104,7 @@ class BlockManager:
         hits, parent = [], 0
         for i, key in enumerate(self._keys(seq, (len(tokens) - 1) // bs)):
             block = self.cached.get(key)
-            if block is None or not self._holds(block, tokens[i * bs:(i + 1) * bs], parent, seq.extra_keys):
+            if block is None or not self._holds(block, tokens[i * bs : (i + 1) * bs], parent, seq.extra_keys):
                 break
             hits.append(block)
             parent = self.block_serials[block]
@@ -133,7 +133,7 @@ class BlockManager:
         tokens, bs = seq.all_token_ids, self.block_size
         parent = 0  # serial of the cached block that stands for the prefix before block i
         for i, key in enumerate(self._keys(seq, full)):
-            block, block_tokens = seq.block_table[i], tokens[i * bs:(i + 1) * bs]
+            block, block_tokens = seq.block_table[i], tokens[i * bs : (i + 1) * bs]
             if self.block_keys[block] is None:  # computed by this sequence, not taken from the cache
                 entry = self.cached.get(key)
                 if entry is None:
@@ -192,8 +192,10 @@ class BlockManager:
         """Append blocks to ``seq.block_table`` so ``num_new_tokens`` more tokens fit."""
         needed = self.num_blocks_needed(seq, num_new_tokens)
         if needed > self.num_free_blocks:
-            raise RuntimeError(f"out of KV blocks: {seq.request_id} needs {needed}, "
-                               f"{self.num_free_blocks} free; the scheduler should have preempted")
+            raise RuntimeError(
+                f"out of KV blocks: {seq.request_id} needs {needed}, "
+                f"{self.num_free_blocks} free; the scheduler should have preempted"
+            )
         for _ in range(needed):
             block, _ = self.free_blocks.popitem(last=False)  # least recently freed
             assert self.ref_counts[block] == 0, f"free block {block} has refs"
@@ -251,9 +253,11 @@ class BlockManager:
                 holders[block] += 1
         for block in range(self.num_blocks):
             assert self.ref_counts[block] == holders[block], (
-                f"block {block}: ref count {self.ref_counts[block]} != {holders[block]} holders")
+                f"block {block}: ref count {self.ref_counts[block]} != {holders[block]} holders"
+            )
             assert (block in self.free_blocks) == (holders[block] == 0), f"block {block} free/used mismatch"
         for key, block in self.cached.items():
             assert self.block_keys[block] == key, f"cache entry points at block {block}, which was reallocated"
             assert self.block_serials[block] > 0 and self.block_parents[block] is not None, (
-                f"cached block {block} has no serial or parent")
+                f"cached block {block} has no serial or parent"
+            )

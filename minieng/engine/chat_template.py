@@ -20,8 +20,10 @@ def check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
-                         "which is not valid Unicode text: send the character's surrogate pair, or remove it") from None
+        raise ValueError(
+            f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+            "which is not valid Unicode text: send the character's surrogate pair, or remove it"
+        ) from None
 
 
 def chat_token_ids(tokenizer, messages: str | list[Message]) -> list[int]:

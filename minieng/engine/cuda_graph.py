@@ -86,16 +86,29 @@ class DecodeGraphs:
         capture_s: seconds the capture took at start-up; ``num_graphs``: buckets captured.
     """
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, max_num_seqs: int, max_model_len: int,
-                 max_gather_tokens: int, query_lens: tuple[int, ...] = (1,), capture: bool = True):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_gather_tokens: int,
+        query_lens: tuple[int, ...] = (1,),
+        capture: bool = True,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.batch_sizes = capture_batch_sizes(max_num_seqs)
         self.widths = capture_widths(cdiv(max_model_len, self.block_size))
         self.query_lens = sorted(set(query_lens))
-        self.buckets = [(q, b, w) for q in self.query_lens for b in self.batch_sizes for w in self.widths
-                        if b * w * self.block_size <= max_gather_tokens]
+        self.buckets = [
+            (q, b, w)
+            for q in self.query_lens
+            for b in self.batch_sizes
+            for w in self.widths
+            if b * w * self.block_size <= max_gather_tokens
+        ]
         self.device = device = kv_cache.k.device
         self.rows, self.width = rows, width = self.batch_sizes[-1], self.widths[-1]
         self.tokens = tokens = rows * self.query_lens[-1]
@@ -105,10 +118,12 @@ class DecodeGraphs:
         size = 3 * tokens + rows + rows * width
         self._device_inputs = torch.empty(size, dtype=torch.long, device=device)
         self._host_inputs = torch.empty(size, dtype=torch.long, pin_memory=device.type == "cuda")
-        (self.input_ids, self.positions, self.slot_mapping, self.context_lens,
-         self.block_tables) = self._views(self._device_inputs)
-        for buf, value in zip(self._views(self._device_inputs), (0, 0, kv_cache.scratch_slot, self.query_lens[-1],
-                                                                  kv_cache.null_block)):
+        (self.input_ids, self.positions, self.slot_mapping, self.context_lens, self.block_tables) = self._views(
+            self._device_inputs
+        )
+        for buf, value in zip(
+            self._views(self._device_inputs), (0, 0, kv_cache.scratch_slot, self.query_lens[-1], kv_cache.null_block)
+        ):
             buf.fill_(value)  # what the warm-up and capture run on: padding sequences only
         self._host_inputs.copy_(self._device_inputs)
         self.logits_indices = torch.arange(tokens, device=device)
@@ -126,15 +141,27 @@ class DecodeGraphs:
     def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """input_ids, positions, slot_mapping [tokens], context_lens [rows], block_tables [rows, width]."""
         t, r = self.tokens, self.rows
-        return (flat[:t], flat[t:2 * t], flat[2 * t:3 * t], flat[3 * t:3 * t + r],
-                flat[3 * t + r:].view(r, self.width))
+        return (
+            flat[:t],
+            flat[t : 2 * t],
+            flat[2 * t : 3 * t],
+            flat[3 * t : 3 * t + r],
+            flat[3 * t + r :].view(r, self.width),
+        )
 
     def _forward(self, q: int, b: int, w: int) -> torch.Tensor:
         """The forward of bucket (q, b, w) on the static buffers: logits [b * q, vocab]."""
-        meta = AttentionMetadata(self.slot_mapping[:b * q], b, self.block_tables[:b, :w],
-                                 decode_mask(self.context_lens[:b], w * self.block_size, q), [], q)
-        return self.model(self.input_ids[:b * q], self.positions[:b * q], self.kv_cache, meta,
-                          self.logits_indices[:b * q])
+        meta = AttentionMetadata(
+            self.slot_mapping[: b * q],
+            b,
+            self.block_tables[:b, :w],
+            decode_mask(self.context_lens[:b], w * self.block_size, q),
+            [],
+            q,
+        )
+        return self.model(
+            self.input_ids[: b * q], self.positions[: b * q], self.kv_cache, meta, self.logits_indices[: b * q]
+        )
 
     @torch.inference_mode()
     def _capture(self) -> float:
@@ -151,7 +178,7 @@ class DecodeGraphs:
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.logits[:b * q].copy_(self._forward(q, b, w))
+                    self.logits[: b * q].copy_(self._forward(q, b, w))
                 pool = graph.pool()
                 self.graphs[(q, b, w)] = graph
             torch.cuda.synchronize(self.device)
@@ -178,9 +205,9 @@ class DecodeGraphs:
         _, b, w = key
         pad = (b - n) * q
         ids, pos, slots, lens, tables = self._views(self._host_inputs)
-        ids[:b * q] = torch.tensor(lay.input_ids + [0] * pad)
-        pos[:b * q] = torch.tensor(lay.positions + [0] * pad)
-        slots[:b * q] = torch.tensor(lay.slot_mapping + [self.kv_cache.scratch_slot] * pad)
+        ids[: b * q] = torch.tensor(lay.input_ids + [0] * pad)
+        pos[: b * q] = torch.tensor(lay.positions + [0] * pad)
+        slots[: b * q] = torch.tensor(lay.slot_mapping + [self.kv_cache.scratch_slot] * pad)
         # A padding sequence's context is its q tokens: each query sees at least one (null) key.
         lens[:b] = torch.tensor([c for _, c in lay.decodes] + [q] * (b - n))
         tables[:b, :w] = block_table_tensor([t for t, _ in lay.decodes] + [[]] * (b - n), w, self.kv_cache.null_block)
@@ -192,5 +219,5 @@ class DecodeGraphs:
         self._device_inputs[:used].copy_(self._host_inputs[:used], non_blocking=True)
         if self.captured:
             self.graphs[key].replay()
-            return self.logits[:n * q]
-        return self._forward(q, b, w)[:n * q]
+            return self.logits[: n * q]
+        return self._forward(q, b, w)[: n * q]

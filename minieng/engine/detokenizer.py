@@ -32,10 +32,10 @@ class IncrementalDetokenizer:
     def add(self, new_token_ids: list[int]) -> str:
         """Feed new output ids; return the text delta now safe to show (maybe "")."""
         self.token_ids.extend(new_token_ids)
-        prefix = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
-        window = self._decode(self.token_ids[self.prefix_offset:])
+        prefix = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        window = self._decode(self.token_ids[self.prefix_offset :])
         if len(window) > len(prefix) and not window.endswith(REPLACEMENT):
-            self.text += window[len(prefix):]
+            self.text += window[len(prefix) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
         return self._release(final=False)
 
@@ -50,7 +50,7 @@ class IncrementalDetokenizer:
         self.output_text = self.text[:end] if (self.stopped or final) else self.text
         if end <= self.num_released:
             return ""
-        delta = self.text[self.num_released:end]
+        delta = self.text[self.num_released : end]
         self.num_released = end
         return delta
 

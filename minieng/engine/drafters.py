@@ -48,8 +48,8 @@ class PromptLookupDrafter:
         for n in range(min(self.ngram_max, len(tokens) - 1), self.ngram_min - 1, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):  # latest match first
-                if tokens[start:start + n] == tail:
-                    return tokens[start + n:start + n + k]
+                if tokens[start : start + n] == tail:
+                    return tokens[start + n : start + n + k]
         return []
 
     def free(self, request_id: str) -> None:
@@ -109,8 +109,11 @@ class DraftModelDrafter:
         # When every draft was accepted, the last draft and the bonus token both lack draft KV:
         # run the first of the two alone, so that every draft forward below is a step of one token
         # per sequence (a decode step, a CUDA graph on a GPU) rather than a mixed, eager one.
-        lagging = [drafts[i] for i in active if drafts[i].num_uncomputed_tokens == 2
-                   and self.block_manager.can_allocate(drafts[i], 1)]
+        lagging = [
+            drafts[i]
+            for i in active
+            if drafts[i].num_uncomputed_tokens == 2 and self.block_manager.can_allocate(drafts[i], 1)
+        ]
         if lagging:
             for d in lagging:
                 self.block_manager.allocate(d, 1)
@@ -137,8 +140,9 @@ class DraftModelDrafter:
                     token = int(logits[row].argmax())
                 else:  # the output position this draft stands at: the target races there too
                     position = len(seq.output_token_ids) + step
-                    token = int(race(probabilities(logits[row], seq.params),
-                                     seq.rng.exponentials(position, logits.shape[-1])))
+                    token = int(
+                        race(probabilities(logits[row], seq.params), seq.rng.exponentials(position, logits.shape[-1]))
+                    )
                 tokens[i].append(token)
                 d.prompt_token_ids.append(token)
             active = [i for i in active if len(tokens[i]) == step + 1]

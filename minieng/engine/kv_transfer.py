@@ -74,8 +74,12 @@ class KVHandoff:
 def is_prefilled(seq: Sequence) -> bool:
     """Whether ``seq`` is ready to hand off: running, prompt computed, first token sampled, and
     nothing else (no draft tokens)."""
-    return (seq.status is SequenceStatus.RUNNING and bool(seq.output_token_ids)
-            and seq.num_computed_tokens == seq.num_tokens - 1 and not seq.spec_token_ids)
+    return (
+        seq.status is SequenceStatus.RUNNING
+        and bool(seq.output_token_ids)
+        and seq.num_computed_tokens == seq.num_tokens - 1
+        and not seq.spec_token_ids
+    )
 
 
 def export_prefilled(engine: LLMEngine, request_id: str) -> KVHandoff:
@@ -92,10 +96,12 @@ def export_prefilled(engine: LLMEngine, request_id: str) -> KVHandoff:
     req = engine.requests[request_id]
     seq = req.seq
     if not is_prefilled(seq):
-        raise ValueError(f"request {request_id!r} is not a finished prefill ({seq}): hand a request off "
-                         "after the step that samples its first token")
+        raise ValueError(
+            f"request {request_id!r} is not a finished prefill ({seq}): hand a request off "
+            "after the step that samples its first token"
+        )
     n = seq.num_computed_tokens
-    k, v = engine.kv_cache.read_blocks(seq.block_table[:cdiv(n, engine.block_manager.block_size)])
+    k, v = engine.kv_cache.read_blocks(seq.block_table[: cdiv(n, engine.block_manager.block_size)])
     engine.scheduler.detach(seq)  # blocks back to the pool; this resets num_computed_tokens
     seq.status = SequenceStatus.WAITING  # in transit
     del engine.requests[request_id]
@@ -128,22 +134,28 @@ def admit_prefilled(engine: LLMEngine, handoff: KVHandoff) -> str:
     if handoff.model_config != engine.model_config:
         raise ValueError("the hand-off comes from another model shape: both engines must run the same model")
     if handoff.block_size != bm.block_size or handoff.k.dtype != engine.kv_cache.k.dtype:
-        raise ValueError(f"the hand-off has block_size={handoff.block_size} and {handoff.k.dtype}; this engine "
-                         f"has block_size={bm.block_size} and {engine.kv_cache.k.dtype}: configure them alike")
+        raise ValueError(
+            f"the hand-off has block_size={handoff.block_size} and {handoff.k.dtype}; this engine "
+            f"has block_size={bm.block_size} and {engine.kv_cache.k.dtype}: configure them alike"
+        )
     if seq.request_id in engine.requests:
         raise ValueError(f"request_id={seq.request_id!r} is already in use in this engine")
     if seq.num_tokens >= engine.max_model_len:
-        raise ValueError(f"request {seq.request_id!r} has {seq.num_tokens} tokens; this engine's "
-                         f"max_model_len={engine.max_model_len} leaves no room to decode")
+        raise ValueError(
+            f"request {seq.request_id!r} has {seq.num_tokens} tokens; this engine's "
+            f"max_model_len={engine.max_model_len} leaves no room to decode"
+        )
     if not can_admit(engine, handoff):
-        raise RuntimeError(f"no room for request {seq.request_id!r} now ({bm.num_free_blocks} free blocks, "
-                           f"{len(engine.scheduler.running)} running): check can_admit and retry after a step")
+        raise RuntimeError(
+            f"no room for request {seq.request_id!r} now ({bm.num_free_blocks} free blocks, "
+            f"{len(engine.scheduler.running)} running): check can_admit and retry after a step"
+        )
     hits = bm.match_prefix(seq)
     bm.take_prefix(seq, hits)
     bm.allocate(seq, handoff.num_computed_tokens - seq.num_computed_tokens)
     # Blocks just allocated are zeroed by the runner before the next forward: do it now, then write.
     engine.kv_cache.zero_blocks(bm.take_fresh_blocks())
-    engine.kv_cache.write_blocks(seq.block_table[len(hits):], handoff.k[:, len(hits):], handoff.v[:, len(hits):])
+    engine.kv_cache.write_blocks(seq.block_table[len(hits) :], handoff.k[:, len(hits) :], handoff.v[:, len(hits) :])
     seq.num_computed_tokens = handoff.num_computed_tokens
     bm.cache_full_blocks(seq)
     engine.requests[seq.request_id] = handoff.request
@@ -153,5 +165,7 @@ def admit_prefilled(engine: LLMEngine, handoff: KVHandoff) -> str:
 
 def _refuse_speculation(engine: LLMEngine) -> None:
     if engine.drafter is not None:
-        raise ValueError("KV hand-off with speculative decoding is not supported (the drafter's KV would "
-                         "stay behind): use engines with num_speculative_tokens=0")
+        raise ValueError(
+            "KV hand-off with speculative decoding is not supported (the drafter's KV would "
+            "stay behind): use engines with num_speculative_tokens=0"
+        )

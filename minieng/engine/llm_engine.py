@@ -101,16 +101,23 @@ class LLMEngine:
             models = [self.model] + ([draft_model] if draft_model is not None else [])
             num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
         self.max_model_len = fit_max_model_len(config, model_config, self.dtype, self.max_model_len, num_blocks)
-        self.memory_plan = plan_memory(model_config, self.dtype, num_blocks, config.block_size, self.device,
-                                       self.matmul_bytes)
+        self.memory_plan = plan_memory(
+            model_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
+        )
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device,
-                                  decode_graphs(config, self.model, self.kv_cache, self.max_model_len),
-                                  gather_budget_tokens(self.kv_cache))
-        self.drafter = (make_drafter(config, draft_model, num_blocks, self.max_model_len)
-                        if config.num_speculative_tokens else None)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv_cache,
+            self.block_manager,
+            self.device,
+            decode_graphs(config, self.model, self.kv_cache, self.max_model_len),
+            gather_budget_tokens(self.kv_cache),
+        )
+        self.drafter = (
+            make_drafter(config, draft_model, num_blocks, self.max_model_len) if config.num_speculative_tokens else None
+        )
         self.requests: dict[str, _Request] = {}
         # The time source of every timestamp the engine records (arrivals by default, steps,
         # emissions). A model of several devices on one machine gives each engine a clock of its
@@ -138,8 +145,13 @@ class LLMEngine:
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
-    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_s: float | None = None) -> str:
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival_s: float | None = None,
+    ) -> str:
         """Queue a request; it joins the running batch at a later step. Returns its id.
 
         Args:
@@ -162,8 +174,9 @@ class LLMEngine:
         from its engine loop)."""
         return self._check_request(prompt, params, None)[0]
 
-    def _check_request(self, prompt: Prompt, params: SamplingParams | None,
-                       request_id: str | None) -> tuple[list[int], SamplingParams]:
+    def _check_request(
+        self, prompt: Prompt, params: SamplingParams | None, request_id: str | None
+    ) -> tuple[list[int], SamplingParams]:
         """Validate a request without changing anything: its token ids and its params, or a ValueError."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -174,8 +187,10 @@ class LLMEngine:
         if not ids:
             raise ValueError(EMPTY_PROMPT)
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
-                             "room for at least one output token: shorten the prompt")
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
+                "room for at least one output token: shorten the prompt"
+            )
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {min(ids)}..{max(ids)}")
@@ -183,8 +198,7 @@ class LLMEngine:
             raise ValueError(f"request_id={request_id!r} is already in use")
         return ids, params
 
-    def _queue(self, ids: list[int], params: SamplingParams, request_id: str | None,
-               arrival_s: float | None) -> str:
+    def _queue(self, ids: list[int], params: SamplingParams, request_id: str | None, arrival_s: float | None) -> str:
         """Queue a request ``_check_request`` accepted; this part cannot fail."""
         while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
             request_id = str(next(self._ids))
@@ -214,13 +228,17 @@ class LLMEngine:
         """
         others = sorted(set(fields) - set(self.RECONFIGURABLE))
         if others:
-            raise ValueError(f"reconfigured({', '.join(others)}=...): only {', '.join(self.RECONFIGURABLE)} can "
-                             "change on a built engine; build another (LLMEngine(config, loaded=engine.loaded))")
+            raise ValueError(
+                f"reconfigured({', '.join(others)}=...): only {', '.join(self.RECONFIGURABLE)} can "
+                "change on a built engine; build another (LLMEngine(config, loaded=engine.loaded))"
+            )
         built = self.config
         new = replace(built, **fields)  # validates: ValueError naming the field
         if new.max_num_seqs > built.max_num_seqs:
-            raise ValueError(f"reconfigured(max_num_seqs={new.max_num_seqs}): at most the {built.max_num_seqs} "
-                             "the engine was built for")
+            raise ValueError(
+                f"reconfigured(max_num_seqs={new.max_num_seqs}): at most the {built.max_num_seqs} "
+                "the engine was built for"
+            )
         self.config = self.scheduler.config = new
         try:
             yield self
@@ -276,13 +294,24 @@ class LLMEngine:
         for seq, _ in plan.scheduled:
             if not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
-        self.step_records.append(StepRecord(
-            start_s=start, duration_s=end - start, num_prefill_tokens=num_prefill_tokens,
-            num_prefill_seqs=len(plan.scheduled) - num_decode_seqs, num_decode_seqs=num_decode_seqs,
-            num_preempted=len(plan.preempted), num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting), num_used_blocks=self.block_manager.num_used_blocks,
-            chunks=chunks, num_evictions=self.block_manager.num_evictions, draft_s=draft_s,
-            forward_s=self.runner.last_forward_s, graphed=self.runner.last_step_graphed))
+        self.step_records.append(
+            StepRecord(
+                start_s=start,
+                duration_s=end - start,
+                num_prefill_tokens=num_prefill_tokens,
+                num_prefill_seqs=len(plan.scheduled) - num_decode_seqs,
+                num_decode_seqs=num_decode_seqs,
+                num_preempted=len(plan.preempted),
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting),
+                num_used_blocks=self.block_manager.num_used_blocks,
+                chunks=chunks,
+                num_evictions=self.block_manager.num_evictions,
+                draft_s=draft_s,
+                forward_s=self.runner.last_forward_s,
+                graphed=self.runner.last_step_graphed,
+            )
+        )
         return outputs
 
     def _draft(self) -> float:
@@ -305,7 +334,9 @@ class LLMEngine:
                 seq.times.first_scheduled_s = start
         return plan
 
-    def _advance(self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]]) -> list[tuple[int, int, int]]:
+    def _advance(
+        self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]]
+    ) -> list[tuple[int, int, int]]:
         """Move each scheduled sequence past the tokens whose KV the step wrote (with drafts: the
         newest token and the accepted ones; the rejected drafts' KV trimmed) and return the step's
         ``StepRecord.chunks``."""
@@ -329,8 +360,10 @@ class LLMEngine:
         more than its ``max_tokens`` or ``max_model_len`` leaves room for (k drafts emit k + 1)."""
         k = self.config.num_speculative_tokens
         decoding = [s for s in self.scheduler.running if s.output_token_ids and s.num_uncomputed_tokens == 1]
-        room = [max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1,
-                           self.max_model_len - s.num_tokens - 1)) for s in decoding]
+        room = [
+            max(0, min(k, s.params.max_tokens - len(s.output_token_ids) - 1, self.max_model_len - s.num_tokens - 1))
+            for s in decoding
+        ]
         for seq, tokens in zip(decoding, self.drafter.propose(decoding, room)):
             seq.spec_token_ids = tokens
 
@@ -378,14 +411,26 @@ class LLMEngine:
         seq = self.requests[request_id].seq
         detok = self.requests[request_id].detokenizer
         return RequestOutput(
-            request_id, seq.prompt_token_ids, list(seq.output_token_ids), list(new_token_ids or []),
-            detok.output_text if detok else "", delta, seq.is_finished,
-            seq.status.value if seq.is_finished else None, seq.times, seq.num_cached_tokens)
+            request_id,
+            seq.prompt_token_ids,
+            list(seq.output_token_ids),
+            list(new_token_ids or []),
+            detok.output_text if detok else "",
+            delta,
+            seq.is_finished,
+            seq.status.value if seq.is_finished else None,
+            seq.times,
+            seq.num_cached_tokens,
+        )
 
     # -- conveniences ---------------------------------------------------------------------------
 
-    def generate(self, prompts: Prompt | Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Run prompts to completion together (continuous batching); outputs in prompt order.
 
         Under static batching, a partial batch waits for its timeout asleep (``idle_wait_s``).
@@ -414,6 +459,7 @@ class LLMEngine:
         progress = None
         if use_tqdm:
             from tqdm.auto import tqdm
+
             progress = tqdm(total=len(ids), desc="generate", unit="req")
         while pending:
             self._wait_until_runnable(pending)
@@ -426,8 +472,9 @@ class LLMEngine:
             progress.close()
         return [self.output(i) for i in ids]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None,
-               request_id: str | None = None) -> Iterator[str]:
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Iterator[str]:
         """Queue one request now and return an iterator of its text deltas, as they become safe to show.
 
         Their concatenation equals the final text; other queued requests advance meanwhile.
@@ -460,9 +507,11 @@ class LLMEngine:
             for request_id in request_ids:
                 self.abort_request(request_id)
                 self.release_request(request_id)
-            raise ValueError(f"static batching with batch_timeout_s=inf starts a batch only when "
-                             f"max_num_seqs={self.config.max_num_seqs} requests wait, and only {num_waiting} "
-                             "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)")
+            raise ValueError(
+                f"static batching with batch_timeout_s=inf starts a batch only when "
+                f"max_num_seqs={self.config.max_num_seqs} requests wait, and only {num_waiting} "
+                "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)"
+            )
         if wait_s > 0:
             time.sleep(wait_s)
 

@@ -57,44 +57,67 @@ class MemoryPlan:
     def problems(self) -> list[str]:
         out = []
         if self.gpu_memory_bytes is not None and self.device_bytes > HEADROOM * self.gpu_memory_bytes:
-            out.append(f"weights {self.weight_bytes / GIB:.2f} GiB + KV {self.kv_bytes / GIB:.2f} GiB exceed "
-                       f"{HEADROOM:.0%} of the GPU's {self.gpu_memory_bytes / GIB:.1f} GiB")
+            out.append(
+                f"weights {self.weight_bytes / GIB:.2f} GiB + KV {self.kv_bytes / GIB:.2f} GiB exceed "
+                f"{HEADROOM:.0%} of the GPU's {self.gpu_memory_bytes / GIB:.1f} GiB"
+            )
         if self.host_available_bytes is not None and self.host_bytes > HEADROOM * self.host_available_bytes:
-            out.append(f"{self.host_bytes / GIB:.2f} GiB needed in host RAM, {self.host_available_bytes / GIB:.1f} GiB available")
+            out.append(
+                f"{self.host_bytes / GIB:.2f} GiB needed in host RAM, {self.host_available_bytes / GIB:.1f} GiB available"
+            )
         return out
 
     def check(self) -> None:
         """Raise ``ValueError`` with advice if the plan does not fit."""
         problems = self.problems()
         if problems:
-            raise ValueError("the model does not fit: " + "; ".join(problems) + ". Try: a smaller model; "
-                             "a 2-byte dtype (dtype='bfloat16' or 'float16') on a GPU; a shorter max_model_len; "
-                             "a smaller KV budget (kv_cache_memory_gib or num_kv_blocks).")
+            raise ValueError(
+                "the model does not fit: " + "; ".join(problems) + ". Try: a smaller model; "
+                "a 2-byte dtype (dtype='bfloat16' or 'float16') on a GPU; a shorter max_model_len; "
+                "a smaller KV budget (kv_cache_memory_gib or num_kv_blocks)."
+            )
 
     def lines(self) -> list[str]:
         fmt = lambda b: "unknown" if b is None else f"{b / GIB:.2f} GiB"  # noqa: E731
-        return [f"weights           {fmt(self.weight_bytes)}",
-                f"KV per token      {self.kv_bytes_per_token / 1024:.1f} KiB",
-                f"KV pool           {self.num_kv_blocks} blocks x {self.block_size} = {self.kv_tokens} tokens, {fmt(self.kv_bytes)}",
-                f"needs on {self.device_type:<6}  {fmt(self.device_bytes)} (GPU memory {fmt(self.gpu_memory_bytes)})",
-                f"needs in host RAM {fmt(self.host_bytes)} ({fmt(self.host_available_bytes)} available)"]
+        return [
+            f"weights           {fmt(self.weight_bytes)}",
+            f"KV per token      {self.kv_bytes_per_token / 1024:.1f} KiB",
+            f"KV pool           {self.num_kv_blocks} blocks x {self.block_size} = {self.kv_tokens} tokens, {fmt(self.kv_bytes)}",
+            f"needs on {self.device_type:<6}  {fmt(self.device_bytes)} (GPU memory {fmt(self.gpu_memory_bytes)})",
+            f"needs in host RAM {fmt(self.host_bytes)} ({fmt(self.host_available_bytes)} available)",
+        ]
 
 
-def plan_memory(model_config: ModelConfig, dtype: torch.dtype, num_kv_blocks: int, block_size: int,
-                device: torch.device, quantized: MatmulBytes | None = None) -> MemoryPlan:
+def plan_memory(
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    num_kv_blocks: int,
+    block_size: int,
+    device: torch.device,
+    quantized: MatmulBytes | None = None,
+) -> MemoryPlan:
     """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on
     ``device``; ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The
     KV cache stays in ``dtype``."""
     dtype_bytes = dtype.itemsize
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    return MemoryPlan(weight_bytes(model_config, dtype_bytes, quantized), model_config.kv_bytes_per_token(dtype_bytes),
-                      num_kv_blocks, block_size, device.type, gpu, host_memory_bytes()[1])
+    return MemoryPlan(
+        weight_bytes(model_config, dtype_bytes, quantized),
+        model_config.kv_bytes_per_token(dtype_bytes),
+        num_kv_blocks,
+        block_size,
+        device.type,
+        gpu,
+        host_memory_bytes()[1],
+    )
 
 
 # -- sizing the KV pool from the device (CUDA), as vLLM does ---------------------------------------
 
-def kv_budget_bytes(total_bytes: int, gpu_memory_utilization: float, peak_torch_bytes: int,
-                    non_torch_bytes: int) -> int:
+
+def kv_budget_bytes(
+    total_bytes: int, gpu_memory_utilization: float, peak_torch_bytes: int, non_torch_bytes: int
+) -> int:
     """Bytes left for the KV pool: vLLM's rule (``gpu_memory_utilization``, ``determine_num_available_blocks``).
 
     total x utilization, less the peak torch allocated in a profile forward (weights plus the
@@ -110,7 +133,9 @@ def kv_blocks_for_bytes(budget_bytes: int, block_size: int, kv_bytes_per_token: 
     return max(0, budget_bytes // (block_size * sum(kv_bytes_per_token)))
 
 
-def profile_step(num_tokens: int, longest: int, block_size: int) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
+def profile_step(
+    num_tokens: int, longest: int, block_size: int
+) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
     """The layout of a profile step of ``num_tokens`` prompt tokens: sequences no longer than
     ``longest`` (the RoPE table; a token budget may exceed ``max_model_len``), each in its own blocks.
 
@@ -129,8 +154,9 @@ def profile_step(num_tokens: int, longest: int, block_size: int) -> tuple[list[i
 
 
 @torch.inference_mode()
-def throwaway_forward(model, input_ids: torch.Tensor, logits_indices: torch.Tensor,
-                      block_size: int = 16) -> tuple[torch.Tensor, int]:
+def throwaway_forward(
+    model, input_ids: torch.Tensor, logits_indices: torch.Tensor, block_size: int = 16
+) -> tuple[torch.Tensor, int]:
     """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
     table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
     after it. Returns the logits at ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
@@ -158,8 +184,9 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
     return peak
 
 
-def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float,
-                     reserve_fraction: float = 0.0) -> int:
+def device_kv_blocks(
+    models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float, reserve_fraction: float = 0.0
+) -> int:
     """KV blocks for ``models`` (the target, then the draft if any) on their CUDA device.
 
     Each model gets a pool of the same number of blocks. ``reserve_fraction`` of the device's
@@ -179,5 +206,6 @@ def device_kv_blocks(models: list, num_tokens: int, block_size: int, gpu_memory_
             f"no GPU memory left for the KV cache: {total / GIB:.1f} GiB x gpu_memory_utilization="
             f"{gpu_memory_utilization} leaves {budget / GIB:.2f} GiB after the weights and activations "
             f"({peak / GIB:.2f} GiB) and other allocations ({non_torch / GIB:.2f} GiB); raise "
-            "gpu_memory_utilization, lower max_num_batched_tokens, or use a smaller model")
+            "gpu_memory_utilization, lower max_num_batched_tokens, or use a smaller model"
+        )
     return blocks

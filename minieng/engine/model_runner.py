@@ -69,8 +69,15 @@ class ModelRunner:
     (``setup.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
     """
 
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: BlockManager,
-                 device: torch.device, graphs=None, max_gather_tokens: int | None = None):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_cache: KVCache,
+        block_manager: BlockManager,
+        device: torch.device,
+        graphs=None,
+        max_gather_tokens: int | None = None,
+    ):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -85,8 +92,9 @@ class ModelRunner:
         out = StepLayout()
         if scheduled and len({n for _, n in scheduled}) == 1 and scheduled[0][1] <= MAX_DECODE_QUERY_LEN:
             out.query_len = scheduled[0][1]
-        ordered = ([item for item in scheduled if item[1] == out.query_len]
-                   + [item for item in scheduled if item[1] != out.query_len])
+        ordered = [item for item in scheduled if item[1] == out.query_len] + [
+            item for item in scheduled if item[1] != out.query_len
+        ]
         for seq, n in ordered:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             known = seq.token_ids(start, end)
@@ -113,11 +121,23 @@ class ModelRunner:
 
     def _tensors(self, lay: StepLayout):
         dev = self.device
-        meta = build_metadata(lay.slot_mapping, lay.decodes, lay.chunks, self.block_manager.block_size,
-                              self.kv_cache.null_block, dev, lay.query_len, self.max_gather_tokens)
-        return (torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
-                torch.tensor(lay.positions, dtype=torch.long, device=dev),
-                meta, torch.tensor(lay.logits_indices, dtype=torch.long, device=dev), lay.sampling)
+        meta = build_metadata(
+            lay.slot_mapping,
+            lay.decodes,
+            lay.chunks,
+            self.block_manager.block_size,
+            self.kv_cache.null_block,
+            dev,
+            lay.query_len,
+            self.max_gather_tokens,
+        )
+        return (
+            torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
+            torch.tensor(lay.positions, dtype=torch.long, device=dev),
+            meta,
+            torch.tensor(lay.logits_indices, dtype=torch.long, device=dev),
+            lay.sampling,
+        )
 
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
         """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
@@ -142,11 +162,15 @@ class ModelRunner:
     def _check(self, logits: torch.Tensor) -> torch.Tensor:
         if not bool(torch.isfinite(logits).all()):
             dtype = next(self.model.parameters()).dtype
-            hint = (" float16's largest value is 65,504, and some models' activations exceed it: "
-                    "use dtype='bfloat16' where the GPU has it, or 'float32'."
-                    if dtype == torch.float16 else " Check the weights (load_format, checkpoint).")
-            raise NonFiniteLogitsError(f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}."
-                                       + hint)
+            hint = (
+                " float16's largest value is 65,504, and some models' activations exceed it: "
+                "use dtype='bfloat16' where the GPU has it, or 'float32'."
+                if dtype == torch.float16
+                else " Check the weights (load_format, checkpoint)."
+            )
+            raise NonFiniteLogitsError(
+                f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}." + hint
+            )
         return logits
 
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
@@ -160,13 +184,17 @@ class ModelRunner:
         out: dict[str, list[int]] = {}
         if plain:
             rows = torch.tensor([self._row(sampling, i) for i, _ in plain], device=logits.device)
-            tokens = sample(logits[rows], [s.params for _, s in plain], [s.rng for _, s in plain],
-                            [len(s.output_token_ids) for _, s in plain])
+            tokens = sample(
+                logits[rows],
+                [s.params for _, s in plain],
+                [s.rng for _, s in plain],
+                [len(s.output_token_ids) for _, s in plain],
+            )
             out.update({seq.request_id: [tok] for (_, seq), tok in zip(plain, tokens)})
         for i, (seq, rows) in enumerate(sampling):
             if rows > 1:
                 first = self._row(sampling, i)
-                out[seq.request_id] = verify(seq, logits[first:first + rows])
+                out[seq.request_id] = verify(seq, logits[first : first + rows])
         return out
 
     @staticmethod

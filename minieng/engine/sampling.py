@@ -103,8 +103,9 @@ def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return torch.where(probs > 0, scores, -1.0).argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[KeyedRandom | None],
-           positions: list[int]) -> list[int]:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], rngs: list[KeyedRandom | None], positions: list[int]
+) -> list[int]:
     """One token per row.
 
     Args:

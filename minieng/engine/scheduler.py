@@ -59,8 +59,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self, config: EngineConfig, block_manager: BlockManager, clock: Callable[[], float] = time.perf_counter
+    ):
         self.config = config
         self.block_manager = block_manager
         self.clock = clock  # seconds, on the clock of ``RequestTimes.arrival_s``
@@ -137,7 +138,7 @@ class Scheduler:
         """Static batching, no batch running: the first ``max_num_seqs`` waiting requests become
         the batch once that many wait, or once the oldest has waited ``batch_timeout_s``."""
         if self.waiting and self._fill_wait_s() == 0:
-            self.batch = {seq.request_id for seq in list(self.waiting)[:self.config.max_num_seqs]}
+            self.batch = {seq.request_id for seq in list(self.waiting)[: self.config.max_num_seqs]}
 
     def _fill_wait_s(self) -> float:
         """Static batching, no batch running, someone waiting: seconds before a batch forms (0: now)."""
@@ -192,8 +193,7 @@ class Scheduler:
     def _reserve(self, seq: Sequence, n: int, scheduled: set[str], out: SchedulerOutput) -> bool:
         """Allocate room for ``n`` tokens of ``seq``, preempting the newest unscheduled sequences."""
         while not self.block_manager.can_allocate(seq, n):
-            victim = next((s for s in reversed(self.running)
-                           if s is not seq and s.request_id not in scheduled), None)
+            victim = next((s for s in reversed(self.running) if s is not seq and s.request_id not in scheduled), None)
             if victim is None:
                 return False
             self._preempt(victim, out)

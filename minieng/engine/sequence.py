@@ -45,8 +45,14 @@ class RequestTimes:
 class Sequence:
     """One request: prompt, output so far, KV placement and timestamps."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 arrival_s: float, rng: KeyedRandom | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_s: float,
+        rng: KeyedRandom | None = None,
+    ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -78,10 +84,10 @@ class Sequence:
         step reads one token per sequence; ``all_token_ids`` would copy the whole context)."""
         p = len(self.prompt_token_ids)
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
+            return self.output_token_ids[start - p : end - p]
         if end <= p:
             return self.prompt_token_ids[start:end]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -93,5 +99,7 @@ class Sequence:
         return self.status.finished
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
-                f"output={len(self.output_token_ids)}, computed={self.num_computed_tokens})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+            f"output={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+        )

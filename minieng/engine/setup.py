@@ -37,13 +37,15 @@ def check_max_model_len(asked: int | None, model_max: int) -> int:
     if asked is None:
         return model_max
     if asked > model_max:
-        raise ValueError(f"max_model_len={asked} exceeds the model's context of {model_max} tokens; "
-                         "lower it or leave it None")
+        raise ValueError(
+            f"max_model_len={asked} exceeds the model's context of {model_max} tokens; lower it or leave it None"
+        )
     return asked
 
 
-def configured_kv_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
-                         device: torch.device) -> int | None:
+def configured_kv_blocks(
+    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, device: torch.device
+) -> int | None:
     """The pool's blocks from the config alone, or None when the device must size it (CUDA, no budget)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
@@ -58,8 +60,16 @@ def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: in
     blocks, and would leave no room for a second engine (notebooks compare engines side by side)."""
     useful = config.max_num_seqs * cdiv(max_model_len, config.block_size)
     # Eager steps gather too (within ``gather_budget_tokens``): the scratch is kept with or without graphs.
-    return min(useful, device_kv_blocks(models, config.max_num_batched_tokens, config.block_size,
-                                        config.gpu_memory_utilization, GATHER_SCRATCH_FRACTION))
+    return min(
+        useful,
+        device_kv_blocks(
+            models,
+            config.max_num_batched_tokens,
+            config.block_size,
+            config.gpu_memory_utilization,
+            GATHER_SCRATCH_FRACTION,
+        ),
+    )
 
 
 def gather_budget_tokens(kv_cache: KVCache) -> int | None:
@@ -80,28 +90,35 @@ def gather_budget_for(total_bytes: int, per_layer_token_bytes: int, pool_tokens:
     return min(pool_tokens, int(GATHER_SCRATCH_FRACTION * total_bytes) // (2 * per_layer_token_bytes))
 
 
-def fit_max_model_len(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int,
-                      num_blocks: int) -> int:
+def fit_max_model_len(
+    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int, num_blocks: int
+) -> int:
     """``max_model_len``, capped (with a warning) to what a pool of ``num_blocks`` holds when it
     was left to default. Raises ``ValueError`` when it was asked for explicitly and does not fit."""
     tokens = num_blocks * config.block_size
     if tokens >= max_model_len:
         return max_model_len
     need_gib = max_model_len * kv_bytes_per_token(model_config, dtype) / GIB
-    advice = (f"raise kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks, or "
-              "gpu_memory_utilization on a GPU)")
+    advice = (
+        f"raise kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks, or gpu_memory_utilization on a GPU)"
+    )
     if config.max_model_len is not None or num_blocks < 1:
         raise ValueError(
             f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), "
-            f"fewer than one sequence of max_model_len={max_model_len}: {advice}, or lower max_model_len")
-    warnings.warn(f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), fewer "
-                  f"than the model's context of {max_model_len}: max_model_len is capped to {tokens}. "
-                  f"For longer sequences, {advice}.", stacklevel=3)
+            f"fewer than one sequence of max_model_len={max_model_len}: {advice}, or lower max_model_len"
+        )
+    warnings.warn(
+        f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), fewer "
+        f"than the model's context of {max_model_len}: max_model_len is capped to {tokens}. "
+        f"For longer sequences, {advice}.",
+        stacklevel=3,
+    )
     return tokens
 
 
-def check_engine_quantization(config: EngineConfig, model_config: ModelConfig, device: torch.device,
-                       dtype: torch.dtype) -> None:
+def check_engine_quantization(
+    config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> None:
     """Refuse, before any weight loads, a scheme the device does not run or an int4 group size
     that does not divide the model's layers (``ValueError`` listing what runs where). A
     separate draft model's group sizes are checked when it is quantized."""
@@ -122,7 +139,9 @@ def engine_model(config: EngineConfig, model) -> tuple[EngineConfig, object]:
         return config, quantize_model(model, config.quantization, config.quantization_group_size)
     done = model_quantization(model)
     if done is not None and done[0] in SCHEMES:  # not a dequantized reference: its bytes are the kernels'
-        config = replace(config, quantization=done[0], quantization_group_size=done[1] or config.quantization_group_size)
+        config = replace(
+            config, quantization=done[0], quantization_group_size=done[1] or config.quantization_group_size
+        )
     return config, model
 
 
@@ -164,8 +183,9 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
     return drafter
 
 
-def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len: int,
-                  query_lens: tuple[int, ...] | None = None):
+def decode_graphs(
+    config: EngineConfig, model, kv_cache: KVCache, max_model_len: int, query_lens: tuple[int, ...] | None = None
+):
     """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``).
 
     ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
@@ -179,11 +199,15 @@ def decode_graphs(config: EngineConfig, model, kv_cache: KVCache, max_model_len:
     # graphs' pool): within the gather budget, so the scratch and the warm-up beside it fit the
     # memory the KV sizing left out.
     try:
-        return DecodeGraphs(model, kv_cache, config.max_num_seqs, max_model_len, gather_budget_tokens(kv_cache),
-                            query_lens=query_lens)
+        return DecodeGraphs(
+            model, kv_cache, config.max_num_seqs, max_model_len, gather_budget_tokens(kv_cache), query_lens=query_lens
+        )
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
-        warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
-                      "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.", stacklevel=3)
+        warnings.warn(
+            f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
+            "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.",
+            stacklevel=3,
+        )
         return None
 
 
@@ -191,8 +215,13 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
     """Raise ``ValueError`` unless the draft reads and writes the target's token ids."""
     tv, dv = target.model.config.vocab_size, draft.model.config.vocab_size
     if tv != dv:
-        raise ValueError(f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
-                         "same family (it must share the target's tokenizer)")
-    if target.tokenizer is not None and draft.tokenizer is not None and \
-            target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(
+            f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
+            "same family (it must share the target's tokenizer)"
+        )
+    if (
+        target.tokenizer is not None
+        and draft.tokenizer is not None
+        and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab()
+    ):
         raise ValueError("draft_model's tokenizer differs from the target's: use a draft of the same family")

@@ -76,8 +76,9 @@ def verify_coupled(draft_tokens: list[int], target_probs: torch.Tensor, noise: t
     return accept_matching(draft_tokens, race(target_probs, noise).tolist())
 
 
-def verify_sampled(draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                   generator: torch.Generator | None) -> list[int]:
+def verify_sampled(
+    draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
     """Rejection-sampling verification of one sequence.
 
     Not what the engine runs (see the module docstring): the textbook rule, kept with its tests.

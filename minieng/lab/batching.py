@@ -41,15 +41,23 @@ def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_
     u = phase_utilization(engine.model_config, dtype_bytes, steps, peaks)
     work = sum(step_work(engine.model_config, s.chunks, dtype_bytes) for s in steps)
     first = u[peaks[0].source]
-    return {"batch_size": batch_size, "tpot_s": tpot, "tok_s": batch_size / tpot, "wall_s": wall,
-            "step_s": u["seconds"] / u["num_steps"], "mfu_percent": first["mfu_percent"],
-            "mbu_percent": first["mbu_percent"], "suspect": first["suspect"],
-            "intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
-            "kv_bytes_share": (work.kv_read_bytes + work.kv_write_bytes) / work.total_bytes}
+    return {
+        "batch_size": batch_size,
+        "tpot_s": tpot,
+        "tok_s": batch_size / tpot,
+        "wall_s": wall,
+        "step_s": u["seconds"] / u["num_steps"],
+        "mfu_percent": first["mfu_percent"],
+        "mbu_percent": first["mbu_percent"],
+        "suspect": first["suspect"],
+        "intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
+        "kv_bytes_share": (work.kv_read_bytes + work.kv_write_bytes) / work.total_bytes,
+    }
 
 
-def batch_sweep(engine: LLMEngine, max_batch: int, prompt_tokens: int, output_tokens: int, peaks,
-                budget_s: float, progress=None) -> dict:
+def batch_sweep(
+    engine: LLMEngine, max_batch: int, prompt_tokens: int, output_tokens: int, peaks, budget_s: float, progress=None
+) -> dict:
     """Decode at batch 1, 2, 4, ... (``decode_point``) until aggregate tok/s stops growing, the
     batch reaches ``max_batch``, or the next point would overrun ``budget_s``.
 
@@ -75,8 +83,14 @@ def batch_sweep(engine: LLMEngine, max_batch: int, prompt_tokens: int, output_to
         if knee["knee_reached"] and sum(r["batch_size"] > knee["knee_tokens"] for r in rows) >= 2:
             break
     knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
-    return {"rows": rows, "knee_batch": knee["knee_tokens"], "knee_reached": knee["knee_reached"],
-            "max_batch": max_batch, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+    return {
+        "rows": rows,
+        "knee_batch": knee["knee_tokens"],
+        "knee_reached": knee["knee_reached"],
+        "max_batch": max_batch,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+    }
 
 
 NEAR_LINEAR = 0.7  # tok/s at batch b at least 70% of b x batch 1's: "almost linear"
@@ -110,8 +124,13 @@ def limiting_factor(row: dict, ridge_flop_per_byte: float, share: float = BOUND_
     return "bandwidth" if row["mbu_percent"] >= 100 * share else "overhead"
 
 
-def compute_bound_batch(model_config: ModelConfig, dtype_bytes: float, context_tokens: int,
-                        ridge_flop_per_byte: float, max_batch: int = 1 << 16) -> int | None:
+def compute_bound_batch(
+    model_config: ModelConfig,
+    dtype_bytes: float,
+    context_tokens: int,
+    ridge_flop_per_byte: float,
+    max_batch: int = 1 << 16,
+) -> int | None:
     """The smallest decode batch whose step is compute-bound by the roofline: FLOP per byte of
     ``work.decode_work`` (every sequence at ``context_tokens`` of context) at or past the ridge
     point. None when no batch up to ``max_batch`` gets there: each sequence adds its K/V reads to
@@ -132,20 +151,24 @@ def compute_bound_batch(model_config: ModelConfig, dtype_bytes: float, context_t
     return lo
 
 
-def sustainable_rate(tpot_s: float, batch_size: int, mean_output_tokens: float, prompt_tokens: int,
-                     prefill_tok_s: float) -> float:
+def sustainable_rate(
+    tpot_s: float, batch_size: int, mean_output_tokens: float, prompt_tokens: int, prefill_tok_s: float
+) -> float:
     """Requests per second a continuously full batch can serve: each request holds one of
     ``batch_size`` slots for ``mean_output_tokens`` steps of ``tpot_s`` s, and its prompt takes
     ``prompt_tokens / prefill_tok_s`` s of the engine alone. An estimate, for choosing an arrival
     rate below it. Raises ``ValueError`` for non-positive inputs."""
     if min(tpot_s, batch_size, mean_output_tokens, prefill_tok_s) <= 0 or prompt_tokens < 0:
-        raise ValueError("tpot_s, batch_size, mean_output_tokens and prefill_tok_s must be > 0, prompt_tokens >= 0; "
-                         f"got {tpot_s}, {batch_size}, {mean_output_tokens}, {prefill_tok_s}, {prompt_tokens}")
+        raise ValueError(
+            "tpot_s, batch_size, mean_output_tokens and prefill_tok_s must be > 0, prompt_tokens >= 0; "
+            f"got {tpot_s}, {batch_size}, {mean_output_tokens}, {prefill_tok_s}, {prompt_tokens}"
+        )
     return 1.0 / (mean_output_tokens * tpot_s / batch_size + prompt_tokens / prefill_tok_s)
 
 
-def compare_batching(engines: dict[str, LLMEngine], specs: list[RequestSpec], prompts: list[list[int]],
-                     progress: bool = False) -> dict:
+def compare_batching(
+    engines: dict[str, LLMEngine], specs: list[RequestSpec], prompts: list[list[int]], progress: bool = False
+) -> dict:
     """Replay the same workload in real time (``replay.run_workload``) against each engine.
 
     Each engine is warmed up first with one full batch (``max_num_seqs`` short requests, so a
@@ -164,15 +187,20 @@ def compare_batching(engines: dict[str, LLMEngine], specs: list[RequestSpec], pr
         busy = sum(s.duration_s for s in result.steps)
         runs[name] = {
             # sequences per step, weighted by the steps' durations: how full the batch was
-            "mean_sequences_per_step": sum(s.duration_s * (s.num_prefill_seqs + s.num_decode_seqs)
-                                           for s in result.steps) / busy if busy else 0.0,
+            "mean_sequences_per_step": sum(
+                s.duration_s * (s.num_prefill_seqs + s.num_decode_seqs) for s in result.steps
+            )
+            / busy
+            if busy
+            else 0.0,
             "metrics": serving_metrics(result.outputs, result.duration_s).to_dict(),
             "ttft_ms": [1e3 * m.ttft_s for m in ms if m.ttft_s is not None],
             "tpot_ms": [1e3 * m.tpot_s for m in ms if m.tpot_s is not None],
             "e2el_ms": [1e3 * m.e2el_s for m in ms if m.e2el_s is not None],
-            "steps": [[s.start_s - result.start_s, s.duration_s, s.num_prefill_seqs + s.num_decode_seqs]
-                      for s in result.steps],
-            "token_ids": [list(o.token_ids) for o in result.outputs]}
+            "steps": [
+                [s.start_s - result.start_s, s.duration_s, s.num_prefill_seqs + s.num_decode_seqs] for s in result.steps
+            ],
+            "token_ids": [list(o.token_ids) for o in result.outputs],
+        }
     tokens = [r["token_ids"] for r in runs.values()]
     return {"runs": runs, "same_tokens": all(t == tokens[0] for t in tokens)}
-

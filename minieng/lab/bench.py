@@ -80,8 +80,14 @@ def minieng_decode(engine: LLMEngine, prompts: list[list[int]], output_tokens: i
 def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
     ids = torch.tensor(prompts, device=hf_model.device)
     start = time.perf_counter()
-    hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                      min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    hf_model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
     synchronize(hf_model.device)
     return time.perf_counter() - start
 
@@ -91,7 +97,9 @@ def hf_prefill(hf_model, prompts: list[list[int]]) -> float:
 
 
 def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
-    return (_hf_generate_s(hf_model, prompts, output_tokens) - _hf_generate_s(hf_model, prompts, 1)) / (output_tokens - 1)
+    return (_hf_generate_s(hf_model, prompts, output_tokens) - _hf_generate_s(hf_model, prompts, 1)) / (
+        output_tokens - 1
+    )
 
 
 def load_transformers(engine: LLMEngine):
@@ -100,8 +108,9 @@ def load_transformers(engine: LLMEngine):
     return AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=engine.dtype).to(engine.device).eval()
 
 
-def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, progress=print,
-              sweeps: bool = True) -> dict:
+def run_bench(
+    engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, progress=print, sweeps: bool = True
+) -> dict:
     """Measure the ceilings, run both sweeps (unless ``sweeps=False``); return a JSON-serializable
     dict whose keys carry their units."""
     if not sweeps:
@@ -113,9 +122,15 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
     env = bench_environment(engine)
     sheet = datasheet_peak(env["device_name"]) if engine.device.type == "cuda" else None
     peaks = [ceilings.peak] + ([sheet] if sheet else [])
-    result = {"environment": env, "config": asdict(cfg), "load_s": load_s,
-              "peaks": [p.to_dict() for p in peaks], "ceilings": ceilings.to_dict(),
-              "prefill": [], "decode": []}
+    result = {
+        "environment": env,
+        "config": asdict(cfg),
+        "load_s": load_s,
+        "peaks": [p.to_dict() for p in peaks],
+        "ceilings": ceilings.to_dict(),
+        "prefill": [],
+        "decode": [],
+    }
     warm = text_prompts(tok, 16, 1)
     warm_up(engine, warm)
     if hf is not None:
@@ -124,9 +139,14 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         progress(f"prefill: {n} prompt tokens")
         prompts = text_prompts(tok, n, cfg.repeats)
         ttft, steps = minieng_prefill(engine, prompts)
-        row = {"prompt_tokens": n, "minieng_ttft_ms": 1e3 * ttft, "minieng_prefill_tok_s": n / ttft,
-               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
-                                               engine.matmul_bytes)}
+        row = {
+            "prompt_tokens": n,
+            "minieng_ttft_ms": 1e3 * ttft,
+            "minieng_prefill_tok_s": n / ttft,
+            "utilization": phase_utilization(
+                engine.model_config, engine.dtype.itemsize, steps, peaks, engine.matmul_bytes
+            ),
+        }
         if hf is not None:
             row["transformers_ttft_ms"] = 1e3 * hf_prefill(hf, prompts)
             row["transformers_prefill_tok_s"] = n / (row["transformers_ttft_ms"] / 1e3)
@@ -136,9 +156,14 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
         progress(f"decode: batch {b}")
         prompts = text_prompts(tok, cfg.decode_prompt_len, b)
         tpot, steps = minieng_decode(engine, prompts, cfg.output_tokens)
-        row = {"batch_size": b, "minieng_tpot_ms": 1e3 * tpot, "minieng_decode_tok_s": b / tpot,
-               "utilization": phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks,
-                                               engine.matmul_bytes)}
+        row = {
+            "batch_size": b,
+            "minieng_tpot_ms": 1e3 * tpot,
+            "minieng_decode_tok_s": b / tpot,
+            "utilization": phase_utilization(
+                engine.model_config, engine.dtype.itemsize, steps, peaks, engine.matmul_bytes
+            ),
+        }
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)
@@ -150,8 +175,11 @@ def run_bench(engine: LLMEngine, cfg: BenchConfig, load_s: float | None = None, 
 
 def phase_ratio(result: dict) -> dict:
     """Prefill tok/s (best of the sweep) over batch-1 decode tok/s, beside the article's panel."""
-    out = {"seed_vllm_prefill_tok_s": SEED_PANEL["prefill_tok_s"], "seed_vllm_decode_tok_s": SEED_PANEL["decode_tok_s"],
-           "seed_ratio_x": SEED_PANEL["prefill_tok_s"] / SEED_PANEL["decode_tok_s"]}
+    out = {
+        "seed_vllm_prefill_tok_s": SEED_PANEL["prefill_tok_s"],
+        "seed_vllm_decode_tok_s": SEED_PANEL["decode_tok_s"],
+        "seed_ratio_x": SEED_PANEL["prefill_tok_s"] / SEED_PANEL["decode_tok_s"],
+    }
     b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
     if b1 and result["prefill"]:
         for name in ("minieng", "transformers"):
@@ -181,8 +209,9 @@ def bench_environment(engine: LLMEngine) -> dict:
     }
 
 
-def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 15.0,
-                repeats: int = 3) -> dict:
+def probe_speed(
+    engine: LLMEngine, max_prompt_tokens: int | None = None, budget_s: float = 15.0, repeats: int = 3
+) -> dict:
     """A probe of this device, after a warm-up: where prefill turns compute-bound, and a decode step.
 
     First a tiny ``generate`` (allocation, kernel selection: on a GPU the first calls cost many
@@ -223,13 +252,22 @@ def probe_speed(engine: LLMEngine, max_prompt_tokens: int | None = None, budget_
         prompt = text_prompts(tok, min(64, cap), 1)
         tpot = statistics.median(minieng_decode(engine, prompt, 6)[0] for _ in range(repeats))
     knee = prefill_knee(points)
-    return {"prefill_tok_s": knee["peak_tok_s"], "decode_step_s": tpot, "knee_tokens": knee["knee_tokens"],
-            "knee_reached": knee["knee_reached"], "overhead_s": knee["overhead_s"],
-            "prefill_points": [list(p) for p in points], "max_prompt_tokens": cap}
+    return {
+        "prefill_tok_s": knee["peak_tok_s"],
+        "decode_step_s": tpot,
+        "knee_tokens": knee["knee_tokens"],
+        "knee_reached": knee["knee_reached"],
+        "overhead_s": knee["overhead_s"],
+        "prefill_points": [list(p) for p in points],
+        "max_prompt_tokens": cap,
+    }
 
 
 def estimate_s(probe: dict, prefill_tokens: int = 0, decode_steps: int = 0, prefills: int = 0) -> float:
     """Rough seconds for ``prefill_tokens`` of prefill in ``prefills`` prompts (each paying the
     probe's per-step overhead) plus ``decode_steps`` batch-1 decode steps, from ``probe_speed``."""
-    return (prefills * probe.get("overhead_s", 0.0) + prefill_tokens / probe["prefill_tok_s"]
-            + decode_steps * probe["decode_step_s"])
+    return (
+        prefills * probe.get("overhead_s", 0.0)
+        + prefill_tokens / probe["prefill_tok_s"]
+        + decode_steps * probe["decode_step_s"]
+    )

@@ -42,6 +42,7 @@ OVERHEAD_BOUND_SHARE = 0.5  # a step whose fixed cost is at least this share of 
 
 # -- sizing from the device ---------------------------------------------------------------------
 
+
 def predict_prefill_s(probe: dict, model_config: ModelConfig, prompt_tokens: int) -> float:
     """A whole prompt's prefill time on this device: the probe's per-step overhead plus the
     prompt's FLOPs (``work.prefill_work``: the linear layers and attention's n^2 term) at the best
@@ -53,8 +54,9 @@ def predict_prefill_s(probe: dict, model_config: ModelConfig, prompt_tokens: int
     """
     overhead = probe.get("overhead_s", 0.0)
     points = [(n, t) for n, t in probe["prefill_points"] if t > overhead] or probe["prefill_points"]
-    flop_s = max(prefill_work(model_config, n, 2).total_flops / (t - overhead if t > overhead else t)
-                 for n, t in points)
+    flop_s = max(
+        prefill_work(model_config, n, 2).total_flops / (t - overhead if t > overhead else t) for n, t in points
+    )
     return overhead + prefill_work(model_config, prompt_tokens, 2).total_flops / flop_s
 
 
@@ -70,9 +72,16 @@ def _first_multiple(ok, lo: int, hi: int, multiple: int) -> int | None:
     return a * multiple
 
 
-def choose_long_prompt(probe: dict, model_config: ModelConfig, runs: float = 1, stall_steps: float = 32,
-                       knee_multiple: float = 4, budget_s: float | None = None,
-                       max_prompt_tokens: int | None = None, multiple: int = 16) -> dict:
+def choose_long_prompt(
+    probe: dict,
+    model_config: ModelConfig,
+    runs: float = 1,
+    stall_steps: float = 32,
+    knee_multiple: float = 4,
+    budget_s: float | None = None,
+    max_prompt_tokens: int | None = None,
+    multiple: int = 16,
+) -> dict:
     """The newcomer's prompt length on this device, from ``bench.probe_speed``'s probe.
 
     Two wishes: its prefill alone should last ``stall_steps`` batch-1 decode steps (a stall the
@@ -102,8 +111,9 @@ def choose_long_prompt(probe: dict, model_config: ModelConfig, runs: float = 1, 
         raise ValueError(f"stall_steps={stall_steps}, knee_multiple={knee_multiple} and runs={runs} must be > 0")
     cap = (max_prompt_tokens or probe["max_prompt_tokens"]) // multiple * multiple
     if cap < multiple:
-        raise ValueError(f"max_prompt_tokens must be >= multiple={multiple}; "
-                         f"got {max_prompt_tokens or probe['max_prompt_tokens']}")
+        raise ValueError(
+            f"max_prompt_tokens must be >= multiple={multiple}; got {max_prompt_tokens or probe['max_prompt_tokens']}"
+        )
 
     def predict(n: int) -> float:
         return predict_prefill_s(probe, model_config, n)
@@ -119,28 +129,37 @@ def choose_long_prompt(probe: dict, model_config: ModelConfig, runs: float = 1, 
         over = _first_multiple(lambda m: runs * predict(m) > budget_s, multiple, n, multiple)
         n, limited_by = max(multiple, over - multiple), "time_budget"
     predicted = predict(n)
-    return {"long_prompt_tokens": n, "predicted_prefill_s": predicted,
-            "predicted_stall_steps": predicted / probe["decode_step_s"],
-            "overhead_share": probe.get("overhead_s", 0.0) / predicted, "limited_by": limited_by}
+    return {
+        "long_prompt_tokens": n,
+        "predicted_prefill_s": predicted,
+        "predicted_stall_steps": predicted / probe["decode_step_s"],
+        "overhead_share": probe.get("overhead_s", 0.0) / predicted,
+        "limited_by": limited_by,
+    }
 
 
 def choice_in_words(choice: dict, probe: dict) -> str:
     """``choose_long_prompt``'s choice as a sentence: what set the length, and whether the stall it
     predicts is arithmetic or per-step overhead."""
     n, steps = choice["long_prompt_tokens"], choice["predicted_stall_steps"]
-    why = {"stall_steps": f"so that its prefill alone lasts about {steps:.0f} decode steps",
-           "knee": f"4 x the knee ({probe['knee_tokens']} tokens), well inside the compute-bound range",
-           "max_prompt_tokens": f"the longest prompt the engine takes; its prefill is predicted to last {steps:.0f} "
-                                "decode steps",
-           "time_budget": f"as long as the time budget allows; its prefill is predicted to last {steps:.0f} "
-                          "decode steps"}
+    why = {
+        "stall_steps": f"so that its prefill alone lasts about {steps:.0f} decode steps",
+        "knee": f"4 x the knee ({probe['knee_tokens']} tokens), well inside the compute-bound range",
+        "max_prompt_tokens": f"the longest prompt the engine takes; its prefill is predicted to last {steps:.0f} "
+        "decode steps",
+        "time_budget": f"as long as the time budget allows; its prefill is predicted to last {steps:.0f} decode steps",
+    }
     text = f"long prompt: {n} tokens, {why[choice['limited_by']]}."
     if not probe.get("knee_reached"):
-        text += (f" Prefill tok/s was still growing at the longest prompt probed ({probe['knee_tokens']} tokens): "
-                 "on this device a prefill step is launch-bound up to there.")
+        text += (
+            f" Prefill tok/s was still growing at the longest prompt probed ({probe['knee_tokens']} tokens): "
+            "on this device a prefill step is launch-bound up to there."
+        )
     if choice["overhead_share"] >= OVERHEAD_BOUND_SHARE:
-        text += (f" About {choice['overhead_share']:.0%} of that prefill is the step's fixed cost, not arithmetic: "
-                 "the stall is overhead-bound, and so will be every chunk step.")
+        text += (
+            f" About {choice['overhead_share']:.0%} of that prefill is the step's fixed cost, not arithmetic: "
+            "the stall is overhead-bound, and so will be every chunk step."
+        )
     return text
 
 
@@ -148,14 +167,24 @@ def budget_for(long_prompt_tokens: int, num_decoders: int, chunks: int, multiple
     """A token budget that cuts the prompt into about ``chunks`` chunks: each step's decodes plus
     a chunk of ``long_prompt_tokens / chunks`` tokens, rounded up to a multiple of ``multiple``."""
     if chunks < 1 or long_prompt_tokens < 1 or num_decoders < 0:
-        raise ValueError(f"need chunks >= 1, long_prompt_tokens >= 1, num_decoders >= 0; got {chunks}, "
-                         f"{long_prompt_tokens}, {num_decoders}")
+        raise ValueError(
+            f"need chunks >= 1, long_prompt_tokens >= 1, num_decoders >= 0; got {chunks}, "
+            f"{long_prompt_tokens}, {num_decoders}"
+        )
     return multiple * math.ceil((num_decoders + math.ceil(long_prompt_tokens / chunks)) / multiple)
 
 
-def estimate_sweep_s(probe: dict, model_config: ModelConfig, long_prompt_tokens: int, budgets: list[int | None],
-                     num_decoders: int, decoder_prompt_tokens: int, inject_after_steps: int = 8, tail_steps: int = 8,
-                     runs_per_setting: int = 1) -> float:
+def estimate_sweep_s(
+    probe: dict,
+    model_config: ModelConfig,
+    long_prompt_tokens: int,
+    budgets: list[int | None],
+    num_decoders: int,
+    decoder_prompt_tokens: int,
+    inject_after_steps: int = 8,
+    tail_steps: int = 8,
+    runs_per_setting: int = 1,
+) -> float:
     """Rough seconds for ``runs_per_setting`` runs at each budget (None: chunking off): the
     decoders' prompts and decode steps (``bench.estimate_s``), the long prompt
     (``predict_prefill_s``), and the step's fixed cost again for every further chunk."""
@@ -163,16 +192,26 @@ def estimate_sweep_s(probe: dict, model_config: ModelConfig, long_prompt_tokens:
     for budget in budgets:
         # Off: the prompt alone, then one decode step ends the stalled gap; on: every chunk step decodes.
         chunks = 1 if budget is None else math.ceil(long_prompt_tokens / (budget - num_decoders))
-        total += (predict_prefill_s(probe, model_config, long_prompt_tokens)
-                  + estimate_s(probe, prefill_tokens=num_decoders * decoder_prompt_tokens, prefills=chunks,
-                               decode_steps=inject_after_steps + tail_steps + chunks))
+        total += predict_prefill_s(probe, model_config, long_prompt_tokens) + estimate_s(
+            probe,
+            prefill_tokens=num_decoders * decoder_prompt_tokens,
+            prefills=chunks,
+            decode_steps=inject_after_steps + tail_steps + chunks,
+        )
     return runs_per_setting * total
 
 
 # -- one run --------------------------------------------------------------------------------------
 
-def long_prompt_run(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int],
-                    budget_tokens: int | None, inject_after_steps: int = 8, tail_steps: int = 8) -> dict:
+
+def long_prompt_run(
+    engine: LLMEngine,
+    decoder_prompts: list[list[int]],
+    long_prompt: list[int],
+    budget_tokens: int | None,
+    inject_after_steps: int = 8,
+    tail_steps: int = 8,
+) -> dict:
     """Decoders decode; a long prompt arrives; what each decoder's inter-token gaps did.
 
     The decoders (greedy, ``ignore_eos``) are admitted together; once every one has its first
@@ -211,23 +250,29 @@ def long_prompt_run(engine: LLMEngine, decoder_prompts: list[list[int]], long_pr
         raise ValueError("the engine has unfinished requests: run the experiment on an idle engine")
     b = len(decoder_prompts)
     if b < 1 or inject_after_steps < 1 or tail_steps < 0:
-        raise ValueError(f"need >= 1 decoder, inject_after_steps >= 1 and tail_steps >= 0; got {b}, "
-                         f"{inject_after_steps}, {tail_steps}")
+        raise ValueError(
+            f"need >= 1 decoder, inject_after_steps >= 1 and tail_steps >= 0; got {b}, "
+            f"{inject_after_steps}, {tail_steps}"
+        )
     config = engine.config
     chunked = budget_tokens is not None
     budget = budget_tokens if chunked else config.max_num_batched_tokens
     if chunked and budget <= b:
-        raise ValueError(f"budget_tokens={budget} must exceed the {b} decoders' tokens per step, or the "
-                         "prompt never gets a token")
+        raise ValueError(
+            f"budget_tokens={budget} must exceed the {b} decoders' tokens per step, or the prompt never gets a token"
+        )
     if b + 1 > config.max_num_seqs:
-        raise ValueError(f"{b} decoders and the newcomer need max_num_seqs >= {b + 1}; the engine has "
-                         f"{config.max_num_seqs}")
+        raise ValueError(
+            f"{b} decoders and the newcomer need max_num_seqs >= {b + 1}; the engine has {config.max_num_seqs}"
+        )
     room = engine.max_model_len - max(len(p) for p in decoder_prompts) - 1
     params = SamplingParams.fixed_length(max(1, room))
     first = len(engine.step_records)
     ids: list[str] = []
-    with engine.block_manager.caching(False), engine.reconfigured(max_num_batched_tokens=budget,
-                                                                 enable_chunked_prefill=chunked):
+    with (
+        engine.block_manager.caching(False),
+        engine.reconfigured(max_num_batched_tokens=budget, enable_chunked_prefill=chunked),
+    ):
         try:
             ids = [engine.add_request(list(p), params) for p in decoder_prompts]
             seqs = [engine.requests[i].seq for i in ids]
@@ -239,8 +284,9 @@ def long_prompt_run(engine: LLMEngine, decoder_prompts: list[list[int]], long_pr
             ids.append(engine.add_request(list(long_prompt), SamplingParams.fixed_length(1)))
             newcomer = engine.requests[ids[-1]].seq
             # Until its first token, and a token of every decoder after it (the gap that waited).
-            while not newcomer.is_finished or any(s.times.emissions[-1][0] < newcomer.times.emissions[0][0]
-                                                  for s in seqs):
+            while not newcomer.is_finished or any(
+                s.times.emissions[-1][0] < newcomer.times.emissions[0][0] for s in seqs
+            ):
                 _step(engine, seqs, newcomer)
             for _ in range(tail_steps):
                 _step(engine, seqs, newcomer)
@@ -263,37 +309,62 @@ def long_prompt_run(engine: LLMEngine, decoder_prompts: list[list[int]], long_pr
     delays = [sum(gaps) - len(gaps) * baseline for gaps in after]
     after_arrival = [s for s in steps if s.start_s >= arrival]
     prefill = [s for s in after_arrival if s.num_prefill_tokens]
-    return {"chunked": chunked, "budget_tokens": budget_tokens, "num_decoders": b,
-            "long_prompt_tokens": len(long_prompt), "traces": traces, "baseline_itl_ms": baseline,
-            "worst_itl_ms": max(pooled),
-            "slowed_gaps": sum(g > SLOWED_FACTOR * baseline for g in pooled),
-            "decoder_delay_ms": statistics.mean(delays), "ttft_ms": 1e3 * ttft_s, "prefill_steps": len(prefill),
-            "steps_without_decodes": sum(s.num_decode_seqs == 0 for s in after_arrival),
-            "chunk_step_ms": 1e3 * statistics.median(s.duration_s for s in prefill),
-            "steps": [[s.start_s - arrival, 1e3 * s.duration_s, s.num_prefill_tokens, s.num_decode_seqs]
-                      for s in steps]}
+    return {
+        "chunked": chunked,
+        "budget_tokens": budget_tokens,
+        "num_decoders": b,
+        "long_prompt_tokens": len(long_prompt),
+        "traces": traces,
+        "baseline_itl_ms": baseline,
+        "worst_itl_ms": max(pooled),
+        "slowed_gaps": sum(g > SLOWED_FACTOR * baseline for g in pooled),
+        "decoder_delay_ms": statistics.mean(delays),
+        "ttft_ms": 1e3 * ttft_s,
+        "prefill_steps": len(prefill),
+        "steps_without_decodes": sum(s.num_decode_seqs == 0 for s in after_arrival),
+        "chunk_step_ms": 1e3 * statistics.median(s.duration_s for s in prefill),
+        "steps": [[s.start_s - arrival, 1e3 * s.duration_s, s.num_prefill_tokens, s.num_decode_seqs] for s in steps],
+    }
 
 
 def _step(engine: LLMEngine, decoders, newcomer=None) -> None:
     """One engine step, refusing what would no longer measure the policy."""
     if any(s.is_finished for s in decoders):
-        raise ValueError("a decoder reached max_model_len before the run ended: use shorter decoder prompts, "
-                         "a shorter long prompt or a larger budget")
+        raise ValueError(
+            "a decoder reached max_model_len before the run ended: use shorter decoder prompts, "
+            "a shorter long prompt or a larger budget"
+        )
     engine.step()
     if any(s.times.num_preemptions for s in [*decoders, newcomer] if s is not None):
-        raise RuntimeError("a sequence was preempted during the run: the KV pool is too small for the decoders "
-                           "and the long prompt (the trace would show recomputation, not the policy); give the "
-                           "engine more KV blocks or use a shorter prompt")
+        raise RuntimeError(
+            "a sequence was preempted during the run: the KV pool is too small for the decoders "
+            "and the long prompt (the trace would show recomputation, not the policy); give the "
+            "engine more KV blocks or use a shorter prompt"
+        )
 
 
 # -- repeats and the sweep --------------------------------------------------------------------------
 
-MEDIAN_KEYS = ("baseline_itl_ms", "worst_itl_ms", "slowed_gaps", "decoder_delay_ms", "ttft_ms", "chunk_step_ms",
-               "prefill_steps")
+MEDIAN_KEYS = (
+    "baseline_itl_ms",
+    "worst_itl_ms",
+    "slowed_gaps",
+    "decoder_delay_ms",
+    "ttft_ms",
+    "chunk_step_ms",
+    "prefill_steps",
+)
 
 
-def measure_setting(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budget_tokens: int | None,
-            repeats: int = 1, warmup_runs: int = 0, **run_kwargs) -> dict:
+def measure_setting(
+    engine: LLMEngine,
+    decoder_prompts: list[list[int]],
+    long_prompt: list[int],
+    budget_tokens: int | None,
+    repeats: int = 1,
+    warmup_runs: int = 0,
+    **run_kwargs,
+) -> dict:
     """``repeats`` runs of one setting (after ``warmup_runs`` discarded ones: on a GPU the first
     run of a chunk size plans attention for every new shape). Returns the setting, the medians of
     ``MEDIAN_KEYS`` over the runs, and the ``runs`` themselves (traces in each)."""
@@ -302,23 +373,41 @@ def measure_setting(engine: LLMEngine, decoder_prompts: list[list[int]], long_pr
     for _ in range(warmup_runs):
         long_prompt_run(engine, decoder_prompts, long_prompt, budget_tokens, **run_kwargs)
     runs = [long_prompt_run(engine, decoder_prompts, long_prompt, budget_tokens, **run_kwargs) for _ in range(repeats)]
-    return {"chunked": budget_tokens is not None, "budget_tokens": budget_tokens, "repeats": repeats,
-            **{k: statistics.median(r[k] for r in runs) for k in MEDIAN_KEYS}, "runs": runs}
+    return {
+        "chunked": budget_tokens is not None,
+        "budget_tokens": budget_tokens,
+        "repeats": repeats,
+        **{k: statistics.median(r[k] for r in runs) for k in MEDIAN_KEYS},
+        "runs": runs,
+    }
 
 
-def budget_sweep(engine: LLMEngine, decoder_prompts: list[list[int]], long_prompt: list[int], budgets: list[int],
-                 repeats: int = 1, warmup_runs: int = 0, progress=None, **run_kwargs) -> dict:
+def budget_sweep(
+    engine: LLMEngine,
+    decoder_prompts: list[list[int]],
+    long_prompt: list[int],
+    budgets: list[int],
+    repeats: int = 1,
+    warmup_runs: int = 0,
+    progress=None,
+    **run_kwargs,
+) -> dict:
     """Chunking off, then on at every budget (ascending): ``{"off": measure_setting(...), "on": [...]}``."""
     rows = []
     for budget in [None] + sorted(budgets):
         if progress:
             progress("chunked prefill: " + ("off" if budget is None else f"budget {budget} tokens"))
         rows.append(measure_setting(engine, decoder_prompts, long_prompt, budget, repeats, warmup_runs, **run_kwargs))
-    return {"long_prompt_tokens": len(long_prompt), "num_decoders": len(decoder_prompts),
-            "off": rows[0], "on": rows[1:]}
+    return {
+        "long_prompt_tokens": len(long_prompt),
+        "num_decoders": len(decoder_prompts),
+        "off": rows[0],
+        "on": rows[1:],
+    }
 
 
 # -- reading the result -------------------------------------------------------------------------
+
 
 def read_result(off: dict, on: dict, overhead_s: float = 0.0) -> dict:
     """What a chunked setting bought against chunking off: ``measure``'s (or a run's) dicts.
@@ -334,11 +423,15 @@ def read_result(off: dict, on: dict, overhead_s: float = 0.0) -> dict:
     """
     share = min(1.0, 1e3 * overhead_s / on["chunk_step_ms"]) if on["chunk_step_ms"] > 0 else 0.0
     extra = on["ttft_ms"] - off["ttft_ms"]
-    return {"itl_protection_x": off["worst_itl_ms"] / on["worst_itl_ms"],
-            "ttft_price_x": on["ttft_ms"] / off["ttft_ms"], "ttft_extra_ms": extra,
-            "extra_per_step_ms": extra / on["prefill_steps"],
-            "delay_ratio_x": on["decoder_delay_ms"] / off["decoder_delay_ms"] if off["decoder_delay_ms"] > 0 else None,
-            "overhead_share": share, "overhead_bound": share >= OVERHEAD_BOUND_SHARE}
+    return {
+        "itl_protection_x": off["worst_itl_ms"] / on["worst_itl_ms"],
+        "ttft_price_x": on["ttft_ms"] / off["ttft_ms"],
+        "ttft_extra_ms": extra,
+        "extra_per_step_ms": extra / on["prefill_steps"],
+        "delay_ratio_x": on["decoder_delay_ms"] / off["decoder_delay_ms"] if off["decoder_delay_ms"] > 0 else None,
+        "overhead_share": share,
+        "overhead_bound": share >= OVERHEAD_BOUND_SHARE,
+    }
 
 
 def s7_verdict(reading: dict, small_price_x: float = 1.5) -> str:

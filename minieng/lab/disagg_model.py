@@ -130,7 +130,8 @@ class ClusterRun:
         engine after landing (busy with a step, or full)."""
         ts = list(self.transfers.values())
         return {
-            "count": len(ts), "total_bytes": sum(t.kv_bytes for t in ts),
+            "count": len(ts),
+            "total_bytes": sum(t.kv_bytes for t in ts),
             "link_ms": summarize_ms(t.end_s - t.start_s for t in ts),
             "link_wait_ms": summarize_ms(t.start_s - t.ready_s for t in ts),
             "decode_wait_ms": summarize_ms(t.admitted_s - t.end_s for t in ts if t.admitted_s is not None),
@@ -149,16 +150,24 @@ class ClusterRun:
         for out in self.outputs:
             t, tr = out.times, self.transfers.get(out.request_id)
             home = self.homes.get(out.request_id)
-            rows.append({
-                "request_id": out.request_id, "arrival_s": t.arrival_s, "first_scheduled_s": t.first_scheduled_s,
-                "first_token_s": t.emissions[0][0] if t.emissions else None,
-                "last_token_s": t.emissions[-1][0] if t.emissions else None,
-                "prompt_tokens": len(out.prompt_token_ids), "output_tokens": len(out.token_ids),
-                "prefill_engine": tr.source if tr else home, "decode_engine": tr.destination if tr else home,
-                "transfer_ready_s": tr.ready_s if tr else None, "transfer_start_s": tr.start_s if tr else None,
-                "transfer_end_s": tr.end_s if tr else None, "decode_admitted_s": tr.admitted_s if tr else None,
-                "kv_bytes": tr.kv_bytes if tr else None,
-            })
+            rows.append(
+                {
+                    "request_id": out.request_id,
+                    "arrival_s": t.arrival_s,
+                    "first_scheduled_s": t.first_scheduled_s,
+                    "first_token_s": t.emissions[0][0] if t.emissions else None,
+                    "last_token_s": t.emissions[-1][0] if t.emissions else None,
+                    "prompt_tokens": len(out.prompt_token_ids),
+                    "output_tokens": len(out.token_ids),
+                    "prefill_engine": tr.source if tr else home,
+                    "decode_engine": tr.destination if tr else home,
+                    "transfer_ready_s": tr.ready_s if tr else None,
+                    "transfer_start_s": tr.start_s if tr else None,
+                    "transfer_end_s": tr.end_s if tr else None,
+                    "decode_admitted_s": tr.admitted_s if tr else None,
+                    "kv_bytes": tr.kv_bytes if tr else None,
+                }
+            )
         return rows
 
 
@@ -186,8 +195,13 @@ def default_params(spec: RequestSpec) -> SamplingParams:
     return SamplingParams.fixed_length(spec.output_tokens)
 
 
-def replay_colocated(engines: list[LLMEngine], specs: list[RequestSpec], prompts: list[list[int]] | None = None,
-                     params: Callable[[RequestSpec], SamplingParams] | None = None, name: str = "colocated") -> ClusterRun:
+def replay_colocated(
+    engines: list[LLMEngine],
+    specs: list[RequestSpec],
+    prompts: list[list[int]] | None = None,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    name: str = "colocated",
+) -> ClusterRun:
     """Replay ``specs`` in the model on ``engines`` as colocated replicas (each prefills and decodes
     its requests; arrivals round-robin). One engine is the model's twin of ``run_workload``.
 
@@ -196,11 +210,15 @@ def replay_colocated(engines: list[LLMEngine], specs: list[RequestSpec], prompts
     return interleave([colocated_replay(engines, specs, prompts, params, name)])[0]
 
 
-def replay_disaggregated(prefill_engines: list[LLMEngine], decode_engines: list[LLMEngine], specs: list[RequestSpec],
-                         prompts: list[list[int]] | None = None,
-                         params: Callable[[RequestSpec], SamplingParams] | None = None,
-                         link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
-                         name: str = "disaggregated") -> ClusterRun:
+def replay_disaggregated(
+    prefill_engines: list[LLMEngine],
+    decode_engines: list[LLMEngine],
+    specs: list[RequestSpec],
+    prompts: list[list[int]] | None = None,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
+    name: str = "disaggregated",
+) -> ClusterRun:
     """Replay ``specs`` in the model: prefill engines take the arrivals (round-robin), compute the
     prompt and the first token, and hand each request with its KV to a decode engine
     (round-robin) over their link; the decode engines generate the rest.
@@ -220,22 +238,31 @@ def replay_disaggregated(prefill_engines: list[LLMEngine], decode_engines: list[
             request an engine refuses (``add_request``, ``kv_transfer.admit_prefilled``).
         RuntimeError: an engine whose KV pool cannot hold a request even when idle.
     """
-    return interleave([disaggregated_replay(prefill_engines, decode_engines, specs, prompts, params,
-                                            link_bandwidth_gbps, name)])[0]
+    return interleave(
+        [disaggregated_replay(prefill_engines, decode_engines, specs, prompts, params, link_bandwidth_gbps, name)]
+    )[0]
 
 
-def colocated_replay(engines: list[LLMEngine], specs: list[RequestSpec], prompts: list[list[int]] | None = None,
-                     params: Callable[[RequestSpec], SamplingParams] | None = None,
-                     name: str = "colocated") -> Iterator[None]:
+def colocated_replay(
+    engines: list[LLMEngine],
+    specs: list[RequestSpec],
+    prompts: list[list[int]] | None = None,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    name: str = "colocated",
+) -> Iterator[None]:
     """``replay_colocated`` a step at a time: an iterator to give ``interleave``."""
     return _replay(name, [_Engine(COLOCATED, e) for e in engines], specs, prompts, params, None)
 
 
-def disaggregated_replay(prefill_engines: list[LLMEngine], decode_engines: list[LLMEngine], specs: list[RequestSpec],
-                         prompts: list[list[int]] | None = None,
-                         params: Callable[[RequestSpec], SamplingParams] | None = None,
-                         link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
-                         name: str = "disaggregated") -> Iterator[None]:
+def disaggregated_replay(
+    prefill_engines: list[LLMEngine],
+    decode_engines: list[LLMEngine],
+    specs: list[RequestSpec],
+    prompts: list[list[int]] | None = None,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
+    name: str = "disaggregated",
+) -> Iterator[None]:
     """``replay_disaggregated`` a step at a time: an iterator to give ``interleave``. Raises its
     ``ValueError`` for the roles and the bandwidth at once, the rest when driven."""
     if not prefill_engines or not decode_engines:
@@ -266,8 +293,9 @@ def interleave(replays: list[Iterator[None]]) -> list[ClusterRun]:
     return results
 
 
-def _replay(name: str, instances: list[_Engine], specs: list[RequestSpec], prompts, params,
-            link_bandwidth_gbps: float | None) -> Iterator[None]:
+def _replay(
+    name: str, instances: list[_Engine], specs: list[RequestSpec], prompts, params, link_bandwidth_gbps: float | None
+) -> Iterator[None]:
     """The discrete-event loop, a generator that yields after each step and returns the
     ``ClusterRun``. Invariant: steps run in the order of their model start times, so when an
     engine steps at t, every arrival and every transfer that lands by t is known."""
@@ -304,8 +332,10 @@ def _replay(name: str, instances: list[_Engine], specs: list[RequestSpec], promp
             outputs = x.engine.step()
             x.free_s = x.clock()
             if len(x.engine.step_records) == steps_before:
-                raise RuntimeError(f"{x.role} engine {k} has work but could not schedule a step at t={start_s:.3f} s: "
-                                   "its KV pool is too small for the request waiting (raise num_kv_blocks)")
+                raise RuntimeError(
+                    f"{x.role} engine {k} has work but could not schedule a step at t={start_s:.3f} s: "
+                    "its KV pool is too small for the request waiting (raise num_kv_blocks)"
+                )
             for out in outputs:
                 if out.finished:
                     homes[out.request_id] = k
@@ -316,17 +346,24 @@ def _replay(name: str, instances: list[_Engine], specs: list[RequestSpec], promp
                     x.link_free_s = end = begin + handoff.kv_bytes / (link_bandwidth_gbps * 1e9)
                     dest = decoders[sent % len(decoders)]
                     sent += 1
-                    transfers[out.request_id] = Transfer(out.request_id, k, dest, handoff.num_computed_tokens,
-                                                         handoff.kv_bytes, ready, begin, end)
+                    transfers[out.request_id] = Transfer(
+                        out.request_id, k, dest, handoff.num_computed_tokens, handoff.kv_bytes, ready, begin, end
+                    )
                     _post(instances[dest], end, handoff)
             yield
     finally:
         for x, clock in zip(instances, own_clocks):
             x.engine.clock = clock
     ids = [_request_id(i) for i in range(len(specs))]
-    return ClusterRun(name, [x.role for x in instances], [instances[homes[r]].engine.output(r) for r in ids],
-                      [x.engine.step_records[n:] for x, n in zip(instances, first_step)], transfers, homes,
-                      link_bandwidth_gbps)
+    return ClusterRun(
+        name,
+        [x.role for x in instances],
+        [instances[homes[r]].engine.output(r) for r in ids],
+        [x.engine.step_records[n:] for x, n in zip(instances, first_step)],
+        transfers,
+        homes,
+        link_bandwidth_gbps,
+    )
 
 
 def _request_id(i: int) -> str:
@@ -349,6 +386,7 @@ def _deliver(x: _Engine, now_s: float, specs, prompts, params, transfers: dict[s
             admit_prefilled(x.engine, item)
             transfers[item.request_id].admitted_s = now_s
         else:
-            x.engine.add_request(prompts[item], params(specs[item]), request_id=_request_id(item),
-                                 arrival_s=specs[item].arrival_s)
+            x.engine.add_request(
+                prompts[item], params(specs[item]), request_id=_request_id(item), arrival_s=specs[item].arrival_s
+            )
         x.inbox.pop(0)

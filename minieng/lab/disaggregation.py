@@ -36,13 +36,21 @@ from minieng.measure.workloads import RequestSpec, workload_prompts
 from minieng.units import cdiv
 
 
-def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO | None = None,
-                           prompts: list[list[int]] | None = None, *, num_prefill: int = 1, num_decode: int = 1,
-                           link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
-                           prefill_overrides: dict | None = None, decode_overrides: dict | None = None,
-                           real_time_baseline: bool = False,
-                           params: Callable[[RequestSpec], SamplingParams] | None = None,
-                           progress: Callable[[str], None] | None = None) -> dict:
+def compare_disaggregation(
+    engine: LLMEngine,
+    specs: list[RequestSpec],
+    slo: SLO | None = None,
+    prompts: list[list[int]] | None = None,
+    *,
+    num_prefill: int = 1,
+    num_decode: int = 1,
+    link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
+    prefill_overrides: dict | None = None,
+    decode_overrides: dict | None = None,
+    real_time_baseline: bool = False,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Colocated against disaggregated serving on the same requests, in the model; a JSON dict.
 
     Runs, each on fresh engines sharing ``engine``'s weights and configuration (KV pools empty,
@@ -100,21 +108,44 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
     warm_up(warm, [p[:16] for p in prompts[:2]], output_tokens=2)
     del warm
     n = num_prefill + num_decode
-    say(f"model: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
-        "engines, a step of each in turn")
-    colocated, replicas, disagg = interleave([
-        colocated_replay([make()], specs, prompts, params, "colocated"),
-        colocated_replay([make() for _ in range(n)], specs, prompts, params, f"colocated_x{n}"),
-        disaggregated_replay([make(prefill_overrides) for _ in range(num_prefill)],
-                             [make(decode_overrides) for _ in range(num_decode)], specs, prompts, params,
-                             link_bandwidth_gbps, "disaggregated")])
-    runs = [_run_record(colocated, "1 colocated engine", slo), _run_record(replicas, f"{n} colocated replicas", slo),
-            _run_record(disagg, f"{num_prefill} prefill + {num_decode} decode engines", slo)]
+    say(
+        f"model: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
+        "engines, a step of each in turn"
+    )
+    colocated, replicas, disagg = interleave(
+        [
+            colocated_replay([make()], specs, prompts, params, "colocated"),
+            colocated_replay([make() for _ in range(n)], specs, prompts, params, f"colocated_x{n}"),
+            disaggregated_replay(
+                [make(prefill_overrides) for _ in range(num_prefill)],
+                [make(decode_overrides) for _ in range(num_decode)],
+                specs,
+                prompts,
+                params,
+                link_bandwidth_gbps,
+                "disaggregated",
+            ),
+        ]
+    )
+    runs = [
+        _run_record(colocated, "1 colocated engine", slo),
+        _run_record(replicas, f"{n} colocated replicas", slo),
+        _run_record(disagg, f"{num_prefill} prefill + {num_decode} decode engines", slo),
+    ]
     if real_time_baseline:
         say("colocated, real time (serving.run_workload)")
         real = run_workload(make(), specs, prompts, params)
-        runs.append(_record("colocated_real_time", "1 colocated engine, real time", [COLOCATED], "wall",
-                            real.outputs, real.steps, slo))
+        runs.append(
+            _record(
+                "colocated_real_time",
+                "1 colocated engine, real time",
+                [COLOCATED],
+                "wall",
+                real.outputs,
+                real.steps,
+                slo,
+            )
+        )
     same = sum(a.token_ids == b.token_ids for a, b in zip(colocated.outputs, disagg.outputs))
     kv_dtype = engine.kv_cache.k.dtype
     return {
@@ -127,8 +158,10 @@ def compare_disaggregation(engine: LLMEngine, specs: list[RequestSpec], slo: SLO
             "kv_dtype": str(kv_dtype).removeprefix("torch."),
             "device": str(engine.device),
             "engine_pool": pool,
-            "num_prefill": num_prefill, "num_decode": num_decode,
-            "prefill_overrides": prefill_overrides or {}, "decode_overrides": decode_overrides or {},
+            "num_prefill": num_prefill,
+            "num_decode": num_decode,
+            "prefill_overrides": prefill_overrides or {},
+            "decode_overrides": decode_overrides or {},
         },
         "slo": asdict(slo) if slo is not None else None,
         "runs": runs,
@@ -155,16 +188,30 @@ def _run_record(run: ClusterRun, label: str, slo: SLO | None) -> dict:
     return _record(run.name, label, run.roles, "model", run.outputs, [s for steps in run.steps for s in steps], slo)
 
 
-def _record(name: str, label: str, roles: list[str], clock: str, outputs: list[RequestOutput],
-            steps: list[StepRecord], slo: SLO | None) -> dict:
+def _record(
+    name: str,
+    label: str,
+    roles: list[str],
+    clock: str,
+    outputs: list[RequestOutput],
+    steps: list[StepRecord],
+    slo: SLO | None,
+) -> dict:
     requests = [request_metrics(o) for o in outputs]
     m = serving_metrics(requests, None, slo)
     return {
-        "name": name, "label": label, "num_devices": len(roles), "roles": list(roles), "clock": clock,
-        "duration_s": m.duration_s, "metrics": m.to_dict(),
+        "name": name,
+        "label": label,
+        "num_devices": len(roles),
+        "roles": list(roles),
+        "clock": clock,
+        "duration_s": m.duration_s,
+        "metrics": m.to_dict(),
         "goodput_per_device_req_s": m.goodput_req_s / len(roles) if m.goodput_req_s is not None else None,
-        "step_ms": {"with_prefill": summarize_ms(s.duration_s for s in steps if s.num_prefill_tokens),
-                    "decode_only": summarize_ms(s.duration_s for s in steps if not s.num_prefill_tokens)},
+        "step_ms": {
+            "with_prefill": summarize_ms(s.duration_s for s in steps if s.num_prefill_tokens),
+            "decode_only": summarize_ms(s.duration_s for s in steps if not s.num_prefill_tokens),
+        },
         "requests": [asdict(r) for r in requests],
     }
 
@@ -179,30 +226,39 @@ def format_comparison(result: dict) -> list[str]:
     slo = result["slo"] or {}
     slo_text = ", ".join(f"{k} <= {v:g}" for k, v in slo.items() if v is not None) or "no SLO"
     link = f"link {result['assumptions']['link_bandwidth_gbps']:g} GB/s assumed"
-    lines = [f"Colocated against disaggregated serving ({slo_text}; {link})",
-             (f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
-              f"{'ITL P99 ms':>10} {'goodput/dev':>11}")]
+    lines = [
+        f"Colocated against disaggregated serving ({slo_text}; {link})",
+        (
+            f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
+            f"{'ITL P99 ms':>10} {'goodput/dev':>11}"
+        ),
+    ]
 
     def pair(d: dict) -> str:
         return f"{d['p50'] or 0:.0f}/{d['p99'] or 0:.0f}"
 
     for r in result["runs"]:
         m, good = r["metrics"], r["goodput_per_device_req_s"]
-        lines.append(f"  {r['label'] + (' (wall)' if r['clock'] == 'wall' else ''):<36} {r['num_devices']:>3} "
-                     f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms']):>16} {pair(m['tpot_ms']):>16} "
-                     f"{m['itl_ms']['p99'] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}")
+        lines.append(
+            f"  {r['label'] + (' (wall)' if r['clock'] == 'wall' else ''):<36} {r['num_devices']:>3} "
+            f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms']):>16} {pair(m['tpot_ms']):>16} "
+            f"{m['itl_ms']['p99'] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}"
+        )
     t = result["transfers"]
     if t["count"]:
-        lines.append(f"  {t['count']} KV transfers, {t['total_bytes'] / 1e6:.1f} MB: link P50 {t['link_ms']['p50']:.2f} ms, "
-                     f"P99 {t['link_ms']['p99']:.2f} ms; waiting for the link P99 {t['link_wait_ms']['p99']:.2f} ms, "
-                     f"for the decode engine P99 {t['decode_wait_ms']['p99'] or 0:.1f} ms")
+        lines.append(
+            f"  {t['count']} KV transfers, {t['total_bytes'] / 1e6:.1f} MB: link P50 {t['link_ms']['p50']:.2f} ms, "
+            f"P99 {t['link_ms']['p99']:.2f} ms; waiting for the link P99 {t['link_wait_ms']['p99']:.2f} ms, "
+            f"for the decode engine P99 {t['decode_wait_ms']['p99'] or 0:.1f} ms"
+        )
     o = result["outputs_identical"]
     lines.append(f"  outputs identical colocated and disaggregated: {o['identical']}/{o['compared']} requests")
     return lines
 
 
-def estimate_comparison_s(probe: dict, specs: list[RequestSpec], max_num_seqs: int = 64,
-                          real_time_baseline: bool = False) -> float:
+def estimate_comparison_s(
+    probe: dict, specs: list[RequestSpec], max_num_seqs: int = 64, real_time_baseline: bool = False
+) -> float:
     """Rough seconds ``compare_disaggregation`` takes, from ``bench.probe_speed``'s figures.
 
     The model skips idle time, so each of its three runs costs the workload's compute: every
@@ -216,8 +272,11 @@ def estimate_comparison_s(probe: dict, specs: list[RequestSpec], max_num_seqs: i
     outs = [s.output_tokens for s in specs]
     span = max(s.arrival_s for s in specs) - min(s.arrival_s for s in specs)
     cap = min(len(specs), max_num_seqs)
-    together = cap if span <= 0 else min(cap, max(1.0, len(specs) / span * sum(outs) / len(outs) * probe["decode_step_s"]))
+    together = (
+        cap if span <= 0 else min(cap, max(1.0, len(specs) / span * sum(outs) / len(outs) * probe["decode_step_s"]))
+    )
     decode_steps = max(max(outs), sum(outs) / together)
-    one = estimate_s(probe, prefill_tokens=sum(s.prompt_tokens for s in specs), decode_steps=round(decode_steps),
-                     prefills=len(specs))
+    one = estimate_s(
+        probe, prefill_tokens=sum(s.prompt_tokens for s in specs), decode_steps=round(decode_steps), prefills=len(specs)
+    )
     return 3 * one + (max(span, one) if real_time_baseline else 0.0)

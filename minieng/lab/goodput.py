@@ -21,9 +21,15 @@ from minieng.measure.metrics import SLO, serving_metrics
 from minieng.measure.workloads import RequestSpec, workload_prompts
 
 
-def batch_cap_sweep(engine: LLMEngine, specs: list[RequestSpec], caps: list[tuple[int, int]], slo: SLO,
-                    prompts: list[list[int]] | None = None, timeout_s: float | None = None,
-                    progress: Callable[[str], None] | None = None) -> dict:
+def batch_cap_sweep(
+    engine: LLMEngine,
+    specs: list[RequestSpec],
+    caps: list[tuple[int, int]],
+    slo: SLO,
+    prompts: list[list[int]] | None = None,
+    timeout_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Replay ``specs`` once per ``(max_num_seqs, max_num_batched_tokens)`` in ``caps``.
 
     Args:
@@ -53,32 +59,52 @@ def batch_cap_sweep(engine: LLMEngine, specs: list[RequestSpec], caps: list[tupl
         point_engine = LLMEngine(config, loaded=engine.loaded)
         run = run_workload(point_engine, specs, prompts, timeout_s=timeout_s)
         m = serving_metrics(run.outputs, run.duration_s, slo)
-        points.append({
-            "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-            "output_throughput_tok_s": m.output_throughput_tok_s, "request_throughput_req_s": m.request_throughput_req_s,
-            "ttft_p50_ms": m.ttft_ms["p50"], "ttft_p99_ms": m.ttft_ms["p99"],
-            "tpot_p50_ms": m.tpot_ms["p50"], "tpot_p99_ms": m.tpot_ms["p99"],
-            "goodput_req_s": m.goodput_req_s, "num_good_requests": m.num_good_requests,
-            "completed": m.completed, "num_requests": len(specs), "num_preemptions": m.num_preemptions,
-        })
+        points.append(
+            {
+                "max_num_seqs": max_num_seqs,
+                "max_num_batched_tokens": max_num_batched_tokens,
+                "output_throughput_tok_s": m.output_throughput_tok_s,
+                "request_throughput_req_s": m.request_throughput_req_s,
+                "ttft_p50_ms": m.ttft_ms["p50"],
+                "ttft_p99_ms": m.ttft_ms["p99"],
+                "tpot_p50_ms": m.tpot_ms["p50"],
+                "tpot_p99_ms": m.tpot_ms["p99"],
+                "goodput_req_s": m.goodput_req_s,
+                "num_good_requests": m.num_good_requests,
+                "completed": m.completed,
+                "num_requests": len(specs),
+                "num_preemptions": m.num_preemptions,
+            }
+        )
         del point_engine  # its KV pool goes before the next one is allocated
     best = max(range(len(points)), key=lambda i: points[i]["output_throughput_tok_s"] or 0.0)
-    good = max(range(len(points)), key=lambda i: (points[i]["goodput_req_s"] or 0.0,
-                                                  points[i]["output_throughput_tok_s"] or 0.0))
-    return {"slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms}, "points": points,
-            "best_throughput": best, "best_goodput": good}
+    good = max(
+        range(len(points)),
+        key=lambda i: (points[i]["goodput_req_s"] or 0.0, points[i]["output_throughput_tok_s"] or 0.0),
+    )
+    return {
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2el_ms": slo.e2el_ms},
+        "points": points,
+        "best_throughput": best,
+        "best_goodput": good,
+    }
 
 
 def format_sweep(result: dict) -> list[str]:
     """The sweep as a table, the best-throughput and best-goodput rows marked."""
     slo = ", ".join(f"{k} <= {v:g}" for k, v in result["slo"].items() if v is not None)
-    lines = [f"Batch caps on one workload; goodput under SLO ({slo})",
-             f"  {'seqs':>5} {'budget':>7} {'out tok/s':>9} {'P99 TTFT ms':>11} {'P99 TPOT ms':>11} "
-             f"{'goodput req/s':>13} {'good':>9}"]
+    lines = [
+        f"Batch caps on one workload; goodput under SLO ({slo})",
+        f"  {'seqs':>5} {'budget':>7} {'out tok/s':>9} {'P99 TTFT ms':>11} {'P99 TPOT ms':>11} "
+        f"{'goodput req/s':>13} {'good':>9}",
+    ]
     for i, p in enumerate(result["points"]):
         marks = (" <- most throughput" if i == result["best_throughput"] else "") + (
-            " <- most goodput" if i == result["best_goodput"] else "")
-        lines.append(f"  {p['max_num_seqs']:>5} {p['max_num_batched_tokens']:>7} {p['output_throughput_tok_s'] or 0:>9.1f} "
-                     f"{p['ttft_p99_ms'] or 0:>11.0f} {p['tpot_p99_ms'] or 0:>11.0f} {p['goodput_req_s'] or 0:>13.2f} "
-                     f"{p['num_good_requests']:>4}/{p['num_requests']:<4}{marks}")
+            " <- most goodput" if i == result["best_goodput"] else ""
+        )
+        lines.append(
+            f"  {p['max_num_seqs']:>5} {p['max_num_batched_tokens']:>7} {p['output_throughput_tok_s'] or 0:>9.1f} "
+            f"{p['ttft_p99_ms'] or 0:>11.0f} {p['tpot_p99_ms'] or 0:>11.0f} {p['goodput_req_s'] or 0:>13.2f} "
+            f"{p['num_good_requests']:>4}/{p['num_requests']:<4}{marks}"
+        )
     return lines

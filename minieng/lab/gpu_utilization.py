@@ -32,16 +32,29 @@ from minieng.measure.roofline import format_percent, phase_utilization
 # The matrix-product ops of torch's dispatcher. ``aten::linear`` and ``aten::matmul`` are
 # composites whose self time is the dispatch around the ``mm``/``addmm`` they call. On x86-64 CPUs
 # minieng's linear layers run as oneDNN's ``mkldnn::_linear_pointwise`` (``model.linear``).
-MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                        "aten::mv", "aten::addmv", "aten::dot", "mkldnn::_linear_pointwise"})
+MATMUL_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::matmul",
+        "aten::linear",
+        "aten::mv",
+        "aten::addmv",
+        "aten::dot",
+        "mkldnn::_linear_pointwise",
+    }
+)
 # On a GPU the profiler times kernels, named by their library: cuBLAS/cuBLASLt GEMM and GEMV kernels
 # ("sm90_xmma_gemm_...", "ampere_bf16_s16816gemm_...", "gemv2T_kernel...", "nvjet_..."), CUTLASS.
 GEMM_KERNEL_PATTERNS = ("gemm", "gemv", "xmma", "cutlass", "cublas", "nvjet")
 OUTSIDE_OPS = "(outside any op: Python, scheduler, sampling)"
 
 
-def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, min_steps: int = 2,
-               warmup_steps: int = 2) -> list[StepRecord]:
+def decode_for(
+    engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, min_steps: int = 2, warmup_steps: int = 2
+) -> list[StepRecord]:
     """Decode ``len(prompts)`` sequences together for at least ``seconds`` (s) of decode steps.
 
     The prompts are prefilled first, then the batch decodes greedily, ``ignore_eos``; the first
@@ -55,8 +68,10 @@ def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: flo
         raise ValueError(f"need at least one prompt and seconds >= 0; got {len(prompts)} prompts, {seconds} s")
     room = engine.max_model_len - max(len(p) for p in prompts)
     if room < 2:
-        raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room to decode within "
-                         f"max_model_len={engine.max_model_len}: shorten it")
+        raise ValueError(
+            f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room to decode within "
+            f"max_model_len={engine.max_model_len}: shorten it"
+        )
     params = SamplingParams.fixed_length(room)
     first = len(engine.step_records)
     ids: list[str] = []
@@ -71,8 +86,9 @@ def decode_for(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: flo
     return decode
 
 
-def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, peaks,
-                       sampler="auto", interval_s: float = 0.1) -> dict:
+def decode_utilization(
+    engine: LLMEngine, prompts: Sequence[Sequence[int]], seconds: float, peaks, sampler="auto", interval_s: float = 0.1
+) -> dict:
     """A decode run of ``seconds`` with NVML sampled beside it: what each figure says.
 
     Args:
@@ -95,8 +111,10 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
         if engine.device.type == "cuda":
             sampler = TelemetrySampler(engine.device, interval_s=interval_s)
         else:
-            sampler, why = None, (f"no NVIDIA GPU: the engine runs on the {engine.device.type}, and NVML "
-                                  "reports on NVIDIA GPUs only")
+            sampler, why = (
+                None,
+                (f"no NVIDIA GPU: the engine runs on the {engine.device.type}, and NVML reports on NVIDIA GPUs only"),
+            )
     elif sampler is None:
         why = "telemetry switched off"
     if sampler is not None:
@@ -111,16 +129,24 @@ def decode_utilization(engine: LLMEngine, prompts: Sequence[Sequence[int]], seco
     in_run = [s for s in samples if origin <= s.time_s <= steps[-1].start_s + steps[-1].duration_s]
     nvml = None
     if sampler is not None and sampler.available:
-        nvml = {"time_s": [s.time_s - origin for s in in_run]} | {f: [getattr(s, f) for s in in_run] for f in VALUE_FIELDS}
+        nvml = {"time_s": [s.time_s - origin for s in in_run]} | {
+            f: [getattr(s, f) for s in in_run] for f in VALUE_FIELDS
+        }
     return {
-        "batch_size": len(prompts), "num_steps": len(steps),
+        "batch_size": len(prompts),
+        "num_steps": len(steps),
         "duration_s": steps[-1].start_s + steps[-1].duration_s - origin,
         "decode_step_ms": 1e3 * statistics.median(s.duration_s for s in steps),
         "utilization": phase_utilization(engine.model_config, dtype_bytes, steps, peaks),
-        "steps": {"time_s": [s.start_s - origin for s in steps], "mfu_percent": [u["mfu_percent"] for u in per_step],
-                  "mbu_percent": [u["mbu_percent"] for u in per_step]},
-        "nvml": nvml, "nvml_summary": summarize(in_run) if nvml is not None else None,
-        "nvml_unavailable": why, "na_reasons": dict(sampler.na_reasons) if sampler is not None else {},
+        "steps": {
+            "time_s": [s.start_s - origin for s in steps],
+            "mfu_percent": [u["mfu_percent"] for u in per_step],
+            "mbu_percent": [u["mbu_percent"] for u in per_step],
+        },
+        "nvml": nvml,
+        "nvml_summary": summarize(in_run) if nvml is not None else None,
+        "nvml_unavailable": why,
+        "na_reasons": dict(sampler.na_reasons) if sampler is not None else {},
     }
 
 
@@ -157,8 +183,11 @@ def trace_series(result: dict, source: str = "measured") -> dict:
     series = {}
     nvml = result.get("nvml")
     if nvml:
-        for field, label in (("util_gpu_percent", "util.gpu % (NVML)"), ("sm_occupancy_percent", "SM occupancy % (GPM)"),
-                             ("dram_bw_util_percent", "DRAM bandwidth % (GPM)")):
+        for field, label in (
+            ("util_gpu_percent", "util.gpu % (NVML)"),
+            ("sm_occupancy_percent", "SM occupancy % (GPM)"),
+            ("dram_bw_util_percent", "DRAM bandwidth % (GPM)"),
+        ):
             if any(v is not None for v in nvml[field]):
                 series[label] = (nvml["time_s"], nvml[field])
     steps = result["steps"]
@@ -169,9 +198,12 @@ def trace_series(result: dict, source: str = "measured") -> dict:
 
 # -- where a step's time goes ----------------------------------------------------------------------
 
+
 def is_matmul(name: str) -> bool:
     """A matrix product: one of ``MATMUL_OPS``, or a GPU kernel named as a GEMM/GEMV library's."""
-    return name in MATMUL_OPS or (not name.startswith("aten::") and any(p in name.lower() for p in GEMM_KERNEL_PATTERNS))
+    return name in MATMUL_OPS or (
+        not name.startswith("aten::") and any(p in name.lower() for p in GEMM_KERNEL_PATTERNS)
+    )
 
 
 def op_shares(op_us: dict[str, float], wall_us: float, top: int = 12) -> dict:
@@ -195,9 +227,16 @@ def op_shares(op_us: dict[str, float], wall_us: float, top: int = 12) -> dict:
     outside = max(0.0, wall_us - matmul - other)
     rows = [[name, us, is_matmul(name)] for name, us in op_us.items() if us > 0] + [[OUTSIDE_OPS, outside, False]]
     rows.sort(key=lambda r: -r[1])
-    return {"wall_us": wall_us, "matmul_us": matmul, "other_ops_us": other, "outside_ops_us": outside,
-            "matmul_share": matmul / wall_us, "other_ops_share": other / wall_us, "outside_ops_share": outside / wall_us,
-            "top_ops": rows[:top]}
+    return {
+        "wall_us": wall_us,
+        "matmul_us": matmul,
+        "other_ops_us": other,
+        "outside_ops_us": outside,
+        "matmul_share": matmul / wall_us,
+        "other_ops_share": other / wall_us,
+        "outside_ops_share": outside / wall_us,
+        "top_ops": rows[:top],
+    }
 
 
 def op_times(events) -> tuple[dict[str, float], dict[str, float]]:
@@ -256,5 +295,10 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
     for request_id in ids:
         engine.abort_request(request_id)
     cpu_us, device_us = op_times(prof.key_averages())
-    return {"batch_size": len(prompts), "steps": steps, "step_ms": wall_us / steps / 1e3,
-            "cpu": op_shares(cpu_us, wall_us), "device": op_shares(device_us, wall_us) if cuda else None}
+    return {
+        "batch_size": len(prompts),
+        "steps": steps,
+        "step_ms": wall_us / steps / 1e3,
+        "cpu": op_shares(cpu_us, wall_us),
+        "device": op_shares(device_us, wall_us) if cuda else None,
+    }

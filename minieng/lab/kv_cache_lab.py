@@ -60,8 +60,10 @@ def recompute_vs_cache(engine: LLMEngine, prompt: Sequence[int], max_tokens: int
     """
     prompt = list(prompt)
     if max_tokens < 1 or len(prompt) + max_tokens > engine.max_model_len:
-        raise ValueError(f"max_tokens={max_tokens} after a {len(prompt)}-token prompt must be >= 1 and fit "
-                         f"max_model_len={engine.max_model_len}")
+        raise ValueError(
+            f"max_tokens={max_tokens} after a {len(prompt)}-token prompt must be >= 1 and fit "
+            f"max_model_len={engine.max_model_len}"
+        )
     cfg, dtype_bytes = engine.model_config, engine.dtype.itemsize
     greedy = SamplingParams.fixed_length(max_tokens)
     one = SamplingParams.fixed_length(1)
@@ -71,8 +73,12 @@ def recompute_vs_cache(engine: LLMEngine, prompt: Sequence[int], max_tokens: int
         out = engine.generate([prompt], greedy)[0]
         m = request_metrics(out)
         run, flops = _per_token(engine.step_records[first:], cfg, dtype_bytes)
-        sides["cache"] = {"token_s": [m.ttft_s] + m.itl_s, "tokens_run": run, "flops": flops,
-                          "token_ids": list(out.token_ids)}
+        sides["cache"] = {
+            "token_s": [m.ttft_s] + m.itl_s,
+            "tokens_run": run,
+            "flops": flops,
+            "token_ids": list(out.token_ids),
+        }
         ids, waits, run, flops = [], [], [], []
         for _ in range(max_tokens):
             first = len(engine.step_records)
@@ -85,8 +91,13 @@ def recompute_vs_cache(engine: LLMEngine, prompt: Sequence[int], max_tokens: int
         sides["recompute"] = {"token_s": waits, "tokens_run": run, "flops": flops, "token_ids": ids}
     cached_ids = sides["cache"]["token_ids"]
     diff = next((i for i, (a, b) in enumerate(zip(cached_ids, ids)) if a != b), None)
-    return {"prompt_tokens": len(prompt), "max_tokens": max_tokens, **sides,
-            "same_tokens": diff is None, "first_difference": diff}
+    return {
+        "prompt_tokens": len(prompt),
+        "max_tokens": max_tokens,
+        **sides,
+        "same_tokens": diff is None,
+        "first_difference": diff,
+    }
 
 
 def recompute_estimate_s(probe: dict, prompt_tokens: int, answer_tokens: int) -> float:
@@ -113,15 +124,26 @@ def block_table_snapshot(engine: LLMEngine) -> dict:
     with K/V computed) and ``block_table`` (physical block ids in token order), the waiting
     requests' ids, the pool's size and how many blocks are free."""
     bm = engine.block_manager
-    return {"block_size": bm.block_size, "num_blocks": bm.num_blocks, "num_free_blocks": bm.num_free_blocks,
-            "sequences": [{"request_id": s.request_id, "num_tokens": s.num_tokens,
-                           "num_computed_tokens": s.num_computed_tokens, "block_table": list(s.block_table)}
-                          for s in engine.scheduler.running],
-            "waiting": [s.request_id for s in engine.scheduler.waiting]}
+    return {
+        "block_size": bm.block_size,
+        "num_blocks": bm.num_blocks,
+        "num_free_blocks": bm.num_free_blocks,
+        "sequences": [
+            {
+                "request_id": s.request_id,
+                "num_tokens": s.num_tokens,
+                "num_computed_tokens": s.num_computed_tokens,
+                "block_table": list(s.block_table),
+            }
+            for s in engine.scheduler.running
+        ],
+        "waiting": [s.request_id for s in engine.scheduler.waiting],
+    }
 
 
-def live_block_tables(engine: LLMEngine, prompts: Sequence[Sequence[int]], output_tokens: Sequence[int],
-                      join_every: int, steps: int) -> dict:
+def live_block_tables(
+    engine: LLMEngine, prompts: Sequence[Sequence[int]], output_tokens: Sequence[int], join_every: int, steps: int
+) -> dict:
     """Run a batch that changes while it runs, and take the block tables mid-run.
 
     Request i (greedy, ``output_tokens[i]`` tokens, ``ignore_eos``) joins at step
@@ -132,16 +154,17 @@ def live_block_tables(engine: LLMEngine, prompts: Sequence[Sequence[int]], outpu
     Raises ``ValueError`` for mismatched lengths or ``join_every`` < 1.
     """
     if len(prompts) != len(output_tokens) or join_every < 1:
-        raise ValueError(f"need one output length per prompt and join_every >= 1; got {len(prompts)} prompts, "
-                         f"{len(output_tokens)} lengths, join_every={join_every}")
+        raise ValueError(
+            f"need one output length per prompt and join_every >= 1; got {len(prompts)} prompts, "
+            f"{len(output_tokens)} lengths, join_every={join_every}"
+        )
     ids: list[str] = []
     for step in range(steps):
         if step % join_every == 0 and len(ids) < len(prompts):
             i = len(ids)
             ids.append(engine.add_request(list(prompts[i]), SamplingParams.fixed_length(output_tokens[i])))
         engine.step()
-    snapshot = block_table_snapshot(engine) | {"step": steps,
-                                               "finished": [r for r in ids if engine.output(r).finished]}
+    snapshot = block_table_snapshot(engine) | {"step": steps, "finished": [r for r in ids if engine.output(r).finished]}
     for rid in ids:
         engine.abort_request(rid)
     return snapshot
@@ -152,8 +175,10 @@ def sequences_that_fit(num_blocks: int, block_size: int, tokens_per_sequence: in
     once: each takes whole blocks (``ceil(tokens / block_size)``). Raises ``ValueError`` for
     non-positive sizes."""
     if block_size < 1 or tokens_per_sequence < 1 or num_blocks < 0:
-        raise ValueError(f"need num_blocks >= 0, block_size >= 1 and tokens_per_sequence >= 1; got "
-                         f"{num_blocks}, {block_size}, {tokens_per_sequence}")
+        raise ValueError(
+            f"need num_blocks >= 0, block_size >= 1 and tokens_per_sequence >= 1; got "
+            f"{num_blocks}, {block_size}, {tokens_per_sequence}"
+        )
     return num_blocks // cdiv(tokens_per_sequence, block_size)
 
 
@@ -175,11 +200,18 @@ def concurrency_run(engine: LLMEngine, prompts: Sequence[Sequence[int]], output_
         first = len(engine.step_records)
         engine.generate([list(p) for p in prompts], params)
         steps = engine.step_records[first:]
-    return {"running": [s.num_prefill_seqs + s.num_decode_seqs for s in steps],
-            "used_blocks": [s.num_used_blocks for s in steps], "preempted": [s.num_preempted for s in steps],
-            "num_blocks": bm.num_blocks, "block_size": bm.block_size, "max_num_seqs": engine.config.max_num_seqs,
-            "num_requests": len(prompts), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-            "cap_at_prompt": sequences_that_fit(bm.num_blocks, bm.block_size, prompt_tokens),
-            "cap_at_full_length": sequences_that_fit(bm.num_blocks, bm.block_size, prompt_tokens + output_tokens),
-            "peak_running": max(s.num_prefill_seqs + s.num_decode_seqs for s in steps),
-            "num_preemptions": sum(s.num_preempted for s in steps)}
+    return {
+        "running": [s.num_prefill_seqs + s.num_decode_seqs for s in steps],
+        "used_blocks": [s.num_used_blocks for s in steps],
+        "preempted": [s.num_preempted for s in steps],
+        "num_blocks": bm.num_blocks,
+        "block_size": bm.block_size,
+        "max_num_seqs": engine.config.max_num_seqs,
+        "num_requests": len(prompts),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "cap_at_prompt": sequences_that_fit(bm.num_blocks, bm.block_size, prompt_tokens),
+        "cap_at_full_length": sequences_that_fit(bm.num_blocks, bm.block_size, prompt_tokens + output_tokens),
+        "peak_running": max(s.num_prefill_seqs + s.num_decode_seqs for s in steps),
+        "num_preemptions": sum(s.num_preempted for s in steps),
+    }

@@ -57,8 +57,13 @@ def measure_point(engine: LLMEngine, shared: int, user: int, requests: int, cach
     return HitRatePoint(shared, user, hit, summarize_ms(m.ttft_s for m in ms), cache)
 
 
-def ttft_vs_hit_rate(engine: LLMEngine, prompt_tokens: int = 1024, shares=(0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.97),
-                     requests: int = 4, progress=None) -> dict:
+def ttft_vs_hit_rate(
+    engine: LLMEngine,
+    prompt_tokens: int = 1024,
+    shares=(0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.97),
+    requests: int = 4,
+    progress=None,
+) -> dict:
     """Sweep the shared share of a ``prompt_tokens``-token prompt; return cold and warm points.
 
     The cold point runs the same prompts with the cache off. A share whose shared prefix is shorter
@@ -75,9 +80,13 @@ def ttft_vs_hit_rate(engine: LLMEngine, prompt_tokens: int = 1024, shares=(0.0, 
         if shared >= bs:  # a whole number of blocks, so the hit rate is the share asked for
             shared = min(cdiv(shared, bs) * bs, prompt_tokens - 1)
         points.append(measure_point(engine, shared, prompt_tokens - shared, requests))
-    return {"prompt_tokens": prompt_tokens, "block_size": engine.block_manager.block_size,
-            "cold": asdict(cold), "points": [asdict(p) for p in points],
-            "seed_points": [{"hit_rate": h, "ttft_s": t} for h, t in SEED_POINTS]}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "block_size": engine.block_manager.block_size,
+        "cold": asdict(cold),
+        "points": [asdict(p) for p in points],
+        "seed_points": [{"hit_rate": h, "ttft_s": t} for h, t in SEED_POINTS],
+    }
 
 
 def multi_turn(engine: LLMEngine, turns: int = 4, user_tokens: int = 64, output_tokens: int = 32) -> list[dict]:
@@ -94,14 +103,22 @@ def multi_turn(engine: LLMEngine, turns: int = 4, user_tokens: int = 64, output_
             prompt = history + users[t]
             out = engine.generate([prompt], SamplingParams.fixed_length(output_tokens))[0]
             m = request_metrics(out)
-            rows.append({"turn": t + 1, "prompt_tokens": len(prompt), "cached_tokens": out.num_cached_tokens,
-                         "hit_rate": out.num_cached_tokens / len(prompt), "ttft_ms": m.ttft_s * 1e3})
+            rows.append(
+                {
+                    "turn": t + 1,
+                    "prompt_tokens": len(prompt),
+                    "cached_tokens": out.num_cached_tokens,
+                    "hit_rate": out.num_cached_tokens / len(prompt),
+                    "ttft_ms": m.ttft_s * 1e3,
+                }
+            )
             history = prompt + out.token_ids
     return rows
 
 
-def zero_hit_overhead(engine: LLMEngine, num_requests: int = 8, prompt_tokens: int = 256, output_tokens: int = 16,
-                      rounds: int = 3) -> dict:
+def zero_hit_overhead(
+    engine: LLMEngine, num_requests: int = 8, prompt_tokens: int = 256, output_tokens: int = 16, rounds: int = 3
+) -> dict:
     """What the cache costs when nothing hits: output throughput of one batch of distinct prompts
     with the cache on and off, alternated ``rounds`` times (medians), as a ratio measured in one run.
 
@@ -119,5 +136,12 @@ def zero_hit_overhead(engine: LLMEngine, num_requests: int = 8, prompt_tokens: i
             assert not any(o.num_cached_tokens for o in outs), "distinct prompts must not hit"
             tok_s[cache].append(num_requests * output_tokens / sum(s.duration_s for s in steps))
     on, off = statistics.median(tok_s[True]), statistics.median(tok_s[False])
-    return {"num_requests": num_requests, "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-            "rounds": rounds, "cache_on_tok_s": on, "cache_off_tok_s": off, "overhead_percent": 100 * (off - on) / off}
+    return {
+        "num_requests": num_requests,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "rounds": rounds,
+        "cache_on_tok_s": on,
+        "cache_off_tok_s": off,
+        "overhead_percent": 100 * (off - on) / off,
+    }

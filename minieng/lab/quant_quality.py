@@ -52,17 +52,24 @@ def quality(reference_model, models: dict, sequences: list[list[int]], prompt_le
     out = {label: {"agree": 0, "kl": 0.0, "worst": 1.0} for label in models}
     positions = 0
     for seq in sequences:
-        ref = sequence_logits(reference_model, seq)[prompt_len - 1:-1].float().log_softmax(-1)
+        ref = sequence_logits(reference_model, seq)[prompt_len - 1 : -1].float().log_softmax(-1)
         positions += len(ref)
         for label, model in models.items():
-            got = sequence_logits(model, seq)[prompt_len - 1:-1].float().log_softmax(-1)
+            got = sequence_logits(model, seq)[prompt_len - 1 : -1].float().log_softmax(-1)
             same = (ref.argmax(-1) == got.argmax(-1)).sum().item()
             acc = out[label]
             acc["agree"] += same
             acc["worst"] = min(acc["worst"], same / len(ref))
             acc["kl"] += F.kl_div(got, ref, log_target=True, reduction="sum").item()
-    return {label: {"agreement": a["agree"] / positions, "agreement_min": a["worst"], "kl_nats": a["kl"] / positions,
-                    "positions": positions} for label, a in out.items()}
+    return {
+        label: {
+            "agreement": a["agree"] / positions,
+            "agreement_min": a["worst"],
+            "kl_nats": a["kl"] / positions,
+            "positions": positions,
+        }
+        for label, a in out.items()
+    }
 
 
 @torch.inference_mode()
@@ -86,5 +93,11 @@ def activation_outliers(model, token_ids: list[int], layer: int, projection: str
     token_max = seen[0].abs().amax(-1)  # [tokens]
     tensor_max = token_max.max().item()
     median = statistics.median(token_max.tolist())
-    return {"layer": layer, "projection": projection, "token_max": token_max.tolist(), "tensor_max": tensor_max,
-            "median_token_max": median, "median_levels_per_tensor": 127 * median / tensor_max}
+    return {
+        "layer": layer,
+        "projection": projection,
+        "token_max": token_max.tolist(),
+        "tensor_max": tensor_max,
+        "median_token_max": median,
+        "median_levels_per_tensor": 127 * median / tensor_max,
+    }

@@ -82,8 +82,9 @@ def kernel_rates(engine: LLMEngine, schemes: list[str], rows: int, group_size: i
     return {scheme or "none": flops / _best_s(layer, x, repeats) for scheme, layer in layers.items()}
 
 
-def predicted_table(model_config, dtype_bytes: int, group_size: int, bandwidth_bytes_s: float,
-                    context_tokens: int, batch_size: int = 1) -> list[dict]:
+def predicted_table(
+    model_config, dtype_bytes: int, group_size: int, bandwidth_bytes_s: float, context_tokens: int, batch_size: int = 1
+) -> list[dict]:
     """Computed, not measured: per scheme (the float model first), the matrices' bytes per
     weight (scales included), a decode step's bytes at ``batch_size`` sequences of
     ``context_tokens`` tokens, the TPOT floor bytes / ``bandwidth_bytes_s`` and its ratio to
@@ -92,10 +93,14 @@ def predicted_table(model_config, dtype_bytes: int, group_size: int, bandwidth_b
     for scheme in (None, *SCHEMES):
         mb = matmul_bytes(model_config, scheme, group_size, dtype_bytes)
         work = decode_work(model_config, batch_size, context_tokens, dtype_bytes, mb)
-        rows.append({"scheme": scheme or "none",
-                     "bytes_per_weight": (mb.layers + mb.lm_head) / model_config.num_matmul_params,
-                     "step_bytes": work.total_bytes,
-                     "tpot_floor_ms": 1e3 * tpot_floor_s(work.total_bytes, bandwidth_bytes_s)})
+        rows.append(
+            {
+                "scheme": scheme or "none",
+                "bytes_per_weight": (mb.layers + mb.lm_head) / model_config.num_matmul_params,
+                "step_bytes": work.total_bytes,
+                "tpot_floor_ms": 1e3 * tpot_floor_s(work.total_bytes, bandwidth_bytes_s),
+            }
+        )
     for row in rows:
         row["tpot_ratio_predicted"] = row["step_bytes"] / rows[0]["step_bytes"]
     return rows
@@ -133,15 +138,17 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
     ``kernel_flop_s`` and ``peaks``.
     """
     if engine.config.quantization is not None:
-        raise ValueError("run_quantization compares schemes with the float model: "
-                         "pass an engine with quantization=None")
+        raise ValueError(
+            "run_quantization compares schemes with the float model: pass an engine with quantization=None"
+        )
     schemes = cfg.schemes if cfg.schemes is not None else device_schemes(engine.device, engine.dtype)
     say = progress or (lambda msg: None)
     engines = {None: engine}
     for s in schemes:
         say(f"quantization: building the {s} engine")
-        engines[s] = LLMEngine(replace(engine.config, quantization=s, quantization_group_size=cfg.group_size),
-                               loaded=engine.loaded)
+        engines[s] = LLMEngine(
+            replace(engine.config, quantization=s, quantization_group_size=cfg.group_size), loaded=engine.loaded
+        )
     tok = engine.tokenizer
     for e in engines.values():  # warm-up: allocation, kernel selection
         warm_up(e)
@@ -164,8 +171,9 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
                     steps[s]["decode"] += st
     say("quantization: kernel FLOP rates and accuracy")
     rates = kernel_rates(engine, schemes, cfg.prompt_tokens, cfg.group_size)
-    sequences = reference_sequences(engine, text_prompts(tok, cfg.quality_prompt_len, cfg.quality_prompts),
-                                    cfg.quality_tokens)
+    sequences = reference_sequences(
+        engine, text_prompts(tok, cfg.quality_prompt_len, cfg.quality_prompts), cfg.quality_tokens
+    )
     acc = quality(engine.model, {s: engines[s].model for s in schemes}, sequences, cfg.quality_prompt_len)
     context = cfg.decode_prompt_len + cfg.output_tokens // 2  # the decode steps' mean context
     dtype_bytes = engine.dtype.itemsize
@@ -173,13 +181,17 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
     rows = []
     for s, e in engines.items():
         key = s or "none"
-        row = {"scheme": key, "kernel": KERNELS[s, engine.device.type] if s else f"{engine.dtype} (float)",
-               "weight_bytes": e.memory_plan.weight_bytes,
-               "matmul_bytes": (e.matmul_bytes.layers + e.matmul_bytes.lm_head) if e.matmul_bytes else
-               engine.model_config.num_matmul_params * dtype_bytes,
-               "ttft_ms": 1e3 * statistics.median(ttft[s]),
-               "ttft_ratio": statistics.median(a / b for a, b in zip(ttft[s], ttft[None])),
-               "ttft_ratio_predicted": rates["none"] / rates[key]}
+        row = {
+            "scheme": key,
+            "kernel": KERNELS[s, engine.device.type] if s else f"{engine.dtype} (float)",
+            "weight_bytes": e.memory_plan.weight_bytes,
+            "matmul_bytes": (e.matmul_bytes.layers + e.matmul_bytes.lm_head)
+            if e.matmul_bytes
+            else engine.model_config.num_matmul_params * dtype_bytes,
+            "ttft_ms": 1e3 * statistics.median(ttft[s]),
+            "ttft_ratio": statistics.median(a / b for a, b in zip(ttft[s], ttft[None])),
+            "ttft_ratio_predicted": rates["none"] / rates[key],
+        }
         row["bytes_per_weight"] = row["matmul_bytes"] / engine.model_config.num_matmul_params
         for b in cfg.batch_sizes:
             row[f"tpot_b{b}_ms"] = 1e3 * statistics.median(tpot[s][b])
@@ -191,12 +203,27 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
             row[f"{phase}_intensity_flop_per_byte"] = u["arithmetic_intensity_flop_per_byte"]
             row[f"{phase}_flop_s"] = u["achieved_tflops"] * 1e12
             row[f"{phase}_mbu_percent"] = u[peaks[0].source]["mbu_percent"]
-        row.update(acc.get(s, {"agreement": 1.0, "agreement_min": 1.0, "kl_nats": 0.0,
-                               "positions": acc[schemes[0]]["positions"] if schemes else 0}))
+        row.update(
+            acc.get(
+                s,
+                {
+                    "agreement": 1.0,
+                    "agreement_min": 1.0,
+                    "kl_nats": 0.0,
+                    "positions": acc[schemes[0]]["positions"] if schemes else 0,
+                },
+            )
+        )
         rows.append(row)
-    return {"config": asdict(cfg) | {"schemes": schemes}, "device": str(engine.device), "dtype": str(engine.dtype),
-            "decode_context_tokens": context, "kernel_flop_s": rates, "peaks": [p.to_dict() for p in peaks],
-            "rows": rows}
+    return {
+        "config": asdict(cfg) | {"schemes": schemes},
+        "device": str(engine.device),
+        "dtype": str(engine.dtype),
+        "decode_context_tokens": context,
+        "kernel_flop_s": rates,
+        "peaks": [p.to_dict() for p in peaks],
+        "rows": rows,
+    }
 
 
 def decode_vs_prefill(row: dict, batch_size: int = 1) -> float:

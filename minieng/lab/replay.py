@@ -35,9 +35,15 @@ class WorkloadResult:
     num_not_arrived: int = 0  # requests whose arrival came after a timeout (never sent)
 
 
-def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list[int]] | None = None,
-                 params: Callable[[RequestSpec], SamplingParams] | None = None, sampler=None,
-                 timeout_s: float | None = None, progress: bool = False) -> WorkloadResult:
+def run_workload(
+    engine: LLMEngine,
+    specs: list[RequestSpec],
+    prompts: list[list[int]] | None = None,
+    params: Callable[[RequestSpec], SamplingParams] | None = None,
+    sampler=None,
+    timeout_s: float | None = None,
+    progress: bool = False,
+) -> WorkloadResult:
     """Replay ``specs`` against ``engine`` in real time.
 
     Args:
@@ -60,6 +66,7 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(specs), desc="requests", unit="req")
     ctx = sampler if sampler is not None else _Null()
     with ctx:
@@ -91,15 +98,23 @@ def run_workload(engine: LLMEngine, specs: list[RequestSpec], prompts: list[list
                     for rid in ids:
                         if rid is not None:
                             engine.abort_request(rid)
-                    raise ValueError("the static batch can never fill: no more requests arrive and "
-                                     "batch_timeout_s is infinite; give a finite batch_timeout_s")
+                    raise ValueError(
+                        "the static batch can never fill: no more requests arrive and "
+                        "batch_timeout_s is infinite; give a finite batch_timeout_s"
+                    )
                 time.sleep(max(0.0, wake - time.perf_counter()))
         duration = time.perf_counter() - start
     if bar:
         bar.close()
     outputs = [engine.output(rid) for rid in ids if rid is not None]
-    return WorkloadResult(start, duration, outputs, engine.step_records[first_step:],
-                          list(getattr(sampler, "samples", [])), len(specs) - len(outputs))
+    return WorkloadResult(
+        start,
+        duration,
+        outputs,
+        engine.step_records[first_step:],
+        list(getattr(sampler, "samples", [])),
+        len(specs) - len(outputs),
+    )
 
 
 class _Null:
@@ -117,13 +132,19 @@ def serving_report(result: WorkloadResult, model_config, dtype_bytes: float, pea
     decode_steps = [s for s in result.steps if s.num_prefill_tokens == 0]
     return {
         "metrics": serving_metrics(result.outputs, result.duration_s, slo).to_dict(),
-        "steps_with_prefill": phase_utilization(model_config, dtype_bytes, prefill_steps, peaks) if prefill_steps else None,
-        "decode_only_steps": phase_utilization(model_config, dtype_bytes, decode_steps, peaks) if decode_steps else None,
+        "steps_with_prefill": phase_utilization(model_config, dtype_bytes, prefill_steps, peaks)
+        if prefill_steps
+        else None,
+        "decode_only_steps": phase_utilization(model_config, dtype_bytes, decode_steps, peaks)
+        if decode_steps
+        else None,
         "telemetry": summarize(result.telemetry) if result.telemetry else None,
     }
 
 
-def serving_bench(engine: LLMEngine, specs: list[RequestSpec], peaks, slo, workload: str) -> tuple[dict, WorkloadResult]:
+def serving_bench(
+    engine: LLMEngine, specs: list[RequestSpec], peaks, slo, workload: str
+) -> tuple[dict, WorkloadResult]:
     """The bench's ``--workload`` run: ``specs`` replayed in real time (with NVML telemetry on CUDA),
     the serving report (TTFT/TPOT/ITL/E2EL percentiles, goodput under ``slo``, MFU and MBU against
     ``peaks``) and the workload's totals. Returns the report (JSON-serializable) and the raw run
@@ -131,9 +152,11 @@ def serving_bench(engine: LLMEngine, specs: list[RequestSpec], peaks, slo, workl
     sampler = TelemetrySampler(engine.device) if engine.device.type == "cuda" else None
     run = run_workload(engine, specs, sampler=sampler)
     report = serving_report(run, engine.model_config, engine.dtype.itemsize, peaks, slo)
-    report["workload"] = {"kind": workload, "num_requests": len(specs),
-                          "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
-                          "output_tokens_total": sum(s.output_tokens for s in specs),
-                          "last_arrival_s": max(s.arrival_s for s in specs)}
+    report["workload"] = {
+        "kind": workload,
+        "num_requests": len(specs),
+        "prompt_tokens_total": sum(s.prompt_tokens for s in specs),
+        "output_tokens_total": sum(s.output_tokens for s in specs),
+        "last_arrival_s": max(s.arrival_s for s in specs),
+    }
     return report, run
-

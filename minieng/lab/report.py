@@ -32,13 +32,17 @@ def check_targets(result: dict) -> list[dict]:
 def format_table(result: dict) -> str:
     """The bench result as the tables the README describes."""
     env = result["environment"]
-    lines = [f"minieng bench: {env['model']} on {env['device_name']} ({env['device']}, {env['dtype']}, "
-             f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"]
+    lines = [
+        f"minieng bench: {env['model']} on {env['device_name']} ({env['device']}, {env['dtype']}, "
+        f"{env['torch_threads']} threads), torch {env['torch_version']}, transformers {env['transformers_version']}"
+    ]
     if result.get("load_s") is not None:
         lines.append(f"model load: {result['load_s']:.2f} s")
     if env.get("cuda_graphs"):
-        lines.append(f"decode steps replay CUDA graphs: {env['cuda_graphs']} batch/width buckets captured in "
-                     f"{env['cuda_graph_capture_s']:.1f} s at start-up (enforce_eager=True to compare)")
+        lines.append(
+            f"decode steps replay CUDA graphs: {env['cuda_graphs']} batch/width buckets captured in "
+            f"{env['cuda_graph_capture_s']:.1f} s at start-up (enforce_eager=True to compare)"
+        )
     if result["prefill"] or result["decode"]:
         lines += _sweeps(result) + _utilization(result) + _phase_ratio(result["phase_ratio"])
     if result.get("serving"):
@@ -60,11 +64,29 @@ def format_table(result: dict) -> str:
 
 def _sweeps(result: dict) -> list[str]:
     hf, cfg = result["config"]["compare_transformers"], result["config"]
-    sections = [("Prefill (one request alone): TTFT and prefill throughput", "prefill", "prompt tok", "prompt_tokens",
-                 "ttft_ms", "TTFT ms", "prefill_tok_s", "prefill_speedup_x"),
-                (f"Decode ({cfg['decode_prompt_len']}-token prompts, {cfg['output_tokens']} output tokens each): "
-                 "TPOT and decode throughput", "decode", "batch", "batch_size", "tpot_ms", "TPOT ms", "decode_tok_s",
-                 "decode_speedup_x")]
+    sections = [
+        (
+            "Prefill (one request alone): TTFT and prefill throughput",
+            "prefill",
+            "prompt tok",
+            "prompt_tokens",
+            "ttft_ms",
+            "TTFT ms",
+            "prefill_tok_s",
+            "prefill_speedup_x",
+        ),
+        (
+            f"Decode ({cfg['decode_prompt_len']}-token prompts, {cfg['output_tokens']} output tokens each): "
+            "TPOT and decode throughput",
+            "decode",
+            "batch",
+            "batch_size",
+            "tpot_ms",
+            "TPOT ms",
+            "decode_tok_s",
+            "decode_speedup_x",
+        ),
+    ]
     lines = []
     for title, key, label, x, lat, lat_name, rate, speedup in sections:
         if not result[key]:
@@ -85,12 +107,17 @@ def _utilization(result: dict) -> list[str]:
     peaks = result["peaks"]
     lines = ["", "Per phase, against the peaks (MFU = achieved FLOP/s / peak, MBU = achieved bytes/s / bandwidth)"]
     for pk in peaks:
-        lines.append(f"  {pk['source']:>9} peak: {pk['peak_tflops']:.3g} TFLOP/s, {pk['bandwidth_gbps']:.3g} GB/s, "
-                     f"ridge {pk['ridge_flop_per_byte']:.3g} FLOP/byte")
-    lines.append(f"  {'phase':<22} {'FLOP/byte':>9} {'TFLOP/s':>8} {'GB/s':>7}"
-                 + "".join(f" {pk['source'][:4] + ' MFU':>9} {pk['source'][:4] + ' MBU':>9}" for pk in peaks))
-    rows = ([(f"prefill {r['prompt_tokens']} tok", r) for r in result["prefill"]]
-            + [(f"decode batch {r['batch_size']}", r) for r in result["decode"]])
+        lines.append(
+            f"  {pk['source']:>9} peak: {pk['peak_tflops']:.3g} TFLOP/s, {pk['bandwidth_gbps']:.3g} GB/s, "
+            f"ridge {pk['ridge_flop_per_byte']:.3g} FLOP/byte"
+        )
+    lines.append(
+        f"  {'phase':<22} {'FLOP/byte':>9} {'TFLOP/s':>8} {'GB/s':>7}"
+        + "".join(f" {pk['source'][:4] + ' MFU':>9} {pk['source'][:4] + ' MBU':>9}" for pk in peaks)
+    )
+    rows = [(f"prefill {r['prompt_tokens']} tok", r) for r in result["prefill"]] + [
+        (f"decode batch {r['batch_size']}", r) for r in result["decode"]
+    ]
     suspect = False
     for label, row in rows:
         u = row["utilization"]
@@ -105,107 +132,144 @@ def _utilization(result: dict) -> list[str]:
         lines.append("  ! over 100%: suspect (a wrong count or a ceiling measured too low), not a fact")
     b1 = next((r for r in result["decode"] if r["batch_size"] == 1), None)
     if b1:
-        lines.append(f"  batch-1 decode reaches {format_percent(b1['utilization']['measured']['mbu_percent'])} of the measured "
-                     "bandwidth (engine goal: >= 75%)")
+        lines.append(
+            f"  batch-1 decode reaches {format_percent(b1['utilization']['measured']['mbu_percent'])} of the measured "
+            "bandwidth (engine goal: >= 75%)"
+        )
     return lines
 
 
 def _phase_ratio(pr: dict) -> list[str]:
-    lines = ["", "Two phases: prefill tok/s / batch-1 decode tok/s",
-             f"  Nascimento's article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
-             f" = {pr['seed_ratio_x']:.1f}x"]
+    lines = [
+        "",
+        "Two phases: prefill tok/s / batch-1 decode tok/s",
+        f"  Nascimento's article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
+        f" = {pr['seed_ratio_x']:.1f}x",
+    ]
     for name in ("minieng", "transformers"):
         if f"{name}_ratio_x" in pr:
-            lines.append(f"  {name} here: {pr[f'{name}_prefill_tok_s']:,.0f} (at {pr[f'{name}_prefill_at_prompt_tokens']} "
-                         f"tokens) / {pr[f'{name}_decode_tok_s']:.1f} = {pr[f'{name}_ratio_x']:.1f}x")
+            lines.append(
+                f"  {name} here: {pr[f'{name}_prefill_tok_s']:,.0f} (at {pr[f'{name}_prefill_at_prompt_tokens']} "
+                f"tokens) / {pr[f'{name}_decode_tok_s']:.1f} = {pr[f'{name}_ratio_x']:.1f}x"
+            )
     return lines
 
 
 def format_serving(report: dict) -> list[str]:
     """The ``--workload`` section of the table: latency percentiles, throughput, goodput, MFU/MBU."""
     m, w = report["metrics"], report["workload"]
-    lines = [f"Serving run: {w['kind']} workload, {w['num_requests']} requests over {w['last_arrival_s']:.1f} s of arrivals "
-             f"({w['prompt_tokens_total']} prompt + {w['output_tokens_total']} output tokens)",
-             f"  completed {m['completed']}, aborted {m['aborted']}, failed {m['failed']}; duration {m['duration_s']:.1f} s; "
-             f"{m['num_preemptions']} preemptions",
-             f"  throughput: {m['output_throughput_tok_s'] or 0:.1f} output tok/s, {m['prefill_throughput_tok_s'] or 0:.1f} prompt tok/s, "
-             f"{m['request_throughput_req_s'] or 0:.2f} req/s",
-             f"  {'ms':<6} {'mean':>8} {'P50':>8} {'P90':>8} {'P99':>8} {'max':>8}"]
+    lines = [
+        f"Serving run: {w['kind']} workload, {w['num_requests']} requests over {w['last_arrival_s']:.1f} s of arrivals "
+        f"({w['prompt_tokens_total']} prompt + {w['output_tokens_total']} output tokens)",
+        f"  completed {m['completed']}, aborted {m['aborted']}, failed {m['failed']}; duration {m['duration_s']:.1f} s; "
+        f"{m['num_preemptions']} preemptions",
+        f"  throughput: {m['output_throughput_tok_s'] or 0:.1f} output tok/s, {m['prefill_throughput_tok_s'] or 0:.1f} prompt tok/s, "
+        f"{m['request_throughput_req_s'] or 0:.2f} req/s",
+        f"  {'ms':<6} {'mean':>8} {'P50':>8} {'P90':>8} {'P99':>8} {'max':>8}",
+    ]
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
         st = m[key]
         if st["count"]:
-            lines.append(f"  {key[:-3].upper():<6} " + " ".join(f"{st[q]:>8.1f}" for q in ("mean", "p50", "p90", "p99", "max")))
+            lines.append(
+                f"  {key[:-3].upper():<6} " + " ".join(f"{st[q]:>8.1f}" for q in ("mean", "p50", "p90", "p99", "max"))
+            )
     if m["num_excluded_from_tpot"]:
         lines.append(f"  ({m['num_excluded_from_tpot']} requests with fewer than 2 output tokens have no TPOT)")
     if m.get("slo"):
         slo = ", ".join(f"{k} <= {v:g}" for k, v in m["slo"].items() if v is not None)
-        lines.append(f"  goodput under SLO ({slo}): {m['goodput_req_s']:.2f} req/s, "
-                     f"{m['num_good_requests']} of {m['num_requests']} requests met every objective")
+        lines.append(
+            f"  goodput under SLO ({slo}): {m['goodput_req_s']:.2f} req/s, "
+            f"{m['num_good_requests']} of {m['num_requests']} requests met every objective"
+        )
     for name in ("steps_with_prefill", "decode_only_steps"):
         u = report.get(name)
         if u:
             meas = u["measured"]
-            lines.append(f"  {name.replace('_', ' ')}: {u['num_steps']} steps, {u['arithmetic_intensity_flop_per_byte']:.1f} FLOP/byte, "
-                         f"MFU {format_percent(meas['mfu_percent'])}, MBU {format_percent(meas['mbu_percent'])} (measured peaks)"
-                         + (" SUSPECT" if meas["suspect"] else ""))
+            lines.append(
+                f"  {name.replace('_', ' ')}: {u['num_steps']} steps, {u['arithmetic_intensity_flop_per_byte']:.1f} FLOP/byte, "
+                f"MFU {format_percent(meas['mfu_percent'])}, MBU {format_percent(meas['mbu_percent'])} (measured peaks)"
+                + (" SUSPECT" if meas["suspect"] else "")
+            )
     if report.get("telemetry"):
         t = report["telemetry"]
-        lines.append(f"  NVML: util.gpu median {format_percent(t.get('util_gpu_percent_median'))}, SM occupancy median "
-                     f"{format_percent(t.get('sm_occupancy_percent_median'))} (reliable: {t.get('reliable')})")
+        lines.append(
+            f"  NVML: util.gpu median {format_percent(t.get('util_gpu_percent_median'))}, SM occupancy median "
+            f"{format_percent(t.get('sm_occupancy_percent_median'))} (reliable: {t.get('reliable')})"
+        )
     return lines
 
 
 def format_prefix(result: dict) -> list[str]:
     """The ``--prefix-cache`` section: TTFT against the measured hit rate, then the multi-turn run."""
     cold = result["cold"]["ttft_ms"]
-    lines = [f"Prefix caching: {result['prompt_tokens']}-token prompts = shared system prompt + distinct user turn "
-             f"(block size {result['block_size']})",
-             f"  {'shared tok':>10} {'hit rate':>9} {'P50 TTFT ms':>12} {'P99 TTFT ms':>12} {'vs cold':>8}",
-             f"  {'cache off':>10} {0:>8.1%} {cold['p50']:>12.1f} {cold['p99']:>12.1f} {1:>7.2f}x"]
+    lines = [
+        f"Prefix caching: {result['prompt_tokens']}-token prompts = shared system prompt + distinct user turn "
+        f"(block size {result['block_size']})",
+        f"  {'shared tok':>10} {'hit rate':>9} {'P50 TTFT ms':>12} {'P99 TTFT ms':>12} {'vs cold':>8}",
+        f"  {'cache off':>10} {0:>8.1%} {cold['p50']:>12.1f} {cold['p99']:>12.1f} {1:>7.2f}x",
+    ]
     for p in result["points"]:
-        lines.append(f"  {p['shared_tokens']:>10} {p['hit_rate']:>8.1%} {p['ttft_ms']['p50']:>12.1f} "
-                     f"{p['ttft_ms']['p99']:>12.1f} {cold['p50'] / p['ttft_ms']['p50']:>7.2f}x")
+        lines.append(
+            f"  {p['shared_tokens']:>10} {p['hit_rate']:>8.1%} {p['ttft_ms']['p50']:>12.1f} "
+            f"{p['ttft_ms']['p99']:>12.1f} {cold['p50'] / p['ttft_ms']['p50']:>7.2f}x"
+        )
     high = [p for p in result["points"] if p["hit_rate"] >= 0.9]
     if high:
         speedup = cold["p50"] / high[0]["ttft_ms"]["p50"]
         lines.append(f"  at {high[0]['hit_rate']:.1%} hits TTFT is {speedup:.1f}x lower than cache off (target >= 5x)")
-    lines.append("  Nascimento's article: " + ", ".join(f"{s['hit_rate']:.1%} -> {s['ttft_s']:.2f} s"
-                                                       for s in result["seed_points"]))
+    lines.append(
+        "  Nascimento's article: "
+        + ", ".join(f"{s['hit_rate']:.1%} -> {s['ttft_s']:.2f} s" for s in result["seed_points"])
+    )
     if result.get("zero_hit_overhead"):
         z = result["zero_hit_overhead"]
-        lines.append(f"  overhead with 0% hits ({z['num_requests']} x {z['prompt_tokens']}-token prompts, {z['rounds']} "
-                     f"rounds): {z['cache_on_tok_s']:.1f} tok/s on vs {z['cache_off_tok_s']:.1f} off = "
-                     f"{z['overhead_percent']:+.1f}% (target < 3%)")
+        lines.append(
+            f"  overhead with 0% hits ({z['num_requests']} x {z['prompt_tokens']}-token prompts, {z['rounds']} "
+            f"rounds): {z['cache_on_tok_s']:.1f} tok/s on vs {z['cache_off_tok_s']:.1f} off = "
+            f"{z['overhead_percent']:+.1f}% (target < 3%)"
+        )
     if result.get("multi_turn"):
         lines.append("  multi-turn conversation, each turn resending the history:")
         for row in result["multi_turn"]:
-            lines.append(f"    turn {row['turn']}: {row['prompt_tokens']:>5} prompt tokens, {row['cached_tokens']:>5} cached "
-                         f"({row['hit_rate']:.0%}), TTFT {row['ttft_ms']:.1f} ms")
+            lines.append(
+                f"    turn {row['turn']}: {row['prompt_tokens']:>5} prompt tokens, {row['cached_tokens']:>5} cached "
+                f"({row['hit_rate']:.0%}), TTFT {row['ttft_ms']:.1f} ms"
+            )
     return lines
 
 
 def format_speculative(result: dict) -> list[str]:
     """The ``--speculative`` section: the k sweep with measured and expected figures, then batches."""
     b = result["baseline"]
-    lines = [f"Speculative decoding ({result['drafter']}), greedy, batch {b['batch_size']}: "
-             f"plain TPOT {b['tpot_ms']:.1f} ms, plain target step {b['target_step_ms']:.1f} ms",
-             f"  {'k':>2} {'accept':>7} {'tok/step':>8} {'expected':>8} {'c':>6} {'v':>6} {'predicted':>9} "
-             f"{'measured':>9} {'break-even a':>12}"]
+    lines = [
+        f"Speculative decoding ({result['drafter']}), greedy, batch {b['batch_size']}: "
+        f"plain TPOT {b['tpot_ms']:.1f} ms, plain target step {b['target_step_ms']:.1f} ms",
+        f"  {'k':>2} {'accept':>7} {'tok/step':>8} {'expected':>8} {'c':>6} {'v':>6} {'predicted':>9} "
+        f"{'measured':>9} {'break-even a':>12}",
+    ]
     for r in result["rows"]:
         be = r["break_even_acceptance"]
-        lines.append(f"  {r['k']:>2} {r.get('acceptance_rate', 0):>7.2f} {r['tokens_per_step']:>8.2f} "
-                     f"{r.get('expected_tokens_per_step', 1):>8.2f} {r['c']:>6.2f} {r['v']:>6.2f} "
-                     f"{r['predicted_speedup_x']:>8.2f}x {r['measured_speedup_x']:>8.2f}x "
-                     f"{'never' if be is None else f'{be:.2f}':>12}")
-    lines.append("  c = draft time per draft token / plain target step; v = target part of a verification step / "
-                 "plain target step; predicted = E / (k c + v), E = (1 - a^(k+1)) / (1 - a)")
+        lines.append(
+            f"  {r['k']:>2} {r.get('acceptance_rate', 0):>7.2f} {r['tokens_per_step']:>8.2f} "
+            f"{r.get('expected_tokens_per_step', 1):>8.2f} {r['c']:>6.2f} {r['v']:>6.2f} "
+            f"{r['predicted_speedup_x']:>8.2f}x {r['measured_speedup_x']:>8.2f}x "
+            f"{'never' if be is None else f'{be:.2f}':>12}"
+        )
+    lines.append(
+        "  c = draft time per draft token / plain target step; v = target part of a verification step / "
+        "plain target step; predicted = E / (k c + v), E = (1 - a^(k+1)) / (1 - a)"
+    )
     for m in result.get("machinery", []):
-        lines.append(f"  machinery at k = {m['k']}: verification forward {m['verify_forward_ms']:.1f} ms vs a plain "
-                     f"{m['k'] + 1}-token forward {m['plain_chunk_forward_ms']:.1f} ms ({m['verify_over_plain_x']:.2f}x, "
-                     f"target <= 1.10x); bookkeeping {m['bookkeeping_percent']:.1f}% of the step (target < 5%)")
+        lines.append(
+            f"  machinery at k = {m['k']}: verification forward {m['verify_forward_ms']:.1f} ms vs a plain "
+            f"{m['k'] + 1}-token forward {m['plain_chunk_forward_ms']:.1f} ms ({m['verify_over_plain_x']:.2f}x, "
+            f"target <= 1.10x); bookkeeping {m['bookkeeping_percent']:.1f}% of the step (target < 5%)"
+        )
     for r in result.get("batches", []):
-        lines.append(f"  batch {r['batch_size']:>3}, k = {r['k']}: TPOT {r['tpot_ms']:.1f} -> {r['spec_tpot_ms']:.1f} ms "
-                     f"({r['measured_speedup_x']:.2f}x), acceptance {r['acceptance_rate'] or 0:.2f}, v {r['v']:.2f}")
+        lines.append(
+            f"  batch {r['batch_size']:>3}, k = {r['k']}: TPOT {r['tpot_ms']:.1f} -> {r['spec_tpot_ms']:.1f} ms "
+            f"({r['measured_speedup_x']:.2f}x), acceptance {r['acceptance_rate'] or 0:.2f}, v {r['v']:.2f}"
+        )
     return lines
 
 
@@ -214,24 +278,32 @@ def format_quantization(result: dict) -> list[str]:
     model beside the roofline's prediction, then accuracy (``quantization_lab.run_quantization``)."""
     cfg = result["config"]
     batches = cfg["batch_sizes"]
-    lines = [f"Quantization on {result['device']} ({result['dtype']}): ratios to the float model measured in the same rounds; "
-             f"(predicted) decode = bytes ratio of a step, prefill = float kernel FLOP/s / the scheme's",
-             f"  {'scheme':<6} {'weights MB':>10} {'B/weight':>8} {'TTFT ' + str(cfg['prompt_tokens']):>15}"
-             + "".join(f" {'TPOT b' + str(b):>15}" for b in batches)
-             + f" {'dec/pre':>7} {'agree':>6} {'KL nats':>8}"]
+    lines = [
+        f"Quantization on {result['device']} ({result['dtype']}): ratios to the float model measured in the same rounds; "
+        f"(predicted) decode = bytes ratio of a step, prefill = float kernel FLOP/s / the scheme's",
+        f"  {'scheme':<6} {'weights MB':>10} {'B/weight':>8} {'TTFT ' + str(cfg['prompt_tokens']):>15}"
+        + "".join(f" {'TPOT b' + str(b):>15}" for b in batches)
+        + f" {'dec/pre':>7} {'agree':>6} {'KL nats':>8}",
+    ]
     for r in result["rows"]:
-        line = (f"  {r['scheme']:<6} {r['weight_bytes'] / 1e6:>10.1f} {r['bytes_per_weight']:>8.3f} "
-                f"{r['ttft_ratio']:>6.2f}x ({r['ttft_ratio_predicted']:>4.2f})")
+        line = (
+            f"  {r['scheme']:<6} {r['weight_bytes'] / 1e6:>10.1f} {r['bytes_per_weight']:>8.3f} "
+            f"{r['ttft_ratio']:>6.2f}x ({r['ttft_ratio_predicted']:>4.2f})"
+        )
         for b in batches:
             line += f" {r[f'tpot_b{b}_ratio']:>6.2f}x ({r[f'tpot_b{b}_ratio_predicted']:>4.2f})"
         line += f" {decode_vs_prefill(r, batches[0]):>6.2f}x {r['agreement']:>6.1%} {r['kl_nats']:>8.4f}"
         lines.append(line)
     base = result["rows"][0]
-    lines.append(f"  float model: TTFT {base['ttft_ms']:.1f} ms, " + ", ".join(
-        f"TPOT b{b} {base[f'tpot_b{b}_ms']:.1f} ms" for b in batches)
-        + f"; B/weight = matrix bytes per matrix weight, scales included; dec/pre = TTFT ratio / TPOT b{batches[0]} ratio")
-    lines.append(f"  accuracy: greedy agreement and KL(float || scheme) over {base['positions']} positions of "
-                 f"{cfg['quality_prompts']} held-out prompts (teacher-forced, {cfg['quality_tokens']} tokens each)")
+    lines.append(
+        f"  float model: TTFT {base['ttft_ms']:.1f} ms, "
+        + ", ".join(f"TPOT b{b} {base[f'tpot_b{b}_ms']:.1f} ms" for b in batches)
+        + f"; B/weight = matrix bytes per matrix weight, scales included; dec/pre = TTFT ratio / TPOT b{batches[0]} ratio"
+    )
+    lines.append(
+        f"  accuracy: greedy agreement and KL(float || scheme) over {base['positions']} positions of "
+        f"{cfg['quality_prompts']} held-out prompts (teacher-forced, {cfg['quality_tokens']} tokens each)"
+    )
     for r in result["rows"][1:]:
         lines.append(f"  {r['scheme']}: {r['kernel']}")
     return lines

@@ -38,20 +38,28 @@ def run_k(engine: LLMEngine, prompts: list[list[int]], k: int, output_tokens: in
     steps = [s for s in engine.step_records[first_step:] if s.num_prefill_tokens == 0]
     spec = engine.spec_records[first_spec:]
     ms = [request_metrics(o) for o in outs]
-    row = {"k": k, "batch_size": len(prompts), "tpot_ms": 1e3 * statistics.median(m.tpot_s for m in ms),
-           "target_step_ms": 1e3 * statistics.median(s.duration_s - s.draft_s for s in steps),
-           "draft_step_ms": 1e3 * statistics.median(s.draft_s for s in steps),
-           "tokens_per_step": sum(o.output_tokens - 1 for o in ms) / max(1, sum(s.num_decode_seqs for s in steps))}
+    row = {
+        "k": k,
+        "batch_size": len(prompts),
+        "tpot_ms": 1e3 * statistics.median(m.tpot_s for m in ms),
+        "target_step_ms": 1e3 * statistics.median(s.duration_s - s.draft_s for s in steps),
+        "draft_step_ms": 1e3 * statistics.median(s.draft_s for s in steps),
+        "tokens_per_step": sum(o.output_tokens - 1 for o in ms) / max(1, sum(s.num_decode_seqs for s in steps)),
+    }
     if spec:
         acc = acceptance_metrics([r[3] for r in spec], [r[2] for r in spec])
-        row |= {"acceptance_rate": acc.acceptance_rate, "mean_acceptance_length": acc.mean_acceptance_length,
-                "acceptance_per_position": acc.acceptance_rate_per_position,
-                "expected_tokens_per_step": expected_tokens_per_step(acc.acceptance_rate, k)}
+        row |= {
+            "acceptance_rate": acc.acceptance_rate,
+            "mean_acceptance_length": acc.mean_acceptance_length,
+            "acceptance_per_position": acc.acceptance_rate_per_position,
+            "expected_tokens_per_step": expected_tokens_per_step(acc.acceptance_rate, k),
+        }
     return row
 
 
-def k_sweep(engine: LLMEngine, prompts: list[list[int]], ks=(1, 2, 4, 8), output_tokens: int = 64,
-            progress=None) -> dict:
+def k_sweep(
+    engine: LLMEngine, prompts: list[list[int]], ks=(1, 2, 4, 8), output_tokens: int = 64, progress=None
+) -> dict:
     """Baseline (k = 0) then every k; adds c, v and the predicted and measured speedups."""
     base = run_k(engine, prompts, 0, output_tokens)
     rows = []
@@ -69,8 +77,9 @@ def k_sweep(engine: LLMEngine, prompts: list[list[int]], ks=(1, 2, 4, 8), output
     return {"baseline": base, "rows": rows}
 
 
-def speculative_batch_sweep(engine: LLMEngine, prompt_sets: list[list[list[int]]], k: int, output_tokens: int = 32,
-                progress=None) -> list[dict]:
+def speculative_batch_sweep(
+    engine: LLMEngine, prompt_sets: list[list[list[int]]], k: int, output_tokens: int = 32, progress=None
+) -> list[dict]:
     """Speedup at a fixed ``k`` against batch size: where speculation pays (small, memory-bound
     batches) and where it hurts (large batches, where verifying k + 1 tokens per sequence turns
     decode compute-bound)."""
@@ -79,9 +88,17 @@ def speculative_batch_sweep(engine: LLMEngine, prompt_sets: list[list[list[int]]
         if progress:
             progress(f"speculative decoding: batch {len(prompts)}, k = {k}")
         base, spec = run_k(engine, prompts, 0, output_tokens), run_k(engine, prompts, k, output_tokens)
-        rows.append({"batch_size": len(prompts), "k": k, "tpot_ms": base["tpot_ms"], "spec_tpot_ms": spec["tpot_ms"],
-                     "acceptance_rate": spec.get("acceptance_rate"), "v": spec["target_step_ms"] / base["target_step_ms"],
-                     "measured_speedup_x": base["tpot_ms"] / spec["tpot_ms"]})
+        rows.append(
+            {
+                "batch_size": len(prompts),
+                "k": k,
+                "tpot_ms": base["tpot_ms"],
+                "spec_tpot_ms": spec["tpot_ms"],
+                "acceptance_rate": spec.get("acceptance_rate"),
+                "v": spec["target_step_ms"] / base["target_step_ms"],
+                "measured_speedup_x": base["tpot_ms"] / spec["tpot_ms"],
+            }
+        )
     return rows
 
 
@@ -115,20 +132,34 @@ def machinery_overhead(engine: LLMEngine, prompt: list[int], k: int, output_toke
             engine.generate([prompt], params)
             verify_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == 0]
         # One sequence prefilled k + 1 tokens a step (a budget that small needs a cap as small).
-        with engine.reconfigured(num_speculative_tokens=0, max_num_batched_tokens=k + 1,
-                                 max_num_seqs=min(engine.config.max_num_seqs, k + 1)):
+        with engine.reconfigured(
+            num_speculative_tokens=0, max_num_batched_tokens=k + 1, max_num_seqs=min(engine.config.max_num_seqs, k + 1)
+        ):
             first = len(engine.step_records)
             engine.generate([prompt + prompt[:output_tokens]], SamplingParams(temperature=0, max_tokens=1))
             chunk_steps = [s for s in engine.step_records[first:] if s.num_prefill_tokens == k + 1]
     verify_s = statistics.median(s.forward_s for s in verify_steps)
-    chunk_s = statistics.median(s.forward_s for s in chunk_steps[len(chunk_steps) // 2:])  # similar context
+    chunk_s = statistics.median(s.forward_s for s in chunk_steps[len(chunk_steps) // 2 :])  # similar context
     book = statistics.median((s.duration_s - s.draft_s - s.forward_s) / s.duration_s for s in verify_steps)
-    return {"k": k, "verify_forward_ms": 1e3 * verify_s, "plain_chunk_forward_ms": 1e3 * chunk_s,
-            "verify_over_plain_x": verify_s / chunk_s, "bookkeeping_percent": 100 * book}
+    return {
+        "k": k,
+        "verify_forward_ms": 1e3 * verify_s,
+        "plain_chunk_forward_ms": 1e3 * chunk_s,
+        "verify_over_plain_x": verify_s / chunk_s,
+        "bookkeeping_percent": 100 * book,
+    }
 
 
-def speculative_bench(engine: LLMEngine, method: str, draft_model: str | None, ks: list[int], batch_sizes: list[int],
-                      batch_k: int, output_tokens: int, progress=None) -> dict:
+def speculative_bench(
+    engine: LLMEngine,
+    method: str,
+    draft_model: str | None,
+    ks: list[int],
+    batch_sizes: list[int],
+    batch_k: int,
+    output_tokens: int,
+    progress=None,
+) -> dict:
     """The bench's ``--speculative`` experiment: a second engine sharing ``engine``'s weights, with a
     drafter (``method`` "draft" or "ngram"), then the k sweep over ``ks``, the batch sweep over
     ``batch_sizes`` at ``batch_k`` and the machinery's overhead, on real-text prompts.
@@ -139,9 +170,14 @@ def speculative_bench(engine: LLMEngine, method: str, draft_model: str | None, k
     from dataclasses import replace
 
     int8 = method == "draft" and draft_model is None and engine.device.type == "cpu"
-    config = replace(engine.config, speculative_method=method, num_speculative_tokens=1, draft_model=draft_model,
-                     draft_quantization="int8" if int8 else None,
-                     max_num_seqs=max(batch_sizes + [engine.config.max_num_seqs]))
+    config = replace(
+        engine.config,
+        speculative_method=method,
+        num_speculative_tokens=1,
+        draft_model=draft_model,
+        draft_quantization="int8" if int8 else None,
+        max_num_seqs=max(batch_sizes + [engine.config.max_num_seqs]),
+    )
     spec = LLMEngine(config, loaded=engine.loaded)
     name = {"ngram": "prompt lookup"}.get(method, "int8 self-draft" if int8 else f"draft {draft_model}")
     prompts = text_prompts(engine.tokenizer, 64, 1)
@@ -150,4 +186,3 @@ def speculative_bench(engine: LLMEngine, method: str, draft_model: str | None, k
     result["batches"] = speculative_batch_sweep(spec, sets, batch_k, output_tokens, progress=progress)
     result["machinery"] = [machinery_overhead(spec, prompts[0], k, output_tokens) for k in ks]
     return result
-

@@ -131,35 +131,55 @@ class Noise:
 
     @property
     def level(self) -> str:
-        """"quiet" (under 10%), "noisy" (under 25%), "busy", or "unknown"."""
+        """ "quiet" (under 10%), "noisy" (under 25%), "busy", or "unknown"."""
         r = self.relative
         return "unknown" if r is None else "quiet" if r < QUIET else "noisy" if r < NOISY else "busy"
 
     def to_dict(self) -> dict:
-        return {"relative": self.relative, "level": self.level, "matmul_shortfall": self.matmul_shortfall,
-                "copy_shortfall": self.copy_shortfall, "matmul_spread": self.matmul_spread,
-                "copy_spread": self.copy_spread, "runs": self.runs, "load_average": self.load_average,
-                "cpus": self.cpus, "others_running": self.others_running, "contention": self.contention}
+        return {
+            "relative": self.relative,
+            "level": self.level,
+            "matmul_shortfall": self.matmul_shortfall,
+            "copy_shortfall": self.copy_shortfall,
+            "matmul_spread": self.matmul_spread,
+            "copy_spread": self.copy_spread,
+            "runs": self.runs,
+            "load_average": self.load_average,
+            "cpus": self.cpus,
+            "others_running": self.others_running,
+            "contention": self.contention,
+        }
 
     def lines(self) -> list[str]:
         pct = lambda f: "N/A" if f is None else f"{100 * f:.0f}%"  # noqa: E731
         at = lambda s: "N/A" if s is None else f"{100 * (1 - s):.0f}%"  # noqa: E731
-        smaller = (" (N/A: run smaller, with less GPU memory free than when the ceilings were measured)"
-                   if None in (self.matmul_shortfall, self.copy_shortfall) else "")
-        load = ("load average N/A" if self.load_average is None else
-                f"load average {self.load_average:.2f} over {self.cpus} CPUs (last minute)")
+        smaller = (
+            " (N/A: run smaller, with less GPU memory free than when the ceilings were measured)"
+            if None in (self.matmul_shortfall, self.copy_shortfall)
+            else ""
+        )
+        load = (
+            "load average N/A"
+            if self.load_average is None
+            else f"load average {self.load_average:.2f} over {self.cpus} CPUs (last minute)"
+        )
         if self.others_running is not None:
             load += f"; other processes' threads running now: {self.others_running:.1f}" + (
-                f", taking about {pct(self.contention)} of this process's CPU time" if self.contention else "")
+                f", taking about {pct(self.contention)} of this process's CPU time" if self.contention else ""
+            )
         if self.relative is None:
-            return [f"noise now: not read (no room to time the kernels); {load}",
-                    "=> verdicts are given as measured, without a noise check"]
-        return [f"noise now: {self.runs} more runs of each, their median at {at(self.matmul_shortfall)} of the stored "
-                f"matmul's median and {at(self.copy_shortfall)} of the copy's, their spread {pct(self.matmul_spread)} and "
-                f"{pct(self.copy_spread)}{smaller}",
-                f"  {load}",
-                f"=> a timing here may be off by about {pct(self.relative)} ({self.level}): a verdict that this could "
-                "flip reads \"too noisy to judge here\""]
+            return [
+                f"noise now: not read (no room to time the kernels); {load}",
+                "=> verdicts are given as measured, without a noise check",
+            ]
+        return [
+            f"noise now: {self.runs} more runs of each, their median at {at(self.matmul_shortfall)} of the stored "
+            f"matmul's median and {at(self.copy_shortfall)} of the copy's, their spread {pct(self.matmul_spread)} and "
+            f"{pct(self.copy_spread)}{smaller}",
+            f"  {load}",
+            f"=> a timing here may be off by about {pct(self.relative)} ({self.level}): a verdict that this could "
+            'flip reads "too noisy to judge here"',
+        ]
 
 
 @dataclass
@@ -179,24 +199,41 @@ class Ceilings:
     @property
     def peak(self) -> Peak:
         """The measured ``Peak``: the best matmul run's FLOP/s and the best copy run's bytes/s."""
-        return Peak(f"measured {torch.device(self.device).type} {self.dtype}", self.matmul.max / 1e12,
-                    self.copy.max / 1e9, "measured")
+        return Peak(
+            f"measured {torch.device(self.device).type} {self.dtype}",
+            self.matmul.max / 1e12,
+            self.copy.max / 1e9,
+            "measured",
+        )
 
     def to_dict(self) -> dict:
-        return {"device": self.device, "dtype": self.dtype, "measured_at": self.measured_at,
-                "path": str(self.path) if self.path else None, "from_cache": self.from_cache,
-                "matmul_flop_s": self.matmul.to_dict(), "copy_bytes_s": self.copy.to_dict(),
-                "noise": self.noise.to_dict() if self.noise else None}
+        return {
+            "device": self.device,
+            "dtype": self.dtype,
+            "measured_at": self.measured_at,
+            "path": str(self.path) if self.path else None,
+            "from_cache": self.from_cache,
+            "matmul_flop_s": self.matmul.to_dict(),
+            "copy_bytes_s": self.copy.to_dict(),
+            "noise": self.noise.to_dict() if self.noise else None,
+        }
 
     def lines(self) -> list[str]:
         mm, cp = self.matmul, self.copy
-        where = (f"read from {self.path}; delete it to measure again" if self.from_cache else
-                 f"stored in {self.path}" if self.path else "not stored")
-        out = [f"ceilings, measured {self.measured_at} ({where}):",
-               f"  matmul {mm.max / 1e12:8.3f} TFLOP/s, the best of {mm.runs} runs (median {mm.median / 1e12:.3f}, "
-               f"spread {100 * mm.spread:.0f}%; {mm.fingerprint.get('matmul_n', '?')}-cube, {self.dtype})",
-               f"  copy   {cp.max / 1e9:8.1f} GB/s, the best of {cp.runs} runs (median {cp.median / 1e9:.1f}, "
-               f"spread {100 * cp.spread:.0f}%; {cp.fingerprint.get('copy_bytes', 0) / 1024**2:.0f} MiB read and written)"]
+        where = (
+            f"read from {self.path}; delete it to measure again"
+            if self.from_cache
+            else f"stored in {self.path}"
+            if self.path
+            else "not stored"
+        )
+        out = [
+            f"ceilings, measured {self.measured_at} ({where}):",
+            f"  matmul {mm.max / 1e12:8.3f} TFLOP/s, the best of {mm.runs} runs (median {mm.median / 1e12:.3f}, "
+            f"spread {100 * mm.spread:.0f}%; {mm.fingerprint.get('matmul_n', '?')}-cube, {self.dtype})",
+            f"  copy   {cp.max / 1e9:8.1f} GB/s, the best of {cp.runs} runs (median {cp.median / 1e9:.1f}, "
+            f"spread {100 * cp.spread:.0f}%; {cp.fingerprint.get('copy_bytes', 0) / 1024**2:.0f} MiB read and written)",
+        ]
         return out + (self.noise.lines() if self.noise else [])
 
 
@@ -220,19 +257,38 @@ def _stored(m: Measurement) -> dict:
 def _write(path: Path, ceilings: Ceilings, environment: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"environment": environment, "measured_at": ceilings.measured_at,
-                               "device": ceilings.device, "dtype": ceilings.dtype,
-                               "matmul": _stored(ceilings.matmul), "copy": _stored(ceilings.copy)}, default=str))
+    tmp.write_text(
+        json.dumps(
+            {
+                "environment": environment,
+                "measured_at": ceilings.measured_at,
+                "device": ceilings.device,
+                "dtype": ceilings.dtype,
+                "matmul": _stored(ceilings.matmul),
+                "copy": _stored(ceilings.copy),
+            },
+            default=str,
+        )
+    )
     tmp.replace(path)
 
 
 def _read(path: Path) -> Ceilings:
     d = json.loads(path.read_text())
-    return Ceilings(d["device"], d["dtype"], Measurement(**d["matmul"]), Measurement(**d["copy"]),
-                    d["measured_at"], path, from_cache=True)
+    return Ceilings(
+        d["device"],
+        d["dtype"],
+        Measurement(**d["matmul"]),
+        Measurement(**d["copy"]),
+        d["measured_at"],
+        path,
+        from_cache=True,
+    )
 
 
-def read_noise(ceilings: Ceilings, repeats: int = NOISE_REPEATS) -> tuple[Noise, Measurement | None, Measurement | None]:
+def read_noise(
+    ceilings: Ceilings, repeats: int = NOISE_REPEATS
+) -> tuple[Noise, Measurement | None, Measurement | None]:
     """Time ``repeats`` runs of the ceilings' matmul and copy now, at their stored sizes (on a GPU
     with less memory free, at the largest that fits, and then without a shortfall), and compare
     them with the stored runs. Returns the ``Noise`` and the two new measurements (None where
@@ -259,13 +315,31 @@ def read_noise(ceilings: Ceilings, repeats: int = NOISE_REPEATS) -> tuple[Noise,
             return None  # another size: not comparable with the stored runs
         return max(0.0, 1 - now.median / stored.median)
 
-    return (Noise(shortfall(mm, ceilings.matmul, "matmul_n"), shortfall(cp, ceilings.copy, "copy_bytes"),
-                  mm.spread, cp.spread, repeats, load, cpus, others, contention), mm, cp)
+    return (
+        Noise(
+            shortfall(mm, ceilings.matmul, "matmul_n"),
+            shortfall(cp, ceilings.copy, "copy_bytes"),
+            mm.spread,
+            cp.spread,
+            repeats,
+            load,
+            cpus,
+            others,
+            contention,
+        ),
+        mm,
+        cp,
+    )
 
 
-def machine_ceilings(device: torch.device | str = "auto", dtype: torch.dtype | str = "auto",
-                     directory: Path | None = None, refresh: bool = False, noise: bool = True,
-                     measure: Callable | None = None) -> Ceilings:
+def machine_ceilings(
+    device: torch.device | str = "auto",
+    dtype: torch.dtype | str = "auto",
+    directory: Path | None = None,
+    refresh: bool = False,
+    noise: bool = True,
+    measure: Callable | None = None,
+) -> Ceilings:
     """This machine's ceilings for ``device`` and ``dtype`` (``"auto"``: as an engine picks them),
     from the cache when this environment's are stored there, else measured (``peaks.measure_ceilings``,
     3 rounds of 5 runs; smoke mode 1 of 3) and stored. With ``noise``, the noise read now

@@ -33,9 +33,14 @@ from minieng.model.llama import ONEDNN_LINEAR
 
 # FlopCounterMode's op names (``str(op)`` of its OpOverloadPackets).
 LINEAR_OPS = ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise")
-ATTENTION_OPS = ("aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
-                 "aten._scaled_dot_product_cudnn_attention", "aten._scaled_dot_product_flash_attention_for_cpu",
-                 "aten._flash_attention_forward", "aten._efficient_attention_forward")
+ATTENTION_OPS = (
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._flash_attention_forward",
+    "aten._efficient_attention_forward",
+)
 
 
 @functools.cache
@@ -46,11 +51,14 @@ def register_flop_formulas() -> None:
     (``llama.linear`` on x86-64 CPUs) 2 m n k, as ``aten.mm``."""
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None and cpu_sdpa not in flop_registry:
+
         @register_flop_formula(cpu_sdpa)
         def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
             return sdpa_flop_count(query_shape, key_shape, value_shape)
+
     onednn = torch.ops.mkldnn._linear_pointwise if ONEDNN_LINEAR else None
     if onednn is not None and onednn not in flop_registry:
+
         @register_flop_formula(onednn)
         def _linear_pointwise_flop(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
             return 2 * math.prod(x_shape[:-1]) * w_shape[0] * w_shape[1]
@@ -76,8 +84,10 @@ def counted_steps(engine, prompts: Sequence[Sequence[int]], max_tokens: int) -> 
     a graph's ops) or when requests are already running (their steps would mix in).
     """
     if engine.runner.graphs is not None:
-        raise ValueError("this engine replays CUDA graphs, whose ops FlopCounterMode cannot see: count on "
-                         "LLMEngine(loaded=engine.loaded, enforce_eager=True, ...)")
+        raise ValueError(
+            "this engine replays CUDA graphs, whose ops FlopCounterMode cannot see: count on "
+            "LLMEngine(loaded=engine.loaded, enforce_eager=True, ...)"
+        )
     if engine.has_unfinished_requests():
         raise ValueError("the engine has requests running: counted_steps needs it idle")
     params = SamplingParams.fixed_length(max_tokens)
@@ -88,13 +98,15 @@ def counted_steps(engine, prompts: Sequence[Sequence[int]], max_tokens: int) -> 
         counts = counted_flops(engine.step)
         chunks = engine.step_records[-1].chunks
         work = step_work(engine.model_config, chunks, engine.dtype.itemsize)
-        rows.append({
-            "chunks": [list(c) for c in chunks],
-            "counted_linear_flops": sum(counts.get(op, 0) for op in LINEAR_OPS),
-            "linear_flops": work.matmul_flops + work.lm_head_flops,
-            "counted_attention_flops": sum(counts.get(op, 0) for op in ATTENTION_OPS),
-            "attention_flops": work.attention_flops,
-            "masked_attention_flops": masked_attention_flops(engine.model_config, chunks),
-            "other_flops": {op: n for op, n in counts.items() if op not in LINEAR_OPS + ATTENTION_OPS},
-        })
+        rows.append(
+            {
+                "chunks": [list(c) for c in chunks],
+                "counted_linear_flops": sum(counts.get(op, 0) for op in LINEAR_OPS),
+                "linear_flops": work.matmul_flops + work.lm_head_flops,
+                "counted_attention_flops": sum(counts.get(op, 0) for op in ATTENTION_OPS),
+                "attention_flops": work.attention_flops,
+                "masked_attention_flops": masked_attention_flops(engine.model_config, chunks),
+                "other_flops": {op: n for op, n in counts.items() if op not in LINEAR_OPS + ATTENTION_OPS},
+            }
+        )
     return rows

@@ -65,8 +65,15 @@ class Measurement:
         return Measurement([work / v for v in self.values], unit, self.fingerprint)
 
     def to_dict(self) -> dict:
-        return {"median": self.median, "p10": self.p10, "p90": self.p90, "max": self.max, "spread": self.spread,
-                "runs": self.runs, "unit": self.unit}
+        return {
+            "median": self.median,
+            "p10": self.p10,
+            "p90": self.p90,
+            "max": self.max,
+            "spread": self.spread,
+            "runs": self.runs,
+            "unit": self.unit,
+        }
 
     @classmethod
     def pooled(cls, parts: list["Measurement"]) -> "Measurement":
@@ -78,8 +85,9 @@ class Measurement:
         return f"{self.median:.4g} {self.unit} (p10-p90 {self.p10:.4g}-{self.p90:.4g}, {self.runs} runs)"
 
 
-def measure(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 2,
-            repeats: int = 7) -> Measurement:
+def measure(
+    fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 2, repeats: int = 7
+) -> Measurement:
     """Time ``fn()``: ``warmup`` discarded calls, then ``repeats`` timed ones, synchronized on CUDA."""
     device = torch.device(device)
     for _ in range(warmup):
@@ -97,9 +105,14 @@ def measure(fn: Callable[[], object], device: torch.device | str = "cpu", warmup
 def fingerprint(device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
     """What a measurement depends on: device, driver, versions, dtype, threads, GPU clocks now."""
     device = torch.device(device)
-    fp = {"device": device.type, "torch_version": torch.__version__, "minieng_version": __version__,
-          "torch_threads": torch.get_num_threads(), "dtype": str(dtype).removeprefix("torch.") if dtype else None,
-          "platform": platform.platform()}
+    fp = {
+        "device": device.type,
+        "torch_version": torch.__version__,
+        "minieng_version": __version__,
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch.") if dtype else None,
+        "platform": platform.platform(),
+    }
     if device.type == "cuda":
         fp["device_name"] = torch.cuda.get_device_name(device)
         fp["cuda_version"] = torch.version.cuda

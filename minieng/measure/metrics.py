@@ -49,9 +49,15 @@ class RequestMetrics:
     cached_tokens: int = 0  # prompt tokens served by the prefix cache
 
     @classmethod
-    def from_emissions(cls, arrival_s: float, emissions: Sequence[tuple[float, int]], prompt_tokens: int,
-                       finish_reason: str | None = "stop", first_scheduled_s: float | None = None,
-                       num_preemptions: int = 0) -> RequestMetrics:
+    def from_emissions(
+        cls,
+        arrival_s: float,
+        emissions: Sequence[tuple[float, int]],
+        prompt_tokens: int,
+        finish_reason: str | None = "stop",
+        first_scheduled_s: float | None = None,
+        num_preemptions: int = 0,
+    ) -> RequestMetrics:
         """Build from raw timestamps: ``emissions`` = ``[(time_s, num_tokens), ...]`` in time order.
 
         Raises:
@@ -59,25 +65,40 @@ class RequestMetrics:
         """
         times = [t for t, _ in emissions]
         if any(n < 1 for _, n in emissions) or any(b < a for a, b in zip([arrival_s] + times, times)):
-            raise ValueError(f"emissions must carry >= 1 token each, at non-decreasing times from "
-                             f"arrival_s={arrival_s}; got {list(emissions)}")
+            raise ValueError(
+                f"emissions must carry >= 1 token each, at non-decreasing times from "
+                f"arrival_s={arrival_s}; got {list(emissions)}"
+            )
         n_out = sum(n for _, n in emissions)
         ttft = times[0] - arrival_s if times else None
         e2el = times[-1] - arrival_s if times else None
         tpot = (e2el - ttft) / (n_out - 1) if n_out >= 2 else None
         queue = first_scheduled_s - arrival_s if first_scheduled_s is not None else None
-        return cls(ttft, tpot, e2el, [b - a for a, b in zip(times, times[1:])], queue, prompt_tokens, n_out,
-                   finish_reason, finish_reason in COMPLETED_REASONS, arrival_s, num_preemptions)
+        return cls(
+            ttft,
+            tpot,
+            e2el,
+            [b - a for a, b in zip(times, times[1:])],
+            queue,
+            prompt_tokens,
+            n_out,
+            finish_reason,
+            finish_reason in COMPLETED_REASONS,
+            arrival_s,
+            num_preemptions,
+        )
 
 
 def request_metrics(out: RequestOutput) -> RequestMetrics:
     """The figures of one engine ``RequestOutput`` (its ``times`` and token counts)."""
     t = out.times
-    m = RequestMetrics.from_emissions(t.arrival_s, t.emissions, len(out.prompt_token_ids), out.finish_reason,
-                                      t.first_scheduled_s, t.num_preemptions)
+    m = RequestMetrics.from_emissions(
+        t.arrival_s, t.emissions, len(out.prompt_token_ids), out.finish_reason, t.first_scheduled_s, t.num_preemptions
+    )
     m.cached_tokens = out.num_cached_tokens
     assert m.output_tokens == len(out.token_ids), (
-        f"request {out.request_id}: emissions carry {m.output_tokens} tokens, output has {len(out.token_ids)}")
+        f"request {out.request_id}: emissions carry {m.output_tokens} tokens, output has {len(out.token_ids)}"
+    )
     return m
 
 
@@ -90,8 +111,12 @@ def summarize_ms(values_s: Iterable[float]) -> dict[str, float | int | None]:
     ms = np.asarray(list(values_s), dtype=np.float64) * 1e3
     if ms.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None, "count": 0}
-    return {"mean": float(ms.mean()), **{f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES},
-            "max": float(ms.max()), "count": int(ms.size)}
+    return {
+        "mean": float(ms.mean()),
+        **{f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES},
+        "max": float(ms.max()),
+        "count": int(ms.size),
+    }
 
 
 @dataclass
@@ -118,10 +143,14 @@ class SLO:
         """
         if not m.ok:
             return False
-        checks = [(self.ttft_ms, m.ttft_s), (self.tpot_ms, 0.0 if m.tpot_s is None else m.tpot_s),
-                  (self.e2el_ms, m.e2el_s)]
-        return all(value_s is not None and value_s * 1e3 <= bound_ms
-                   for bound_ms, value_s in checks if bound_ms is not None)
+        checks = [
+            (self.ttft_ms, m.ttft_s),
+            (self.tpot_ms, 0.0 if m.tpot_s is None else m.tpot_s),
+            (self.e2el_ms, m.e2el_s),
+        ]
+        return all(
+            value_s is not None and value_s * 1e3 <= bound_ms for bound_ms, value_s in checks if bound_ms is not None
+        )
 
 
 @dataclass
@@ -162,8 +191,9 @@ def run_duration_s(requests: Sequence[RequestMetrics]) -> float | None:
     return max(ends) - min(m.arrival_s for m in requests) if ends else None
 
 
-def serving_metrics(requests: Iterable[RequestMetrics | RequestOutput], duration_s: float | None = None,
-                    slo: SLO | None = None) -> ServingMetrics:
+def serving_metrics(
+    requests: Iterable[RequestMetrics | RequestOutput], duration_s: float | None = None, slo: SLO | None = None
+) -> ServingMetrics:
     """Summarize a run (docs/architecture.md, Figures). ``requests`` are engine outputs or ``RequestMetrics``.
 
     Args:
@@ -182,8 +212,16 @@ def serving_metrics(requests: Iterable[RequestMetrics | RequestOutput], duration
     prompt_tokens, output_tokens = sum(m.prompt_tokens for m in done), sum(m.output_tokens for m in done)
     good = sum(slo.met_by(m) for m in done) if slo is not None else None
     return ServingMetrics(
-        duration_s, len(ms), len(done), aborted, len(ms) - len(done) - aborted, prompt_tokens, output_tokens,
-        per_s(len(done)), per_s(output_tokens), per_s(prompt_tokens),
+        duration_s,
+        len(ms),
+        len(done),
+        aborted,
+        len(ms) - len(done) - aborted,
+        prompt_tokens,
+        output_tokens,
+        per_s(len(done)),
+        per_s(output_tokens),
+        per_s(prompt_tokens),
         ttft_ms=summarize_ms(m.ttft_s for m in done if m.ttft_s is not None),
         tpot_ms=summarize_ms(m.tpot_s for m in done if m.tpot_s is not None),
         itl_ms=summarize_ms(gap for m in done for gap in m.itl_s),
@@ -192,9 +230,11 @@ def serving_metrics(requests: Iterable[RequestMetrics | RequestOutput], duration
         num_excluded_from_tpot=sum(m.tpot_s is None for m in done),
         num_preemptions=sum(m.num_preemptions for m in ms),
         slo=asdict(slo) if slo is not None else None,
-        num_good_requests=good, goodput_req_s=per_s(good) if good is not None else None,
+        num_good_requests=good,
+        goodput_req_s=per_s(good) if good is not None else None,
         cached_prompt_tokens=(cached := sum(m.cached_tokens for m in done)),
-        prefix_cache_hit_rate=cached / prompt_tokens if prompt_tokens else None)
+        prefix_cache_hit_rate=cached / prompt_tokens if prompt_tokens else None,
+    )
 
 
 @dataclass
@@ -223,15 +263,17 @@ def acceptance_metrics(num_accepted: Sequence[int], num_proposed: int | Sequence
         ValueError: mismatched lengths, or an accepted count outside [0, proposed].
     """
     accepted = [int(a) for a in num_accepted]
-    proposed = ([int(num_proposed)] * len(accepted) if np.ndim(num_proposed) == 0
-                else [int(p) for p in num_proposed])
+    proposed = [int(num_proposed)] * len(accepted) if np.ndim(num_proposed) == 0 else [int(p) for p in num_proposed]
     if len(proposed) != len(accepted):
         raise ValueError(f"num_proposed has {len(proposed)} entries for {len(accepted)} drafts: one per draft")
     bad = [(a, p) for a, p in zip(accepted, proposed) if not 0 <= a <= p]
     if bad:
         raise ValueError(f"accepted counts must lie in [0, proposed]; got (accepted, proposed) {bad[:5]}")
     n, total_p, total_a = len(accepted), sum(proposed), sum(accepted)
-    per_position = [sum(a > i for a in accepted) / sum(p > i for p in proposed)  # divisor >= 1 here
-                    for i in range(max(proposed, default=0))]
-    return AcceptanceMetrics(n, total_p, total_a, total_a / total_p if total_p else None,
-                             1 + total_a / n if n else None, per_position)
+    per_position = [
+        sum(a > i for a in accepted) / sum(p > i for p in proposed)  # divisor >= 1 here
+        for i in range(max(proposed, default=0))
+    ]
+    return AcceptanceMetrics(
+        n, total_p, total_a, total_a / total_p if total_p else None, 1 + total_a / n if n else None, per_position
+    )

@@ -39,17 +39,17 @@ MIN_RELIABLE_S = 2.0  # NVML averages util over up to 1 s: shorter runs give mea
 class Sample:
     """One NVML reading; every value but ``time_s`` may be None (N/A)."""
 
-    time_s: float                        # time.perf_counter() when the reading began
-    util_gpu_percent: float | None       # % of NVML's period with >= 1 kernel running
-    util_memory_percent: float | None    # % of NVML's period device memory was read or written
+    time_s: float  # time.perf_counter() when the reading began
+    util_gpu_percent: float | None  # % of NVML's period with >= 1 kernel running
+    util_memory_percent: float | None  # % of NVML's period device memory was read or written
     power_w: float | None
     sm_clock_mhz: float | None
     memory_used_bytes: int | None
     temperature_c: float | None
-    throttle_reasons: int | None         # bitmask of NVML clock event (throttle) reasons
-    sm_occupancy_percent: float | None   # GPM (Hopper+): active warps / maximum warps
-    dram_bw_util_percent: float | None   # GPM: DRAM bandwidth used / peak
-    tensor_util_percent: float | None    # GPM: % of time SMs ran any tensor-core instruction
+    throttle_reasons: int | None  # bitmask of NVML clock event (throttle) reasons
+    sm_occupancy_percent: float | None  # GPM (Hopper+): active warps / maximum warps
+    dram_bw_util_percent: float | None  # GPM: DRAM bandwidth used / peak
+    tensor_util_percent: float | None  # GPM: % of time SMs ran any tensor-core instruction
 
 
 VALUE_FIELDS = tuple(f.name for f in fields(Sample))[1:]
@@ -58,8 +58,10 @@ GPM_FIELDS = ("sm_occupancy_percent", "dram_bw_util_percent", "tensor_util_perce
 _GPM_METRICS = ("NVML_GPM_METRIC_SM_OCCUPANCY", "NVML_GPM_METRIC_DRAM_BW_UTIL", "NVML_GPM_METRIC_ANY_TENSOR_UTIL")
 
 
-_INIT_ERRORS = {"NVMLError_LibraryNotFound": "no NVIDIA driver: the NVML library (libnvidia-ml) was not found",
-                "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded"}
+_INIT_ERRORS = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver: the NVML library (libnvidia-ml) was not found",
+    "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded",
+}
 
 
 def _open_nvml(nvml=None):
@@ -213,7 +215,8 @@ def read_clocks(device=None, nvml=None) -> dict:
         if handle is not None:
             out["sm_clock_mhz"] = _or_none(nvml, lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
             out["temperature_c"] = _or_none(
-                nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+                nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            )
             out["throttle_reasons"] = _or_none(nvml, lambda: _throttle_reasons(nvml)(handle))
     finally:
         nvml.nvmlShutdown()
@@ -242,7 +245,7 @@ class TelemetrySampler:
         self.unavailable_reason: str | None = "not started"
         self._handle = self._thread = None
         self._gpm: list | None = None  # two GPM sample buffers: [previous, next to fill]
-        self._gpm_primed = False       # True once the previous buffer holds a sample
+        self._gpm_primed = False  # True once the previous buffer holds a sample
         self._stop = threading.Event()
 
     @property
@@ -326,7 +329,8 @@ class TelemetrySampler:
             self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(h).used, "memory_used_bytes"),
             self._read(lambda: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), "temperature_c"),
             self._read(lambda: reasons(h), "throttle_reasons"),
-            *(self._read_gpm() if self._gpm else (None,) * len(GPM_FIELDS)))
+            *(self._read_gpm() if self._gpm else (None,) * len(GPM_FIELDS)),
+        )
 
     def _read_gpm(self) -> tuple:
         """GPM metrics over the interval since the previous GPM sample (None for the first):

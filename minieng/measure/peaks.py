@@ -56,8 +56,13 @@ class Peak:
 
     def to_dict(self) -> dict:
         """JSON form, with the ridge point (``from_dict`` reads it back)."""
-        return {"name": self.name, "peak_tflops": self.peak_tflops, "bandwidth_gbps": self.bandwidth_gbps,
-                "source": self.source, "ridge_flop_per_byte": self.ridge_flop_per_byte}
+        return {
+            "name": self.name,
+            "peak_tflops": self.peak_tflops,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "source": self.source,
+            "ridge_flop_per_byte": self.ridge_flop_per_byte,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Peak":
@@ -109,8 +114,12 @@ class Environment:
             f"NVML              {self.nvml}",
             f"torch threads     {self.torch_threads}",
             f"dtype             {self.dtype}: {self.dtype_reason}",
-            "datasheet peak    " + (f"{ds.name}: {ds.peak_tflops:g} TFLOP/s dense, {ds.bandwidth_gbps:g} GB/s"
-                                    if ds else "none for this device: measured ceilings only"),
+            "datasheet peak    "
+            + (
+                f"{ds.name}: {ds.peak_tflops:g} TFLOP/s dense, {ds.bandwidth_gbps:g} GB/s"
+                if ds
+                else "none for this device: measured ceilings only"
+            ),
         ]
 
 
@@ -124,10 +133,20 @@ def check_environment(device: str = "auto") -> Environment:
         name, cc, mem = props.name, f"{props.major}.{props.minor}", props.total_memory
     else:
         name, cc, mem = cpu_name() or "CPU", None, None
-    return Environment(str(dev), name, cc, has_native_bf16(dev), mem, total, avail,
-                       nvml_status(dev) if dev.type == "cuda" else "N/A (no CUDA device)",
-                       torch.get_num_threads(), dtype, reason,
-                       datasheet_peak(name) if dev.type == "cuda" else None)
+    return Environment(
+        str(dev),
+        name,
+        cc,
+        has_native_bf16(dev),
+        mem,
+        total,
+        avail,
+        nvml_status(dev) if dev.type == "cuda" else "N/A (no CUDA device)",
+        torch.get_num_threads(),
+        dtype,
+        reason,
+        datasheet_peak(name) if dev.type == "cuda" else None,
+    )
 
 
 # -- the ceilings' buffers: sized from what the device has free ------------------------------------
@@ -176,7 +195,8 @@ def ceiling_sizes(device: torch.device, dtype: torch.dtype, free_bytes: int | No
             f"{(3 * MIN_MATMUL_N**2 * dtype.itemsize + 2 * MIN_COPY_BYTES) / CEILINGS_MEMORY_SHARE / GIB:.2f} GiB "
             "free (a 1024-cube matmul and two 128 MiB copy buffers, in half the free memory). Measure them before "
             "building an engine (ceilings.machine_ceilings keeps them per machine), or give the engine a smaller KV "
-            "pool (kv_cache_memory_gib, or a lower gpu_memory_utilization)")
+            "pool (kv_cache_memory_gib, or a lower gpu_memory_utilization)"
+        )
     return n, copy_bytes
 
 
@@ -212,8 +232,9 @@ def measure_copy(device: torch.device, nbytes: int | None = None, repeats: int =
     return m
 
 
-def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5,
-                     rounds: int = 3) -> tuple[Peak, Measurement, Measurement]:
+def measure_ceilings(
+    device: torch.device, dtype: torch.dtype, repeats: int = 5, rounds: int = 3
+) -> tuple[Peak, Measurement, Measurement]:
     """Measured peak (matmul) and bandwidth (copy) as a ``Peak``, with the raw measurements.
 
     ``rounds`` rounds of ``repeats`` matmuls, then ``repeats`` copies, alternating, so that a
@@ -231,5 +252,10 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int = 5,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     matmul, copy = Measurement.pooled(mm), Measurement.pooled(cp)
-    return Peak(f"measured {device.type} {str(dtype).removeprefix('torch.')}", matmul.max / 1e12,
-                copy.max / 1e9, "measured"), matmul, copy
+    return (
+        Peak(
+            f"measured {device.type} {str(dtype).removeprefix('torch.')}", matmul.max / 1e12, copy.max / 1e9, "measured"
+        ),
+        matmul,
+        copy,
+    )

@@ -73,13 +73,17 @@ class Utilization:
 
 def _utilization(name: str, amount: float, seconds: float, peak_per_s: float) -> Utilization:
     if seconds <= 0 or peak_per_s <= 0 or amount < 0:
-        raise ValueError(f"{name}: need amount >= 0, seconds > 0 and peak > 0; "
-                         f"got {amount}, {seconds} s, peak {peak_per_s}/s")
+        raise ValueError(
+            f"{name}: need amount >= 0, seconds > 0 and peak > 0; got {amount}, {seconds} s, peak {peak_per_s}/s"
+        )
     fraction = amount / seconds / peak_per_s
     suspect = fraction > 1.0
     if suspect:
-        warnings.warn(f"{name} = {format_percent(100 * fraction)} exceeds 100%: a wrong count or peak",
-                      SuspectFigureWarning, stacklevel=3)
+        warnings.warn(
+            f"{name} = {format_percent(100 * fraction)} exceeds 100%: a wrong count or peak",
+            SuspectFigureWarning,
+            stacklevel=3,
+        )
     return Utilization(name, fraction, suspect)
 
 
@@ -96,6 +100,7 @@ def mbu(bytes: float, seconds: float, peak_bytes_per_s: float) -> Utilization:
 
 
 # -- roofline (Williams, Waterman & Patterson 2009) ---------------------------------------------
+
 
 def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
     """Roofline: attainable FLOP/s = min(peak_flops, intensity * bandwidth); intensity in
@@ -170,9 +175,11 @@ class Bound:
         share = format_percent(100 * self.explained)
         side = "FLOPs at the peak" if self.compute_floor_s >= self.memory_floor_s else "bytes at the bandwidth"
         if self.limit == "overhead":
-            return (f"limited by overhead: the {side} would take {_ms(self.floor_s)} of the {_ms(self.seconds)} "
-                    f"measured ({share}); the rest is fixed per-step cost (launches, Python, the host) or "
-                    "kernels far below the peak")
+            return (
+                f"limited by overhead: the {side} would take {_ms(self.floor_s)} of the {_ms(self.seconds)} "
+                f"measured ({share}); the rest is fixed per-step cost (launches, Python, the host) or "
+                "kernels far below the peak"
+            )
         return f"{self.limit}-bound: the {side} account for {share} of the {_ms(self.seconds)} measured"
 
 
@@ -189,8 +196,9 @@ def roofline_bound(flops: float, nbytes: float, seconds: float, peak_flops: floa
     return Bound(seconds, flops / peak_flops, nbytes / bandwidth)
 
 
-def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peaks,
-                      matmul_bytes: MatmulBytes | None = None) -> dict:
+def phase_utilization(
+    model_config: ModelConfig, dtype_bytes: float, steps, peaks, matmul_bytes: MatmulBytes | None = None
+) -> dict:
     """FLOPs and bytes of recorded steps (``StepRecord``s) over their measured time: MFU and MBU.
 
     ``matmul_bytes``: a quantized engine's weight bytes (``LLMEngine.matmul_bytes``), as in
@@ -204,16 +212,29 @@ def phase_utilization(model_config: ModelConfig, dtype_bytes: float, steps, peak
     if not steps or seconds <= 0:
         raise ValueError("phase_utilization needs at least one step with a positive duration")
     work = sum(step_work(model_config, s.chunks, dtype_bytes, matmul_bytes=matmul_bytes) for s in steps)
-    out = {"num_steps": len(steps), "flops": work.total_flops, "bytes": work.total_bytes, "seconds": seconds,
-           "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
-           "achieved_tflops": work.total_flops / seconds / 1e12, "achieved_gbps": work.total_bytes / seconds / 1e9}
+    out = {
+        "num_steps": len(steps),
+        "flops": work.total_flops,
+        "bytes": work.total_bytes,
+        "seconds": seconds,
+        "arithmetic_intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
+        "achieved_tflops": work.total_flops / seconds / 1e12,
+        "achieved_gbps": work.total_bytes / seconds / 1e9,
+    }
     for peak in peaks:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SuspectFigureWarning)  # the flag travels in the result
             f = mfu(work.total_flops, seconds, peak.peak_tflops * 1e12)
             b = mbu(work.total_bytes, seconds, peak.bandwidth_gbps * 1e9)
-        bound = roofline_bound(work.total_flops, work.total_bytes, seconds, peak.peak_tflops * 1e12,
-                               peak.bandwidth_gbps * 1e9)
-        out[peak.source] = {"mfu_percent": f.percent, "mbu_percent": b.percent, "suspect": f.suspect or b.suspect,
-                            "limit": bound.limit, "explained_percent": 100 * bound.explained, "bound": bound.words()}
+        bound = roofline_bound(
+            work.total_flops, work.total_bytes, seconds, peak.peak_tflops * 1e12, peak.bandwidth_gbps * 1e9
+        )
+        out[peak.source] = {
+            "mfu_percent": f.percent,
+            "mbu_percent": b.percent,
+            "suspect": f.suspect or b.suspect,
+            "limit": bound.limit,
+            "explained_percent": 100 * bound.explained,
+            "bound": bound.words(),
+        }
     return out

@@ -68,8 +68,12 @@ def prefill_knee(points: Sequence[tuple[int, float]], tolerance: float = KNEE_TO
     if len(points) >= 2:
         (n0, t0), (n1, t1) = points[0], points[1]
         overhead = min(max(0.0, t0 - (t1 - t0) / (n1 - n0) * n0), t0)
-    return {"knee_tokens": points[i][0], "knee_reached": i < len(points) - 1, "peak_tok_s": max(rates),
-            "overhead_s": overhead}
+    return {
+        "knee_tokens": points[i][0],
+        "knee_reached": i < len(points) - 1,
+        "peak_tok_s": max(rates),
+        "overhead_s": overhead,
+    }
 
 
 def probe_lengths(max_prompt_tokens: int, start: int = 64) -> list[int]:
@@ -84,8 +88,13 @@ def probe_lengths(max_prompt_tokens: int, start: int = 64) -> list[int]:
     return lengths + [max_prompt_tokens]
 
 
-def scan_prefill(time_prefill: Callable[[int], float], lengths: Sequence[int], budget_s: float,
-                 runs_per_length: int = 1, tolerance: float = KNEE_TOLERANCE) -> list[tuple[int, float]]:
+def scan_prefill(
+    time_prefill: Callable[[int], float],
+    lengths: Sequence[int],
+    budget_s: float,
+    runs_per_length: int = 1,
+    tolerance: float = KNEE_TOLERANCE,
+) -> list[tuple[int, float]]:
     """Time prefill at growing lengths until the knee is confirmed or the budget would run out.
 
     Args:
@@ -141,9 +150,15 @@ def _geometric(lo: float, hi: float, count: int) -> list[float]:
     return [lo * (hi / lo) ** (i / (count - 1)) for i in range(count)]
 
 
-def prefill_sweep_lengths(probe: dict, n_points: int = 5, max_prompt_tokens: int | None = None,
-                          budget_s: float | None = None, runs_per_length: float = 1, span: float = 16,
-                          multiple: int = 16) -> list[int]:
+def prefill_sweep_lengths(
+    probe: dict,
+    n_points: int = 5,
+    max_prompt_tokens: int | None = None,
+    budget_s: float | None = None,
+    runs_per_length: float = 1,
+    span: float = 16,
+    multiple: int = 16,
+) -> list[int]:
     """Prompt lengths for a prefill sweep on this device: from below the knee to well above it.
 
     Args:
@@ -193,8 +208,12 @@ def prefill_sweep_lengths(probe: dict, n_points: int = 5, max_prompt_tokens: int
     return lengths_up_to(hi)
 
 
-def fit_ttft(points: Sequence[tuple[int, float]], from_tokens: int | None = None, tolerance: float = KNEE_TOLERANCE,
-             z: float = 2.0) -> dict:
+def fit_ttft(
+    points: Sequence[tuple[int, float]],
+    from_tokens: int | None = None,
+    tolerance: float = KNEE_TOLERANCE,
+    z: float = 2.0,
+) -> dict:
     """Fit TTFT = a + b n + c n^2 over the compute-bound part of a sweep; is the n^2 term real?
 
     Below the knee TTFT is flat (overhead), then it rises: that bend alone would make a quadratic
@@ -220,15 +239,27 @@ def fit_ttft(points: Sequence[tuple[int, float]], from_tokens: int | None = None
     knee = prefill_knee(points, tolerance)
     start = knee["knee_tokens"] if from_tokens is None else min(from_tokens, knee["knee_tokens"])
     fitted = [(n, t) for n, t in points if n >= start]
-    out = {"knee": knee, "fitted_tokens": [n for n, _ in fitted], "a_s": None, "b_s_per_token": None,
-           "c_s_per_token2": None, "c_stderr": None, "significant": False, "quadratic_share": None}
+    out = {
+        "knee": knee,
+        "fitted_tokens": [n for n, _ in fitted],
+        "a_s": None,
+        "b_s_per_token": None,
+        "c_s_per_token2": None,
+        "c_stderr": None,
+        "significant": False,
+        "quadratic_share": None,
+    }
     if not knee["knee_reached"]:
-        out["reason"] = ("prefill tok/s was still growing at the longest prompt: the sweep stayed in the "
-                         "overhead-bound range, where TTFT is mostly the per-step overhead and the n^2 term is hidden")
+        out["reason"] = (
+            "prefill tok/s was still growing at the longest prompt: the sweep stayed in the "
+            "overhead-bound range, where TTFT is mostly the per-step overhead and the n^2 term is hidden"
+        )
         return out
     if len(fitted) < 3:
-        out["reason"] = (f"only {len(fitted)} point(s) lie past the knee ({start} tokens): "
-                         "too few for a quadratic fit of the compute-bound range")
+        out["reason"] = (
+            f"only {len(fitted)} point(s) lie past the knee ({start} tokens): "
+            "too few for a quadratic fit of the compute-bound range"
+        )
         return out
     n = np.array([p[0] for p in fitted], dtype=float)
     t = np.array([p[1] for p in fitted], dtype=float)
@@ -244,21 +275,32 @@ def fit_ttft(points: Sequence[tuple[int, float]], from_tokens: int | None = None
         out["c_stderr"] = math.sqrt(max(float(cov[2, 2]), 0.0)) / float(scale) ** 2
     stderr = out["c_stderr"]
     if c <= 0:
-        out["reason"] = ("the fitted n^2 coefficient is not positive: over these lengths TTFT grows no faster "
-                         "than linearly, the overhead and linear terms hide attention's n^2 work")
+        out["reason"] = (
+            "the fitted n^2 coefficient is not positive: over these lengths TTFT grows no faster "
+            "than linearly, the overhead and linear terms hide attention's n^2 work"
+        )
     elif stderr is None:
         out["reason"] = "no point to spare for an error estimate (3 points past the knee): c is not tested"
     elif c <= z * stderr:
-        out["reason"] = (f"the n^2 coefficient ({c:.3g} s/token^2) is within {z:g} standard errors of 0 "
-                         f"({stderr:.2g}): timing noise at these lengths is larger than the n^2 term")
+        out["reason"] = (
+            f"the n^2 coefficient ({c:.3g} s/token^2) is within {z:g} standard errors of 0 "
+            f"({stderr:.2g}): timing noise at these lengths is larger than the n^2 term"
+        )
     else:
         out["significant"], out["reason"] = True, None
         out["quadratic_share"] = float(c * n[-1] ** 2 / t[-1])
     return out
 
 
-def decode_sweep_batches(probe: dict, ridge_batch: int | None, max_batch: int, steps: int, prompt_tokens: int,
-                         budget_s: float | None = None, factor: int = 4) -> list[int]:
+def decode_sweep_batches(
+    probe: dict,
+    ridge_batch: int | None,
+    max_batch: int,
+    steps: int,
+    prompt_tokens: int,
+    budget_s: float | None = None,
+    factor: int = 4,
+) -> list[int]:
     """Batch sizes for a decode sweep on this device: from 1 along the memory-bound slope to past the ridge.
 
     Args:
@@ -292,9 +334,20 @@ def decode_sweep_batches(probe: dict, ridge_batch: int | None, max_batch: int, s
     return batches
 
 
-def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, bandwidth: float, max_context: int,
-                  max_tokens: int, max_batch: int, n_points: int = 5, steps: int = 16, budget_s: float | None = None,
-                  model_config=None, multiple: int = 16) -> dict:
+def kv_sweep_plan(
+    probe: dict,
+    weight_bytes: float,
+    kv_bytes_per_token: float,
+    bandwidth: float,
+    max_context: int,
+    max_tokens: int,
+    max_batch: int,
+    n_points: int = 5,
+    steps: int = 16,
+    budget_s: float | None = None,
+    model_config=None,
+    multiple: int = 16,
+) -> dict:
     """A batch and the contexts at which the KV cache a decode step reads grows to dominate its time.
 
     Each sequence's decode step reads ``kv_bytes_per_token`` per token of its context, on top of the
@@ -326,10 +379,12 @@ def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, b
         ValueError: sizes below 1 or a non-positive bandwidth.
     """
     if min(max_context, max_tokens, max_batch, n_points, multiple) < 1 or bandwidth <= 0 or kv_bytes_per_token <= 0:
-        raise ValueError("need contexts, tokens, batch, points and multiple >= 1 and positive bytes and bandwidth; got "
-                         f"max_context={max_context}, max_tokens={max_tokens}, max_batch={max_batch}, "
-                         f"n_points={n_points}, multiple={multiple}, kv_bytes_per_token={kv_bytes_per_token}, "
-                         f"bandwidth={bandwidth}")
+        raise ValueError(
+            "need contexts, tokens, batch, points and multiple >= 1 and positive bytes and bandwidth; got "
+            f"max_context={max_context}, max_tokens={max_tokens}, max_batch={max_batch}, "
+            f"n_points={n_points}, multiple={multiple}, kv_bytes_per_token={kv_bytes_per_token}, "
+            f"bandwidth={bandwidth}"
+        )
     target = max(weight_bytes, probe["decode_step_s"] * bandwidth)
     need_tokens = math.ceil(target / kv_bytes_per_token)  # batch x context
 
@@ -338,8 +393,10 @@ def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, b
         return sorted({min(cap, max(multiple, multiple * round(c / multiple))) for c in raw})
 
     def cost_s(batch: int, contexts: list[int]) -> float:
-        step_s = [max(predict_decode_step_s(probe, batch), (weight_bytes + batch * c * kv_bytes_per_token) / bandwidth)
-                  for c in contexts]
+        step_s = [
+            max(predict_decode_step_s(probe, batch), (weight_bytes + batch * c * kv_bytes_per_token) / bandwidth)
+            for c in contexts
+        ]
         return sum(predict_ttft_s(probe, c, model_config, batch) + steps * s for c, s in zip(contexts, step_s))
 
     def plan_for(batch: int) -> list[int]:
@@ -359,5 +416,9 @@ def kv_sweep_plan(probe: dict, weight_bytes: float, kv_bytes_per_token: float, b
         contexts = plan_for(batch)
         if growth(batch, contexts) > growth(best_batch, best):
             best_batch, best = batch, contexts
-    return {"batch_size": best_batch, "contexts": best, "target_kv_bytes": target,
-            "reached": best_batch * best[-1] * kv_bytes_per_token >= target}
+    return {
+        "batch_size": best_batch,
+        "contexts": best,
+        "target_kv_bytes": target,
+        "reached": best_batch * best[-1] * kv_bytes_per_token >= target,
+    }

@@ -90,16 +90,26 @@ def allreduce_s(nbytes: float, num_devices: int, link_bandwidth_gbps: float, lat
     """(latency, transfer) seconds of a ring all-reduce of ``nbytes`` over ``num_devices``: 2 (p - 1)
     hops of ``nbytes / p`` each. (0, 0) on one device. Raises ``ValueError`` for bad sizes."""
     if nbytes < 0 or num_devices < 1 or link_bandwidth_gbps <= 0 or latency_s < 0:
-        raise ValueError(f"need nbytes >= 0, num_devices >= 1, link bandwidth > 0 and latency >= 0; got "
-                         f"{nbytes}, {num_devices}, {link_bandwidth_gbps} GB/s, {latency_s} s")
+        raise ValueError(
+            f"need nbytes >= 0, num_devices >= 1, link bandwidth > 0 and latency >= 0; got "
+            f"{nbytes}, {num_devices}, {link_bandwidth_gbps} GB/s, {latency_s} s"
+        )
     hops = 2 * (num_devices - 1)
     return hops * latency_s, hops * nbytes / num_devices / (link_bandwidth_gbps * 1e9)
 
 
-def tensor_parallel_decode(weight_bytes: float, num_layers: int, hidden_size: int, num_devices: int,
-                           bandwidth_gbps: float, link: Link | None = None, latency_s: float = 0.0,
-                           batch_size: int = 1, activation_bytes: float = 2,
-                           kv_bytes: float = 0.0) -> TensorParallelStep:
+def tensor_parallel_decode(
+    weight_bytes: float,
+    num_layers: int,
+    hidden_size: int,
+    num_devices: int,
+    bandwidth_gbps: float,
+    link: Link | None = None,
+    latency_s: float = 0.0,
+    batch_size: int = 1,
+    activation_bytes: float = 2,
+    kv_bytes: float = 0.0,
+) -> TensorParallelStep:
     """One decode step of a model split ``num_devices`` ways (Megatron-style), at the bandwidth floor.
 
     Args:
@@ -117,12 +127,16 @@ def tensor_parallel_decode(weight_bytes: float, num_layers: int, hidden_size: in
         ValueError: a non-positive size or bandwidth, or a negative latency.
     """
     if weight_bytes < 0 or kv_bytes < 0 or num_layers < 1 or hidden_size < 1 or num_devices < 1 or batch_size < 1:
-        raise ValueError(f"need bytes >= 0 and layers, hidden size, devices, batch >= 1; got "
-                         f"weight_bytes={weight_bytes}, kv_bytes={kv_bytes}, num_layers={num_layers}, "
-                         f"hidden_size={hidden_size}, num_devices={num_devices}, batch_size={batch_size}")
+        raise ValueError(
+            f"need bytes >= 0 and layers, hidden size, devices, batch >= 1; got "
+            f"weight_bytes={weight_bytes}, kv_bytes={kv_bytes}, num_layers={num_layers}, "
+            f"hidden_size={hidden_size}, num_devices={num_devices}, batch_size={batch_size}"
+        )
     if bandwidth_gbps <= 0 or activation_bytes <= 0 or latency_s < 0:
-        raise ValueError(f"need bandwidth > 0, activation bytes > 0 and latency >= 0; got {bandwidth_gbps} GB/s, "
-                         f"{activation_bytes}, {latency_s} s")
+        raise ValueError(
+            f"need bandwidth > 0, activation bytes > 0 and latency >= 0; got {bandwidth_gbps} GB/s, "
+            f"{activation_bytes}, {latency_s} s"
+        )
     message = batch_size * hidden_size * activation_bytes
     each_latency, each_transfer = (0.0, 0.0)
     if link is not None:
@@ -130,7 +144,11 @@ def tensor_parallel_decode(weight_bytes: float, num_layers: int, hidden_size: in
     # Every device, in lockstep, per layer: read its share of the attention weights, all-reduce,
     # read its share of the MLP, all-reduce. How the bytes split between the halves moves no sum.
     allreduces = 2 * num_layers if num_devices > 1 else 0
-    return TensorParallelStep(num_devices, read_s=(weight_bytes + kv_bytes) / num_devices / (bandwidth_gbps * 1e9),
-                              allreduce_latency_s=allreduces * each_latency,
-                              allreduce_transfer_s=allreduces * each_transfer, num_allreduces=allreduces,
-                              allreduce_bytes=message if allreduces else 0.0)
+    return TensorParallelStep(
+        num_devices,
+        read_s=(weight_bytes + kv_bytes) / num_devices / (bandwidth_gbps * 1e9),
+        allreduce_latency_s=allreduces * each_latency,
+        allreduce_transfer_s=allreduces * each_transfer,
+        num_allreduces=allreduces,
+        allreduce_bytes=message if allreduces else 0.0,
+    )

@@ -80,9 +80,13 @@ class StepWork:
         return self if other == 0 else self.__add__(other)  # so that sum(works) starts from 0
 
 
-def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, int]],
-              dtype_bytes: float, kv_dtype_bytes: float | None = None,
-              matmul_bytes: MatmulBytes | None = None) -> StepWork:
+def step_work(
+    model_config: ModelConfig,
+    chunks: Iterable[tuple[int, int, int]],
+    dtype_bytes: float,
+    kv_dtype_bytes: float | None = None,
+    matmul_bytes: MatmulBytes | None = None,
+) -> StepWork:
     """FLOPs and bytes of one step.
 
     Args:
@@ -111,9 +115,11 @@ def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, int]],
     for num_new, num_context, num_logits_rows in chunks:
         rows = int(num_logits_rows)
         if num_new < 1 or num_context < 0 or not 0 <= rows <= num_new:
-            raise ValueError(f"chunk (num_new_tokens={num_new}, num_context_tokens={num_context}, "
-                             f"num_logits_rows={num_logits_rows}) is invalid: need num_new_tokens >= 1, "
-                             "num_context_tokens >= 0 and 0 <= logits rows <= num_new_tokens")
+            raise ValueError(
+                f"chunk (num_new_tokens={num_new}, num_context_tokens={num_context}, "
+                f"num_logits_rows={num_logits_rows}) is invalid: need num_new_tokens >= 1, "
+                "num_context_tokens >= 0 and 0 <= logits rows <= num_new_tokens"
+            )
         new_tokens += num_new
         logits_rows += rows
         context_keys += num_context + num_new  # keys read from the cache, new ones included
@@ -121,8 +127,11 @@ def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, int]],
     norm_params = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
     if matmul_bytes is None:
         matmul_bytes = MatmulBytes(layer_params * dtype_bytes, head_params * dtype_bytes)
-    weight_bytes = ((norm_params + new_tokens * cfg.hidden_size) * dtype_bytes + matmul_bytes.layers
-                    + (matmul_bytes.lm_head if logits_rows else 0))
+    weight_bytes = (
+        (norm_params + new_tokens * cfg.hidden_size) * dtype_bytes
+        + matmul_bytes.layers
+        + (matmul_bytes.lm_head if logits_rows else 0)
+    )
     return StepWork(
         matmul_flops=2 * layer_params * new_tokens,
         attention_flops=attn_per_key * attended_keys,
@@ -133,12 +142,21 @@ def step_work(model_config: ModelConfig, chunks: Iterable[tuple[int, int, int]],
     )
 
 
-def prefill_work(model_config: ModelConfig, prompt_tokens: int, dtype_bytes: float,
-                 num_cached_tokens: int = 0, matmul_bytes: MatmulBytes | None = None) -> StepWork:
+def prefill_work(
+    model_config: ModelConfig,
+    prompt_tokens: int,
+    dtype_bytes: float,
+    num_cached_tokens: int = 0,
+    matmul_bytes: MatmulBytes | None = None,
+) -> StepWork:
     """One sequence's whole prefill in one step: ``prompt_tokens - num_cached_tokens`` new tokens
     after ``num_cached_tokens`` (a prefix-cache hit), logits for the last position only."""
-    return step_work(model_config, [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)], dtype_bytes,
-                     matmul_bytes=matmul_bytes)
+    return step_work(
+        model_config,
+        [(prompt_tokens - num_cached_tokens, num_cached_tokens, True)],
+        dtype_bytes,
+        matmul_bytes=matmul_bytes,
+    )
 
 
 def masked_attention_flops(model_config: ModelConfig, chunks: Iterable[tuple[int, int, int]]) -> int:
@@ -156,8 +174,13 @@ def masked_attention_flops(model_config: ModelConfig, chunks: Iterable[tuple[int
     return 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * pairs
 
 
-def decode_work(model_config: ModelConfig, batch_size: int, context_len: int, dtype_bytes: float,
-                matmul_bytes: MatmulBytes | None = None) -> StepWork:
+def decode_work(
+    model_config: ModelConfig,
+    batch_size: int,
+    context_len: int,
+    dtype_bytes: float,
+    matmul_bytes: MatmulBytes | None = None,
+) -> StepWork:
     """One decode step of ``batch_size`` sequences, each with ``context_len`` tokens already in the
     KV cache: one new token each (attending ``context_len + 1`` keys), logits for each."""
     return step_work(model_config, [(1, context_len, True)] * batch_size, dtype_bytes, matmul_bytes=matmul_bytes)

@@ -29,15 +29,18 @@ TRACE_QUANTILES = data_path("azure-llm-trace-2023", "quantiles.json")
 TRACE_SERVICES = ("conv", "code")
 # The probabilities at which the trace's quantiles are kept: every percentile, finer in the top
 # one, where the few longest gaps (minutes, in code.csv) carry much of the mean gap.
-TRACE_PROBABILITIES = tuple([p / 100 for p in range(99)] + [(990 + i) / 1000 for i in range(10)]
-                            + [0.9995, 0.9999, 1.0])
+TRACE_PROBABILITIES = tuple(
+    [p / 100 for p in range(99)] + [(990 + i) / 1000 for i in range(10)] + [0.9995, 0.9999, 1.0]
+)
 
 
 @lru_cache(maxsize=4)
 def _text_token_ids(tokenizer, path: Path) -> tuple[int, ...]:
     if not path.is_file():
-        raise ValueError(f"{path} not found: install minieng from its wheel or sdist, or run from a "
-                         "clone of the repository (the text corpus lives in its data/ folder)")
+        raise ValueError(
+            f"{path} not found: install minieng from its wheel or sdist, or run from a "
+            "clone of the repository (the text corpus lives in its data/ folder)"
+        )
     return tuple(tokenizer.encode(path.read_text(encoding="utf-8"), add_special_tokens=False))
 
 
@@ -52,7 +55,7 @@ def text_prompts(tokenizer, num_tokens: int, count: int = 1, path: Path = DEFAUL
     if num_tokens > len(ids):
         raise ValueError(f"num_tokens={num_tokens} exceeds the {len(ids)} tokens of {path.name}")
     stride = max(1, (len(ids) - num_tokens) // max(1, count))
-    return [list(ids[(i * stride) % (len(ids) - num_tokens + 1):][:num_tokens]) for i in range(count)]
+    return [list(ids[(i * stride) % (len(ids) - num_tokens + 1) :][:num_tokens]) for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,9 @@ class RequestSpec:
     output_tokens: int
 
 
-def fixed_workload(num_requests: int, prompt_tokens: int, output_tokens: int,
-                   interval_s: float = 0.0) -> list[RequestSpec]:
+def fixed_workload(
+    num_requests: int, prompt_tokens: int, output_tokens: int, interval_s: float = 0.0
+) -> list[RequestSpec]:
     """Identical requests, arriving ``interval_s`` apart (0: all at once)."""
     _check_positive(num_requests=num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     if not interval_s >= 0:
@@ -73,11 +77,13 @@ def fixed_workload(num_requests: int, prompt_tokens: int, output_tokens: int,
     return [RequestSpec(i * interval_s, prompt_tokens, output_tokens) for i in range(num_requests)]
 
 
-def poisson_workload(num_requests: int, rate_per_s: float, prompt_tokens: int, output_tokens: int,
-                     seed: int = 0) -> list[RequestSpec]:
+def poisson_workload(
+    num_requests: int, rate_per_s: float, prompt_tokens: int, output_tokens: int, seed: int = 0
+) -> list[RequestSpec]:
     """Arrivals of a Poisson process: exponential gaps of mean 1 / ``rate_per_s`` seconds."""
-    _check_positive(num_requests=num_requests, rate_per_s=rate_per_s, prompt_tokens=prompt_tokens,
-                    output_tokens=output_tokens)
+    _check_positive(
+        num_requests=num_requests, rate_per_s=rate_per_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens
+    )
     gaps = np.random.default_rng(seed).exponential(1.0 / rate_per_s, num_requests)
     arrivals = np.cumsum(gaps) - gaps[0]  # the first request arrives at t = 0
     return [RequestSpec(float(t), prompt_tokens, output_tokens) for t in arrivals]
@@ -109,8 +115,7 @@ def read_trace(path: str | Path, num_requests: int | None = None, skip: int = 0)
             raise ValueError(f"{path.name} needs columns {sorted(need)}, has {reader.fieldnames}")
         rows = list(itertools.islice(reader, skip, None if num_requests is None else skip + num_requests))
     times = [_parse_timestamp(r["TIMESTAMP"]) for r in rows]
-    return [RequestSpec(t - times[0], int(r["ContextTokens"]), int(r["GeneratedTokens"]))
-            for t, r in zip(times, rows)]
+    return [RequestSpec(t - times[0], int(r["ContextTokens"]), int(r["GeneratedTokens"])) for t, r in zip(times, rows)]
 
 
 def trace_quantiles(specs: list[RequestSpec], probabilities=TRACE_PROBABILITIES) -> dict:
@@ -133,11 +138,14 @@ def trace_quantiles(specs: list[RequestSpec], probabilities=TRACE_PROBABILITIES)
     def q(values, digits):
         return [round(float(v), digits) for v in np.quantile(np.asarray(values, dtype=float), probabilities)]
 
-    return {"num_requests": len(specs), "duration_s": round(duration_s, 6),
-            "rate_per_s": round(len(gaps) / duration_s, 6),
-            "prompt_tokens": q([s.prompt_tokens for s in specs], 3),
-            "output_tokens": q([s.output_tokens for s in specs], 3),
-            "interarrival_s": q(gaps, 6)}
+    return {
+        "num_requests": len(specs),
+        "duration_s": round(duration_s, 6),
+        "rate_per_s": round(len(gaps) / duration_s, 6),
+        "prompt_tokens": q([s.prompt_tokens for s in specs], 3),
+        "output_tokens": q([s.output_tokens for s in specs], 3),
+        "interarrival_s": q(gaps, 6),
+    }
 
 
 def stored_trace_quantiles(service: str = "conv", path: Path = TRACE_QUANTILES) -> dict:
@@ -147,14 +155,17 @@ def stored_trace_quantiles(service: str = "conv", path: Path = TRACE_QUANTILES) 
     if service not in TRACE_SERVICES:
         raise ValueError(f"trace service {service!r} unknown; use one of {', '.join(TRACE_SERVICES)}")
     if not path.is_file():
-        raise ValueError(f"{path} not found: install minieng from its wheel or sdist, or run from a clone "
-                         "of the repository (the trace's quantiles live in its data/ folder)")
+        raise ValueError(
+            f"{path} not found: install minieng from its wheel or sdist, or run from a clone "
+            "of the repository (the trace's quantiles live in its data/ folder)"
+        )
     stored = json.loads(path.read_text(encoding="utf-8"))
     return {"probabilities": stored["probabilities"], **stored["services"][service]}
 
 
-def sampled_trace_workload(num_requests: int, service: str = "conv", seed: int = 0,
-                           quantiles: dict | None = None) -> list[RequestSpec]:
+def sampled_trace_workload(
+    num_requests: int, service: str = "conv", seed: int = 0, quantiles: dict | None = None
+) -> list[RequestSpec]:
     """Trace-shaped requests sampled from the trace's quantiles, not the trace itself.
 
     Each request's prompt length, output length and gap to the previous arrival are drawn by
@@ -179,16 +190,26 @@ def sampled_trace_workload(num_requests: int, service: str = "conv", seed: int =
     return [RequestSpec(float(t), int(p), int(o)) for t, p, o in zip(arrivals, prompts, outputs)]
 
 
-def scale_workload(specs: list[RequestSpec], time_scale: float = 1.0, length_scale: float = 1.0,
-                   max_prompt_tokens: int | None = None, max_output_tokens: int | None = None) -> list[RequestSpec]:
+def scale_workload(
+    specs: list[RequestSpec],
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+) -> list[RequestSpec]:
     """Shrink a real workload for a small machine: arrivals x ``time_scale`` (2 = half the rate),
     lengths x ``length_scale``, clipped to the maxima, never below 1 token."""
+
     def size(n: int, cap: int | None) -> int:
         n = max(1, round(n * length_scale))
         return min(n, cap) if cap else n
 
-    return [RequestSpec(s.arrival_s * time_scale, size(s.prompt_tokens, max_prompt_tokens),
-                        size(s.output_tokens, max_output_tokens)) for s in specs]
+    return [
+        RequestSpec(
+            s.arrival_s * time_scale, size(s.prompt_tokens, max_prompt_tokens), size(s.output_tokens, max_output_tokens)
+        )
+        for s in specs
+    ]
 
 
 def workload_prompts(tokenizer, specs: list[RequestSpec], path: Path = DEFAULT_TEXT) -> list[list[int]]:
@@ -200,7 +221,7 @@ def workload_prompts(tokenizer, specs: list[RequestSpec], path: Path = DEFAULT_T
         if s.prompt_tokens > len(ids):
             raise ValueError(f"prompt_tokens={s.prompt_tokens} exceeds the {len(ids)} tokens of {path.name}")
         start = int(rng.integers(0, len(ids) - s.prompt_tokens + 1))
-        prompts.append(list(ids[start:start + s.prompt_tokens]))
+        prompts.append(list(ids[start : start + s.prompt_tokens]))
     return prompts
 
 

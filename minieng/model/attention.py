@@ -123,10 +123,16 @@ def decode_group_size(num_decodes: int, width_tokens: int, max_gather_tokens: in
     return max(1, max_gather_tokens // width_tokens)
 
 
-def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]],
-                   prefills: list[tuple[int, list[int], int]], block_size: int, null_block: int,
-                   device: torch.device, decode_query_len: int = 1,
-                   max_gather_tokens: int | None = None) -> AttentionMetadata:
+def build_metadata(
+    slot_mapping: list[int],
+    decodes: list[tuple[list[int], int]],
+    prefills: list[tuple[int, list[int], int]],
+    block_size: int,
+    null_block: int,
+    device: torch.device,
+    decode_query_len: int = 1,
+    max_gather_tokens: int | None = None,
+) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
     Args:
@@ -152,8 +158,15 @@ def build_metadata(slot_mapping: list[int], decodes: list[tuple[list[int], int]]
     for q_len, table, context_len in prefills:
         chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device), context_len))
         q_start += q_len
-    return AttentionMetadata(torch.tensor(slot_mapping, dtype=torch.long, device=device),
-                             len(decodes), decode_tables, mask, chunks, decode_query_len, group)
+    return AttentionMetadata(
+        torch.tensor(slot_mapping, dtype=torch.long, device=device),
+        len(decodes),
+        decode_tables,
+        mask,
+        chunks,
+        decode_query_len,
+        group,
+    )
 
 
 def sdpa_backends(device: torch.device):
@@ -194,8 +207,9 @@ def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tenso
     return blocks.view(*block_table.shape[:-1], -1, *cache.shape[2:])
 
 
-def _decode_attention(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
+def _decode_attention(
+    qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Decodes' queries qd [B, kv_heads, rows, D] over the K/V of ``block_tables`` [B, width],
     gathered into [B, kv_heads, width * block_size, D]; ``mask`` [B, 1, rows, width * block_size]."""
     k = gather_blocks(k_cache, block_tables).transpose(1, 2)
@@ -203,8 +217,9 @@ def _decode_attention(qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
     """Attention of this step's queries over the cached keys and values.
 
     Args:
@@ -222,7 +237,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if b:
         # Rows [B * n, heads, D], sequence by sequence -> [B, kv_heads, group * n, D]: each KV
         # head meets its group's query heads at every query position (a view when n == 1).
-        qd = q[:b * n].view(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
+        qd = q[: b * n].view(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
         mask = meta.decode_mask  # [B, 1, n, L]: rows of query position; one per (head, position) below
         if n > 1 and group > 1:
             mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
@@ -230,15 +245,23 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         if g is None:
             od = _decode_attention(qd, k_cache, v_cache, meta.decode_block_tables, mask)  # [B, kv_heads, group * n, D]
         else:  # the batch's gathered K/V would exceed the step's budget: g sequences at a time
-            od = torch.cat([_decode_attention(qd[i:i + g], k_cache, v_cache, meta.decode_block_tables[i:i + g],
-                                              mask[i:i + g]) for i in range(0, b, g)])
+            od = torch.cat(
+                [
+                    _decode_attention(
+                        qd[i : i + g], k_cache, v_cache, meta.decode_block_tables[i : i + g], mask[i : i + g]
+                    )
+                    for i in range(0, b, g)
+                ]
+            )
         # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
-        decoded = od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
+        decoded = (
+            od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
+        )
         if not meta.prefills:  # a decode-only step: no output buffer to fill (views when n == 1)
             return decoded
     out = torch.empty_like(q)
     if decoded is not None:
-        out[:b * n] = decoded.view(b * n, num_heads, head_dim)
+        out[: b * n] = decoded.view(b * n, num_heads, head_dim)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         # SDPA's fused CPU kernel wants 4-D [batch, heads, len, D] and equal head counts: with

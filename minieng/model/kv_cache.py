@@ -32,8 +32,7 @@ def kv_bytes_per_token(model_config: ModelConfig, dtype: torch.dtype) -> int:
     return model_config.kv_bytes_per_token(dtype.itemsize)
 
 
-def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_size: int,
-                          budget_gib: float) -> int:
+def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_size: int, budget_gib: float) -> int:
     """How many blocks of ``block_size`` tokens fit in ``budget_gib`` GiB of KV cache."""
     return int(budget_gib * GIB) // (kv_bytes_per_token(model_config, dtype) * block_size)
 
@@ -46,10 +45,21 @@ class KVCache:
     and the scratch block (padding writes).
     """
 
-    def __init__(self, model_config: ModelConfig, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (model_config.num_hidden_layers, num_blocks + 2, block_size,
-                 model_config.num_key_value_heads, model_config.head_dim)
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        shape = (
+            model_config.num_hidden_layers,
+            num_blocks + 2,
+            block_size,
+            model_config.num_key_value_heads,
+            model_config.head_dim,
+        )
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # Each layer's (k, v) views, made once: indexing k[i] anew costs a dispatch per layer and step.
@@ -92,8 +102,10 @@ class KVCache:
         shape = (self.k.shape[0], len(blocks), *self.k.shape[2:])
         for name, t in (("k", k), ("v", v)):
             if tuple(t.shape) != shape or t.dtype != self.k.dtype:
-                raise ValueError(f"{name} is {tuple(t.shape)} {t.dtype}; this pool takes {shape} {self.k.dtype} "
-                                 "(same model, block_size and dtype)")
+                raise ValueError(
+                    f"{name} is {tuple(t.shape)} {t.dtype}; this pool takes {shape} {self.k.dtype} "
+                    "(same model, block_size and dtype)"
+                )
         index = torch.tensor(blocks, dtype=torch.long, device=self.k.device)
         self.k.index_copy_(1, index, k.to(self.k.device))
         self.v.index_copy_(1, index, v.to(self.v.device))
@@ -108,8 +120,9 @@ class KVCache:
         return self.layers[i]
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Store new K/V rows in their slots.
 
     Args:

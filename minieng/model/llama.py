@@ -25,12 +25,14 @@ from minieng.model.kv_cache import KVCache, write_kv
 
 
 def _onednn_linear_available() -> bool:
-    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 ONEDNN_LINEAR = _onednn_linear_available()
-
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,14 +138,20 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         n = x.shape[0]
         qkv = self.qkv_proj(x)  # [n, (heads + 2 kv_heads) * head_dim]
         # q and k side by side, rotated in one pass: [n, heads + kv_heads, head_dim]
         qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(n, -1, self.head_dim), *rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size:].view(n, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.o_proj(paged_attention(q, k_cache, v_cache, meta))
 
@@ -187,8 +195,9 @@ class LlamaForCausalLM(nn.Module):
         o_bias = config.model_type != "qwen2" and bool(getattr(hf, "attention_bias", False))
         mlp_bias = bool(getattr(hf, "mlp_bias", False))
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, qkv_bias, o_bias, mlp_bias)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, qkv_bias, o_bias, mlp_bias) for _ in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # weight [vocab, hidden]: the embedding matrix itself when the model ties them.
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -201,8 +210,14 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, logits_indices: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
         """One step.
 
         Args:
@@ -258,10 +273,11 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
             dest = params[target].data
             if proj in stacked:  # a shard of the output dimension (the first one)
-                dest = dest[offset:offset + tensor.shape[0]]
+                dest = dest[offset : offset + tensor.shape[0]]
             if dest.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model "
-                                 f"shape {tuple(dest.shape)}; wrong config?")
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dest.shape)}; wrong config?"
+                )
             dest.copy_(tensor)
             loaded.add((target, offset))
         expected = set()

@@ -54,8 +54,7 @@ def default_gguf_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE if spec else None
     if path is None or not path.is_file():
-        raise ValueError(f"the default model {DEFAULT_MODEL_NAME} is not installed; "
-                         f"install it with: {DEFAULT_INSTALL}")
+        raise ValueError(f"the default model {DEFAULT_MODEL_NAME} is not installed; install it with: {DEFAULT_INSTALL}")
     return path
 
 
@@ -90,10 +89,12 @@ def _download(repo_id: str) -> Path:
             f"model={repo_id!r} is not in the local Hugging Face cache and the Hub cannot be reached "
             f"(offline or HF_HUB_OFFLINE=1). Download it where there is network "
             f"(`hf download {repo_id}`), pass a local directory or .gguf file, or use the "
-            f"embedded default (model=None).") from e
+            f"embedded default (model=None)."
+        ) from e
     except HfHubHTTPError as e:
-        raise ValueError(f"model={repo_id!r}: the Hugging Face Hub refused it ({e}); check the id, "
-                         "or log in for gated models") from e
+        raise ValueError(
+            f"model={repo_id!r}: the Hugging Face Hub refused it ({e}); check the id, or log in for gated models"
+        ) from e
 
 
 def convert_gguf(gguf_path: Path) -> Path:
@@ -106,8 +107,10 @@ def convert_gguf(gguf_path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~25 s on a 2-core CPU); cached in {out}",
-          file=sys.stderr)
+    print(
+        f"minieng: converting {gguf_path.name} once (dequantizing to float32, ~25 s on a 2-core CPU); cached in {out}",
+        file=sys.stderr,
+    )
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -123,8 +126,7 @@ def convert_gguf(gguf_path: Path) -> Path:
         # transformers' save_pretrained refuses GGUF-loaded models: write the tensors ourselves,
         # a tied LM head once (as the embedding).
         tied = hf_model.config.tie_word_embeddings
-        state = {k: v.contiguous() for k, v in hf_model.state_dict().items()
-                 if not (tied and k == "lm_head.weight")}
+        state = {k: v.contiguous() for k, v in hf_model.state_dict().items() if not (tied and k == "lm_head.weight")}
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         if out.exists():
             shutil.rmtree(out)
@@ -163,8 +165,9 @@ def eos_token_ids(tokenizer, generation_config) -> set[int]:
     return ids
 
 
-def build_model(model_config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                max_position: int) -> LlamaForCausalLM:
+def build_model(
+    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int
+) -> LlamaForCausalLM:
     """An uninitialised model on ``device`` (weights are loaded or randomized next).
 
     Built on the meta device and then given empty storage: a random initialisation that the
@@ -206,9 +209,13 @@ def load_config(model: str | None) -> tuple[Path, Any, ModelConfig]:
     return path, hf_config, ModelConfig.from_hf(hf_config)
 
 
-def load_model(config: EngineConfig, device: torch.device, dtype: torch.dtype,
-               max_position: int | None = None,
-               resolved: tuple[Path, Any, ModelConfig] | None = None) -> LoadedModel:
+def load_model(
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_position: int | None = None,
+    resolved: tuple[Path, Any, ModelConfig] | None = None,
+) -> LoadedModel:
     """Load ``config.model`` (or the default) onto ``device`` in ``dtype``.
 
     ``load_format="dummy"`` reads only config (and tokenizer, if present) and randomizes weights.

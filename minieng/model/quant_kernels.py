@@ -106,15 +106,18 @@ class FbgemmLinear(nn.Module):
     Raises ``ValueError`` for ``digits`` other than 1 or 2, or levels the kernel cannot sum.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, digits: int,
-                 activation_levels: int | None = None):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, digits: int, activation_levels: int | None = None
+    ):
         super().__init__()
         if digits not in (1, 2):
             raise ValueError(f"digits={digits} must be 1 (W8A8) or 2 (16-bit-class activations)")
         levels = fbgemm_activation_levels() if activation_levels is None else activation_levels
         if levels not in (63, fbgemm_activation_levels()):
-            raise ValueError(f"activation_levels={levels}: fbgemm's kernel on this CPU sums "
-                             f"{fbgemm_activation_levels()} or 63 levels a side exactly")
+            raise ValueError(
+                f"activation_levels={levels}: fbgemm's kernel on this CPU sums "
+                f"{fbgemm_activation_levels()} or 63 levels a side exactly"
+            )
         q, scale = quantize_per_channel_int8(weight.detach().float())  # [out, in] int8, [out] float32
         self.packed = _fbgemm_pack(q, scale)
         self._linear = _fbgemm_linear()
@@ -197,7 +200,8 @@ class Int4Linear(nn.Module):
         out_features, in_features = q.shape
         if weight.device.type == "cuda":  # two 4-bit values per byte, the first in the high nibble
             packed = torch.ops.aten._convert_weight_to_int4pack(
-                (q[:, ::2] << 4 | q[:, 1::2]).contiguous(), _inner_k_tiles(in_features))
+                (q[:, ::2] << 4 | q[:, 1::2]).contiguous(), _inner_k_tiles(in_features)
+            )
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
         self.register_buffer("packed", packed)

@@ -65,8 +65,10 @@ KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
     ("w8a8", "cuda"): "torch._int_mm (cuBLASLt int8), 8-bit activations per token",
 }
 REFUSED: dict[tuple[str, str], str] = {
-    ("int4", "cpu"): ("no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
-                      "the default model's layers at batch 1 (measured; see minieng/model/quantization.py)"),
+    ("int4", "cpu"): (
+        "no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
+        "the default model's layers at batch 1 (measured; see minieng/model/quantization.py)"
+    ),
 }
 
 
@@ -90,13 +92,17 @@ def check_supported(scheme: str, device: torch.device, dtype: torch.dtype) -> st
         raise ValueError(f"quantization={scheme!r} does not run on {kind}: {why}. What runs where: {what_runs_where()}")
     if kind == "cpu":
         if "fbgemm" not in torch.backends.quantized.supported_engines:
-            raise ValueError(f"quantization={scheme!r} on a CPU needs fbgemm (an x86-64 CPU); this torch has "
-                             f"{torch.backends.quantized.supported_engines}")
+            raise ValueError(
+                f"quantization={scheme!r} on a CPU needs fbgemm (an x86-64 CPU); this torch has "
+                f"{torch.backends.quantized.supported_engines}"
+            )
         if dtype != torch.float32:
             raise ValueError(f"quantization={scheme!r} on a CPU takes float32 activations; use dtype='float32' (auto)")
     if scheme == "int4" and dtype != torch.bfloat16:
-        raise ValueError(f"quantization='int4' needs dtype bfloat16 (tinygemm's kernel), not {dtype}: on a GPU "
-                         "without bf16 (a T4) use 'int8'")
+        raise ValueError(
+            f"quantization='int4' needs dtype bfloat16 (tinygemm's kernel), not {dtype}: on a GPU "
+            "without bf16 (a T4) use 'int8'"
+        )
     if kind == "cuda":
         _probe_kernel(scheme, device, dtype)
     return KERNELS[scheme, kind]
@@ -122,17 +128,19 @@ def _probe_kernel(scheme: str, device: torch.device, dtype: torch.dtype) -> None
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # an asynchronous launch error surfaces here, not later
     except RuntimeError as e:  # NotImplementedError included: no kernel for this device in this torch
-        raise ValueError(f"{where} does not run here (torch {torch.__version__}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0]}). What runs where: {what_runs_where()}") from e
+        raise ValueError(
+            f"{where} does not run here (torch {torch.__version__}: {type(e).__name__}: "
+            f"{str(e).splitlines()[0]}). What runs where: {what_runs_where()}"
+        ) from e
     ref = make_linear(scheme, device.type, weight, None, 32, reference=True)(x).float()
     err = ((y - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
     if not err <= PROBE_TOLERANCE.get(dtype, 3e-2):  # NaN fails too
-        raise ValueError(f"{where} runs here but disagrees with its dequantized reference (largest error "
-                         f"{err:.2g} of the largest output, tolerance {PROBE_TOLERANCE.get(dtype, 3e-2):g}): this "
-                         f"torch {torch.__version__} build's kernel is not usable on this device. What runs where: "
-                         f"{what_runs_where()}")
-
-
+        raise ValueError(
+            f"{where} runs here but disagrees with its dequantized reference (largest error "
+            f"{err:.2g} of the largest output, tolerance {PROBE_TOLERANCE.get(dtype, 3e-2):g}): this "
+            f"torch {torch.__version__} build's kernel is not usable on this device. What runs where: "
+            f"{what_runs_where()}"
+        )
 
 
 class ReferenceLinear(nn.Module):
@@ -145,8 +153,15 @@ class ReferenceLinear(nn.Module):
     Shapes: x [rows, in_features] -> [rows, out_features].
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scheme: str, group_size: int,
-                 activation_levels: int | None, per_tensor: bool = False):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        scheme: str,
+        group_size: int,
+        activation_levels: int | None,
+        per_tensor: bool = False,
+    ):
         super().__init__()
         w = weight.detach()
         if scheme == "int4":
@@ -175,8 +190,14 @@ def activation_levels(scheme: str, device_type: str) -> int | None:
     return 127
 
 
-def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                group_size: int, reference: bool = False) -> nn.Module:
+def make_linear(
+    scheme: str,
+    device_type: str,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_size: int,
+    reference: bool = False,
+) -> nn.Module:
     """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
     kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
     the pair: ``check_supported`` is the engine's gate."""
@@ -193,14 +214,19 @@ def make_linear(scheme: str, device_type: str, weight: torch.Tensor, bias: torch
 
 # -- the model ------------------------------------------------------------------------------------
 
+
 def linear_shapes(model_config: ModelConfig) -> dict[str, tuple[int, int, int]]:
     """Every linear layer kind of the model: name -> (out_features, in_features, how many)."""
     c = model_config
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     n = c.num_hidden_layers
-    return {"qkv_proj": (q + 2 * kv, c.hidden_size, n), "o_proj": (c.hidden_size, q, n),
-            "gate_up_proj": (2 * c.intermediate_size, c.hidden_size, n),
-            "down_proj": (c.hidden_size, c.intermediate_size, n), "lm_head": (c.vocab_size, c.hidden_size, 1)}
+    return {
+        "qkv_proj": (q + 2 * kv, c.hidden_size, n),
+        "o_proj": (c.hidden_size, q, n),
+        "gate_up_proj": (2 * c.intermediate_size, c.hidden_size, n),
+        "down_proj": (c.hidden_size, c.intermediate_size, n),
+        "lm_head": (c.vocab_size, c.hidden_size, 1),
+    }
 
 
 def check_group_size(model_config: ModelConfig, group_size: int, kernel: bool = True) -> None:
@@ -209,23 +235,30 @@ def check_group_size(model_config: ModelConfig, group_size: int, kernel: bool = 
     multiple of 8 (tinygemm's tiles): a layer that does not fit is refused, never left
     unquantized."""
     if group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"quantization_group_size={group_size} is invalid: "
-                         f"int4 kernels take one of {INT4_GROUP_SIZES}")
+        raise ValueError(
+            f"quantization_group_size={group_size} is invalid: int4 kernels take one of {INT4_GROUP_SIZES}"
+        )
     shapes = linear_shapes(model_config)
     bad = {name: k for name, (_, k, _) in shapes.items() if k % group_size}
     if bad:
         fits = [g for g in INT4_GROUP_SIZES if all(k % g == 0 for _, k, _ in shapes.values())]
-        raise ValueError(f"quantization_group_size={group_size} does not divide the inputs of "
-                         + ", ".join(f"{n} ({k})" for n, k in bad.items())
-                         + f": use one that divides every layer ({', '.join(map(str, fits)) or 'none does'})")
+        raise ValueError(
+            f"quantization_group_size={group_size} does not divide the inputs of "
+            + ", ".join(f"{n} ({k})" for n, k in bad.items())
+            + f": use one that divides every layer ({', '.join(map(str, fits)) or 'none does'})"
+        )
     odd = {name: n for name, (n, _, _) in shapes.items() if n % 8}
     if odd and kernel:
-        raise ValueError("int4 needs every layer's outputs in a multiple of 8 (tinygemm's tiles): "
-                         + ", ".join(f"{n} ({k})" for n, k in odd.items()) + " are not")
+        raise ValueError(
+            "int4 needs every layer's outputs in a multiple of 8 (tinygemm's tiles): "
+            + ", ".join(f"{n} ({k})" for n, k in odd.items())
+            + " are not"
+        )
 
 
-def check_quantization(scheme: str | None, group_size: int, model_config: ModelConfig, device: torch.device,
-                       dtype: torch.dtype) -> None:
+def check_quantization(
+    scheme: str | None, group_size: int, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> None:
     """Everything about a scheme that can be refused before a weight is loaded (``ValueError``)."""
     if scheme is None:
         return
@@ -243,6 +276,7 @@ def matmul_bytes(model_config: ModelConfig, scheme: str | None, group_size: int,
     ``group_size`` inputs. Scales and zeros are kept in the model's dtype (``dtype_bytes``; on a
     CPU float32, as fbgemm keeps them).
     """
+
     def nbytes(out: int, inp: int) -> float:
         if scheme is None:
             return out * inp * dtype_bytes
@@ -262,8 +296,9 @@ def model_quantization(model: nn.Module) -> tuple[str, int | None] | None:
     return getattr(model, "quantization", None)
 
 
-def quantize_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
-                   reference: bool = False) -> nn.Module:
+def quantize_model(
+    model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE, reference: bool = False
+) -> nn.Module:
     """A copy of ``model`` whose linear layers and LM head are ``scheme``'s layers.
 
     The copy shares every other tensor with ``model`` (the embedding, the norms, the RoPE
@@ -293,8 +328,13 @@ def quantize_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROU
     return _swap_linears(model, key, lambda w, b: make_linear(scheme, device_type, w, b, group_size, reference))
 
 
-def reference_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE,
-                    activation_levels: int | None = None, per_tensor: bool = False) -> nn.Module:
+def reference_model(
+    model: nn.Module,
+    scheme: str,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    activation_levels: int | None = None,
+    per_tensor: bool = False,
+) -> nn.Module:
     """``model`` with ``ReferenceLinear`` layers of explicit activation rounding (``levels`` per
     side, per token or per tensor): the variants a kernel does not run, for the accuracy lesson
     (W8A8 with one activation scale per call against one per token)."""
@@ -302,8 +342,9 @@ def reference_model(model: nn.Module, scheme: str, group_size: int = DEFAULT_GRO
         check_group_size(model.config, group_size, kernel=False)
     where = "per tensor" if per_tensor else "per token"
     key = (f"{scheme} reference, activations {activation_levels} {where}", group_size)
-    return _swap_linears(model, key,
-                         lambda w, b: ReferenceLinear(w, b, scheme, group_size, activation_levels, per_tensor))
+    return _swap_linears(
+        model, key, lambda w, b: ReferenceLinear(w, b, scheme, group_size, activation_levels, per_tensor)
+    )
 
 
 def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:

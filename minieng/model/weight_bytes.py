@@ -28,5 +28,7 @@ def weight_bytes(model_config: ModelConfig, dtype_bytes: int, quantized: MatmulB
     if quantized is None:
         return model_config.num_params * dtype_bytes
     c = model_config
-    embedding_and_norms = c.num_params - c.num_matmul_params + (c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0)
+    embedding_and_norms = (
+        c.num_params - c.num_matmul_params + (c.vocab_size * c.hidden_size if c.tie_word_embeddings else 0)
+    )
     return int(embedding_and_norms * dtype_bytes + quantized.layers + quantized.lm_head)

@@ -61,8 +61,9 @@ class AsyncEngine:
             self._task = None
             self._stepper.shutdown(wait=False)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival_s: float,
-               prefix: str = "cmpl") -> tuple[str, asyncio.Queue]:
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, arrival_s: float, prefix: str = "cmpl"
+    ) -> tuple[str, asyncio.Queue]:
         """Queue an already validated request; returns its id (``prefix``-hex, as OpenAI's ``cmpl-``
         and ``chatcmpl-``) and the queue its outputs arrive on."""
         request_id = f"{prefix}-{uuid.uuid4().hex}"

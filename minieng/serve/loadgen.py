@@ -64,12 +64,19 @@ def load_requests(specs: list[RequestSpec], tokenizer, as_text: bool = True) -> 
     with ``tokenizer``: the server's count may differ by a token or two, and its usage is what is
     reported) or as token ids (exact, for a server with the same tokenizer)."""
     prompts = workload_prompts(tokenizer, specs)
-    return [LoadRequest(s.arrival_s, tokenizer.decode(p) if as_text else p, s.output_tokens)
-            for s, p in zip(specs, prompts)]
+    return [
+        LoadRequest(s.arrival_s, tokenizer.decode(p) if as_text else p, s.output_tokens) for s, p in zip(specs, prompts)
+    ]
 
 
-def stream_metrics(send_s: float, token_chunk_s: list[float], last_chunk_s: float | None, prompt_tokens: int,
-                   output_tokens: int, finish_reason: str | None) -> RequestMetrics:
+def stream_metrics(
+    send_s: float,
+    token_chunk_s: list[float],
+    last_chunk_s: float | None,
+    prompt_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None,
+) -> RequestMetrics:
     """A request's figures from a client's view of its stream (the module docstring's definitions).
 
     Args:
@@ -82,8 +89,18 @@ def stream_metrics(send_s: float, token_chunk_s: list[float], last_chunk_s: floa
     e2el = (last_chunk_s if last_chunk_s is not None else token_chunk_s[-1]) - send_s if token_chunk_s else None
     tpot = (e2el - ttft) / (output_tokens - 1) if ttft is not None and output_tokens >= 2 else None
     itl = [b - a for a, b in zip(token_chunk_s, token_chunk_s[1:])]
-    return RequestMetrics(ttft, tpot, e2el, itl, None, prompt_tokens, output_tokens, finish_reason,
-                          finish_reason in ("stop", "length"), send_s)
+    return RequestMetrics(
+        ttft,
+        tpot,
+        e2el,
+        itl,
+        None,
+        prompt_tokens,
+        output_tokens,
+        finish_reason,
+        finish_reason in ("stop", "length"),
+        send_s,
+    )
 
 
 # Fields of a chat delta that carry generated tokens: text, a reasoning model's thinking (vLLM's
@@ -167,9 +184,16 @@ async def _one(client, url: str, body: dict, chat: bool) -> RequestMetrics:
     return stream_figures(send, chunks, chat)
 
 
-async def run_load_async(base_url: str, model: str, requests: list[LoadRequest], chat: bool = False,
-                         ignore_eos: bool = True, temperature: float = 0.0, timeout_s: float = 600.0,
-                         progress: bool = True) -> LoadResult:
+async def run_load_async(
+    base_url: str,
+    model: str,
+    requests: list[LoadRequest],
+    chat: bool = False,
+    ignore_eos: bool = True,
+    temperature: float = 0.0,
+    timeout_s: float = 600.0,
+    progress: bool = True,
+) -> LoadResult:
     """Send ``requests`` at their arrival times to ``base_url`` (``http://host:port/v1``) and time them.
 
     ``ignore_eos`` (vLLM's extension) makes each answer exactly ``max_tokens`` long, as benchmarks
@@ -192,8 +216,14 @@ async def run_load_async(base_url: str, model: str, requests: list[LoadRequest],
 
         async def send(i: int, req: LoadRequest) -> None:
             await asyncio.sleep(max(0.0, start + req.arrival_s - time.perf_counter()))
-            body = {"model": model, "max_tokens": req.max_tokens, "temperature": temperature, "stream": True,
-                    "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+            body = {
+                "model": model,
+                "max_tokens": req.max_tokens,
+                "temperature": temperature,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "ignore_eos": ignore_eos,
+            }
             if chat:
                 body["messages"] = [{"role": "user", "content": req.prompt}]
             else:
@@ -233,6 +263,7 @@ def served_models(base_url: str) -> list[str]:
         response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=10)
         response.raise_for_status()
     except httpx.HTTPError as e:
-        raise ValueError(f"cannot list the models of {base_url}: {e}. Is the server running, and does the "
-                         "URL end with /v1?") from None
+        raise ValueError(
+            f"cannot list the models of {base_url}: {e}. Is the server running, and does the URL end with /v1?"
+        ) from None
     return [m["id"] for m in response.json().get("data", [])]

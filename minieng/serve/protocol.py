@@ -75,8 +75,10 @@ NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (_empty, "minieng does not bias logits: omit logit_bias"),
     "presence_penalty": (_zero, "minieng applies no penalties: omit presence_penalty (or send 0)"),
     "frequency_penalty": (_zero, "minieng applies no penalties: omit frequency_penalty (or send 0)"),
-    "response_format": (lambda v: v is None or v == {"type": "text"},
-                        'minieng generates free text only: omit response_format (or send {"type": "text"})'),
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        'minieng generates free text only: omit response_format (or send {"type": "text"})',
+    ),
     "tools": (_empty, "minieng does not call tools: omit tools"),
     "tool_choice": (_no_tool, 'minieng does not call tools: omit tool_choice (or send "none")'),
     "functions": (_empty, "minieng does not call functions: omit functions"),
@@ -87,8 +89,10 @@ NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "min_tokens": (_zero, "minieng does not hold back EOS: omit min_tokens (or send 0)"),
     "prompt_logprobs": (_absent, "minieng does not return log-probabilities: omit prompt_logprobs"),
     "use_beam_search": (_off, "minieng does not search beams: omit use_beam_search (or send false)"),
-    "include_stop_str_in_output": (_off, "minieng leaves stop strings out of the text: omit "
-                                         "include_stop_str_in_output (or send false)"),
+    "include_stop_str_in_output": (
+        _off,
+        "minieng leaves stop strings out of the text: omit include_stop_str_in_output (or send false)",
+    ),
 }
 
 
@@ -133,8 +137,9 @@ class _SamplingRequest(BaseModel):
                 ``stream: true``.
         """
         if self.stream_options is not None and not self.stream:
-            raise NotHonoured("stream_options", "it applies to streamed responses only: send stream=true, or "
-                                                "omit stream_options")
+            raise NotHonoured(
+                "stream_options", "it applies to streamed responses only: send stream=true, or omit stream_options"
+            )
         for name, value in (self.model_extra or {}).items():
             if name in NOT_HONOURED and not NOT_HONOURED[name][0](value):
                 raise NotHonoured(name, f"{NOT_HONOURED[name][1]}; got {repr(value)[:60]}")
@@ -147,9 +152,16 @@ class _SamplingRequest(BaseModel):
         """The engine's ``SamplingParams``; ``default_max_tokens`` when the request gives none.
         Raises ``ValueError`` (naming the field) for what ``SamplingParams`` refuses."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
-                              seed=self.seed, max_tokens=self.max_tokens or default_max_tokens, stop=stop,
-                              stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            seed=self.seed,
+            max_tokens=self.max_tokens or default_max_tokens,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class CompletionRequest(_SamplingRequest):
@@ -168,17 +180,22 @@ class CompletionRequest(_SamplingRequest):
         if not isinstance(prompt, list):
             return prompt  # a str passes; anything else fails the type check, naming prompt
         if len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-            raise PydanticCustomError("batch", "a batch of several prompts is not supported (minieng answers one "
-                                               "choice per request): send one request per prompt")
+            raise PydanticCustomError(
+                "batch",
+                "a batch of several prompts is not supported (minieng answers one "
+                "choice per request): send one request per prompt",
+            )
         if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one prompt
             if isinstance(prompt, str):
                 return prompt
         bad = next((i for i, p in enumerate(prompt) if type(p) is not int), None)
         if bad is not None:
-            raise PydanticCustomError("token_ids", "a list prompt holds token ids, which are integers; got "
-                                                   "{value} at index {index}",
-                                      {"value": repr(prompt[bad])[:40], "index": bad})
+            raise PydanticCustomError(
+                "token_ids",
+                "a list prompt holds token ids, which are integers; got {value} at index {index}",
+                {"value": repr(prompt[bad])[:40], "index": bad},
+            )
         return prompt
 
 
@@ -216,9 +233,12 @@ class ChatMessage(BaseModel):
             else:
                 texts.append(part["text"])
                 continue
-            raise PydanticCustomError("content_part", "content part {index} is {what}: minieng reads text only; "
-                                                      'send a string or text parts ({"type": "text", "text": "..."})',
-                                      {"index": i, "what": what})
+            raise PydanticCustomError(
+                "content_part",
+                "content part {index} is {what}: minieng reads text only; "
+                'send a string or text parts ({"type": "text", "text": "..."})',
+                {"index": i, "what": what},
+            )
         return "\n".join(texts)
 
 
@@ -237,35 +257,52 @@ class ChatCompletionRequest(_SamplingRequest):
 
 def error_body(message: str, status: int, param: str | None = None) -> dict:
     """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}.get(status, "server_error")
+    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
+        status, "server_error"
+    )
     code = {404: "model_not_found"}.get(status)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     """OpenAI's usage block; ``prompt_tokens_details.cached_tokens``: prompt tokens the prefix cache served."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
-def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
-                     include_usage: bool) -> dict:
+def completion_chunk(
+    request_id: str, model: str, created: int, text: str, finish_reason: str | None, include_usage: bool
+) -> dict:
     """One streamed ``text_completion`` object. With ``include_usage``, every content chunk carries
     ``usage: null`` (the totals come in a last chunk of their own, ``usage_chunk``)."""
-    chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+    chunk = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
     if include_usage:
         chunk["usage"] = None
     return chunk
 
 
-def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None,
-               include_usage: bool) -> dict:
+def chat_chunk(
+    request_id: str, model: str, created: int, delta: dict, finish_reason: str | None, include_usage: bool
+) -> dict:
     """One streamed ``chat.completion.chunk``; ``delta`` is ``{"role": "assistant", "content": ""}``
     in the first chunk and ``{"content": text}`` after it."""
-    chunk = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    chunk = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
     if include_usage:
         chunk["usage"] = None
     return chunk
@@ -273,25 +310,56 @@ def chat_chunk(request_id: str, model: str, created: int, delta: dict, finish_re
 
 def usage_chunk(request_id: str, model: str, created: int, chat: bool, totals: dict) -> dict:
     """The last chunk of a stream with ``include_usage``: empty ``choices`` and the totals."""
-    return {"id": request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created, "model": model, "choices": [], "usage": totals}
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": totals,
+    }
 
 
-def completion_response(request_id: str, model: str, created: int, text: str, finish_reason: str,
-                        totals: dict) -> dict:
-    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": totals}
+def completion_response(request_id: str, model: str, created: int, text: str, finish_reason: str, totals: dict) -> dict:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": totals,
+    }
 
 
 def chat_response(request_id: str, model: str, created: int, text: str, finish_reason: str, totals: dict) -> dict:
-    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish_reason}],
-            "usage": totals}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": totals,
+    }
 
 
 def models_list(model: str, max_model_len: int, created: int | None = None) -> dict:
     """``GET /v1/models``: the one model this server runs."""
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created or int(time.time()),
-                                        "owned_by": "minieng", "max_model_len": max_model_len}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created or int(time.time()),
+                "owned_by": "minieng",
+                "max_model_len": max_model_len,
+            }
+        ],
+    }

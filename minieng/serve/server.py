@@ -103,8 +103,9 @@ class BodyLimit:
                 body += message.get("body", b"")
                 too_large = len(body) > self.max_bytes
         if too_large:
-            error = error_body(f"the request body is larger than this server's cap of {self.max_bytes} bytes: "
-                               "shorten the prompt", 413)
+            error = error_body(
+                f"the request body is larger than this server's cap of {self.max_bytes} bytes: shorten the prompt", 413
+            )
             return await JSONResponse(error, status_code=413)(scope, receive, send)
         replayed = False
 
@@ -156,8 +157,12 @@ def served_model_name(engine: LLMEngine) -> str:
     return DEFAULT_MODEL_NAME
 
 
-def build_app(engine: LLMEngine, model_name: str | None = None,
-              on_finished: Callable[[RequestOutput], None] | None = None, max_body_bytes: int | None = None):
+def build_app(
+    engine: LLMEngine,
+    model_name: str | None = None,
+    on_finished: Callable[[RequestOutput], None] | None = None,
+    max_body_bytes: int | None = None,
+):
     """The FastAPI application serving ``engine`` under ``model_name`` (default ``served_model_name``).
 
     The engine loop starts and stops with the application (its lifespan). ``app.state.engine_loop``
@@ -239,9 +244,12 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         except ValueError as e:
             raise _Refused(400, str(e)) from None
         if params.max_tokens > room:
-            raise _Refused(400, f"the prompt has {len(ids)} tokens and max_tokens={params.max_tokens}: together "
-                                f"they exceed the context of {engine.max_model_len} tokens; lower max_tokens",
-                           "max_tokens")
+            raise _Refused(
+                400,
+                f"the prompt has {len(ids)} tokens and max_tokens={params.max_tokens}: together "
+                f"they exceed the context of {engine.max_model_len} tokens; lower max_tokens",
+                "max_tokens",
+            )
         return ids, params
 
     async def handle(request: Request, body, chat: bool):
@@ -250,14 +258,22 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         ids, params = await asyncio.to_thread(prepare, body, chat)
         return await respond(request, ids, params, chat, body.include_usage, body.stream, arrival_s)
 
-    async def respond(request: Request, ids: list[int], params: SamplingParams, chat: bool, include_usage: bool,
-                      stream: bool, arrival_s: float):
+    async def respond(
+        request: Request,
+        ids: list[int],
+        params: SamplingParams,
+        chat: bool,
+        include_usage: bool,
+        stream: bool,
+        arrival_s: float,
+    ):
         loop: AsyncEngine = request.app.state.engine_loop
         request_id, queue = loop.submit(ids, params, arrival_s, "chatcmpl" if chat else "cmpl")
         created = int(time.time())
         if stream:
-            return StreamingResponse(_sse(loop, request_id, queue, created, chat, include_usage, len(ids)),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _sse(loop, request_id, queue, created, chat, include_usage, len(ids)), media_type="text/event-stream"
+            )
         text, out = [], None
         try:
             while out is None or not out.finished:
@@ -270,13 +286,23 @@ def build_app(engine: LLMEngine, model_name: str | None = None,
         make = chat_response if chat else completion_response
         return make(request_id, model_name, created, "".join(text), out.finish_reason, totals)
 
-    async def _sse(loop: AsyncEngine, request_id: str, queue: asyncio.Queue, created: int, chat: bool,
-                   include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
+    async def _sse(
+        loop: AsyncEngine,
+        request_id: str,
+        queue: asyncio.Queue,
+        created: int,
+        chat: bool,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> AsyncIterator[str]:
         out = None
         try:
             if chat:  # OpenAI's first chat chunk carries the role and no text
-                yield _event(chat_chunk(request_id, model_name, created, {"role": "assistant", "content": ""},
-                                        None, include_usage))
+                yield _event(
+                    chat_chunk(
+                        request_id, model_name, created, {"role": "assistant", "content": ""}, None, include_usage
+                    )
+                )
             while out is None or not out.finished:
                 out = await queue.get()
                 if not out.delta and not out.finished:

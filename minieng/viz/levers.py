@@ -16,8 +16,9 @@ from minieng.units import cdiv
 from minieng.viz.style import PHASE_COLORS, legend
 
 
-def recompute_vs_cache_figure(result: dict, knee_tokens: int | None = None,
-                       title: str = "Generating with and without the KV cache") -> Figure:
+def recompute_vs_cache_figure(
+    result: dict, knee_tokens: int | None = None, title: str = "Generating with and without the KV cache"
+) -> Figure:
     """``kv_cache_lab.recompute_vs_cache``'s result in three panels: the wait for each token
     against the sequence length it is computed at (the prefill knee dotted, when given), the
     cumulative time, and the cumulative work (token-passes through the model) against the
@@ -50,7 +51,9 @@ def recompute_vs_cache_figure(result: dict, knee_tokens: int | None = None,
     return fig
 
 
-def block_tables(snapshot: dict, columns: int = 32, title: str = "The KV pool and the block tables of a live batch") -> Figure:
+def block_tables(
+    snapshot: dict, columns: int = 32, title: str = "The KV pool and the block tables of a live batch"
+) -> Figure:
     """``kv_cache_lab.block_table_snapshot``: the pool's blocks in id order, coloured by the
     sequence holding them (white: free; hatched: a sequence's last, partly filled block), and
     below, each running sequence's block table: its blocks in token order, by physical id."""
@@ -62,8 +65,9 @@ def block_tables(snapshot: dict, columns: int = 32, title: str = "The KV pool an
     pool_rows = cdiv(num_blocks, columns)
     width = max([columns] + [len(s["block_table"]) for s in seqs])  # one cell size for both panels
     margin = 6  # cells' worth of room on the left for the tables' labels
-    fig = Figure(figsize=(0.3 * (width + margin) + 0.5, 1.4 + 0.36 * (pool_rows + max(len(seqs), 1))),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(0.3 * (width + margin) + 0.5, 1.4 + 0.36 * (pool_rows + max(len(seqs), 1))), layout="constrained"
+    )
     pool, tables = fig.subplots(2, 1, height_ratios=[max(pool_rows, 1), max(len(seqs), 1)])
     colors = [f"C{i % 10}" for i in range(len(seqs))]
     owner, last = {}, set()
@@ -75,22 +79,49 @@ def block_tables(snapshot: dict, columns: int = 32, title: str = "The KV pool an
     for block in range(num_blocks):
         row, col = divmod(block, columns)
         i = owner.get(block)
-        pool.add_patch(Rectangle((col, -row - 1), 0.95, 0.9, facecolor="white" if i is None else colors[i],
-                                 edgecolor="grey", lw=0.5, hatch="//" if block in last else None))
-        pool.text(col + 0.47, -row - 0.55, str(block), ha="center", va="center", fontsize=6,
-                  color="black" if i is None else "white")
+        pool.add_patch(
+            Rectangle(
+                (col, -row - 1),
+                0.95,
+                0.9,
+                facecolor="white" if i is None else colors[i],
+                edgecolor="grey",
+                lw=0.5,
+                hatch="//" if block in last else None,
+            )
+        )
+        pool.text(
+            col + 0.47,
+            -row - 0.55,
+            str(block),
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="black" if i is None else "white",
+        )
     pool.set_xlim(-margin, width)
     pool.set_ylim(-pool_rows - 0.1, 0.1)
     pool.set_axis_off()
-    pool.set_title(f"KV pool: {num_blocks} blocks of {bs} tokens, {snapshot['num_free_blocks']} free (white)",
-                   fontsize=9)
+    pool.set_title(
+        f"KV pool: {num_blocks} blocks of {bs} tokens, {snapshot['num_free_blocks']} free (white)", fontsize=9
+    )
     for r, (s, color) in enumerate(zip(seqs, colors)):
         for j, block in enumerate(s["block_table"]):
-            tables.add_patch(Rectangle((j, -r - 1), 0.95, 0.9, facecolor=color, edgecolor="grey", lw=0.5,
-                                       hatch="//" if block in last else None))
+            tables.add_patch(
+                Rectangle(
+                    (j, -r - 1),
+                    0.95,
+                    0.9,
+                    facecolor=color,
+                    edgecolor="grey",
+                    lw=0.5,
+                    hatch="//" if block in last else None,
+                )
+            )
             tables.text(j + 0.47, -r - 0.55, str(block), ha="center", va="center", fontsize=6, color="white")
-        tables.text(-0.2, -r - 0.55, f"request {s['request_id']}: {s['num_tokens']} tokens", ha="right",
-                    va="center", fontsize=7)
+        tables.text(
+            -0.2, -r - 0.55, f"request {s['request_id']}: {s['num_tokens']} tokens", ha="right", va="center", fontsize=7
+        )
     tables.set_xlim(-margin, width)
     tables.set_ylim(-max(len(seqs), 1) - 0.1, 0.1)
     tables.set_axis_off()
@@ -108,9 +139,15 @@ def kv_concurrency(result: dict, title: str = "The KV pool caps the batch") -> F
     steps = np.arange(1, len(result["running"]) + 1)
     ax.step(steps, result["running"], where="post", color="tab:blue", label="sequences in the step")
     highest = max(max(result["running"], default=0), result["cap_at_prompt"], 1)
-    caps = [(f"pool / {result['prompt_tokens']}-token prompts", result["cap_at_prompt"], "tab:green", "--"),
-            (f"pool / {result['prompt_tokens'] + result['output_tokens']}-token sequences",
-             result["cap_at_full_length"], "tab:red", "--")]
+    caps = [
+        (f"pool / {result['prompt_tokens']}-token prompts", result["cap_at_prompt"], "tab:green", "--"),
+        (
+            f"pool / {result['prompt_tokens'] + result['output_tokens']}-token sequences",
+            result["cap_at_full_length"],
+            "tab:red",
+            "--",
+        ),
+    ]
     if result["max_num_seqs"] <= 2 * highest:
         highest = max(highest, result["max_num_seqs"])
         caps.insert(0, ("max_num_seqs", result["max_num_seqs"], "black", "-"))
@@ -133,8 +170,13 @@ def kv_concurrency(result: dict, title: str = "The KV pool caps the batch") -> F
     return fig
 
 
-def batch_scaling(rows: Sequence[dict], knee_batch: int | None = None, compute_bound_batch: int | None = None,
-                  pool_batch: int | None = None, title: str = "Decode: one batch, many sequences") -> Figure:
+def batch_scaling(
+    rows: Sequence[dict],
+    knee_batch: int | None = None,
+    compute_bound_batch: int | None = None,
+    pool_batch: int | None = None,
+    title: str = "Decode: one batch, many sequences",
+) -> Figure:
     """``batching.decode_point`` rows: aggregate tok/s (left) and TPOT (right) against the
     batch, each beside what proportional scaling from batch 1 would give; dotted lines where
     tok/s stopped growing, where the roofline says the step turns compute-bound, and where the
@@ -147,13 +189,19 @@ def batch_scaling(rows: Sequence[dict], knee_batch: int | None = None, compute_b
     tpot_ms = np.array([1e3 * r["tpot_s"] for r in rows])
     base = rows[0]
     left.plot(b, tok_s, "o-", color=PHASE_COLORS["decode"], label="aggregate tok/s (measured)")
-    left.plot(b, base["tok_s"] * b / base["batch_size"], ":", color="grey", label=f"x batch, from batch {base['batch_size']}")
+    left.plot(
+        b, base["tok_s"] * b / base["batch_size"], ":", color="grey", label=f"x batch, from batch {base['batch_size']}"
+    )
     right.plot(b, tpot_ms, "o-", color=PHASE_COLORS["decode"], label="TPOT (measured)")
-    right.plot(b, tpot_ms[0] * b / base["batch_size"], ":", color="grey", label=f"x batch, from batch {base['batch_size']}")
+    right.plot(
+        b, tpot_ms[0] * b / base["batch_size"], ":", color="grey", label=f"x batch, from batch {base['batch_size']}"
+    )
     top = b.max() * 2
-    for value, label, color in ((knee_batch, "tok/s stops growing", "black"),
-                                (compute_bound_batch, "roofline: compute-bound", "tab:orange"),
-                                (pool_batch, "KV pool full", "tab:red")):
+    for value, label, color in (
+        (knee_batch, "tok/s stops growing", "black"),
+        (compute_bound_batch, "roofline: compute-bound", "tab:orange"),
+        (pool_batch, "KV pool full", "tab:red"),
+    ):
         if value and value <= top:
             for ax in (left, right):
                 ax.axvline(value, color=color, ls="--", lw=0.8, label=f"{label} ({value})")
@@ -184,8 +232,11 @@ def batching_timeline(runs: dict[str, dict], title: str = "Sequences in each ste
     return fig
 
 
-def compared_cdfs(runs: dict[str, dict[str, Sequence[float]]], metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2el_ms"),
-                  title: str = "Latency distributions, same arrivals") -> Figure:
+def compared_cdfs(
+    runs: dict[str, dict[str, Sequence[float]]],
+    metrics: Sequence[str] = ("ttft_ms", "tpot_ms", "e2el_ms"),
+    title: str = "Latency distributions, same arrivals",
+) -> Figure:
     """Empirical CDFs of per-request latencies (ms), one panel per metric key, one line per run
     (``name -> {metric: values}``), P99 marked on each."""
     fig = Figure(figsize=(4 * len(metrics), 3.5), layout="constrained")
@@ -195,7 +246,9 @@ def compared_cdfs(runs: dict[str, dict[str, Sequence[float]]], metrics: Sequence
             v = np.sort(np.asarray(run[key], dtype=float))
             if len(v):
                 ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", color=f"C{i}", label=name)
-                ax.axvline(np.percentile(v, 99), color=f"C{i}", ls=":", lw=0.8, label=f"P99 {np.percentile(v, 99):.0f} ms")
+                ax.axvline(
+                    np.percentile(v, 99), color=f"C{i}", ls=":", lw=0.8, label=f"P99 {np.percentile(v, 99):.0f} ms"
+                )
         ax.set_xlabel(key.replace("_ms", "").upper() + " (ms)")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
@@ -217,15 +270,34 @@ def chunked_itl_traces(runs: Sequence[dict], title: str = "A long prompt arrives
     fig = Figure(figsize=(9, 2.6 * max(1, len(runs)) + 0.6), layout="constrained")
     axes = fig.subplots(max(1, len(runs)), 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     for ax, run in zip(axes, runs):
-        ax.axvspan(0, run["ttft_ms"] / 1e3, color=PHASE_COLORS["prefill"], alpha=0.15,
-                   label=f"newcomer waits for its first token ({run['long_prompt_tokens']}-token prompt)")
+        ax.axvspan(
+            0,
+            run["ttft_ms"] / 1e3,
+            color=PHASE_COLORS["prefill"],
+            alpha=0.15,
+            label=f"newcomer waits for its first token ({run['long_prompt_tokens']}-token prompt)",
+        )
         for i, trace in enumerate(run["traces"]):
             # Each gap drawn over the time it lasted: from the token before to the token ending it.
             t = np.array(trace, dtype=float).reshape(-1, 2)
-            ax.step(t[:, 0], t[:, 1], where="pre", marker=".", lw=0.8, ms=4, color=PHASE_COLORS["decode"], alpha=0.6,
-                    label="each decoder's inter-token gaps" if i == 0 else None)
-        ax.axhline(run["baseline_itl_ms"], color="black", ls="--", lw=0.8,
-                   label=f"gap before the arrival: {run['baseline_itl_ms']:.0f} ms")
+            ax.step(
+                t[:, 0],
+                t[:, 1],
+                where="pre",
+                marker=".",
+                lw=0.8,
+                ms=4,
+                color=PHASE_COLORS["decode"],
+                alpha=0.6,
+                label="each decoder's inter-token gaps" if i == 0 else None,
+            )
+        ax.axhline(
+            run["baseline_itl_ms"],
+            color="black",
+            ls="--",
+            lw=0.8,
+            label=f"gap before the arrival: {run['baseline_itl_ms']:.0f} ms",
+        )
         ax.set_ylabel("ITL (ms)")
         ax.set_ylim(bottom=0)
         ax.set_title(_run_label(run), fontsize=9)
@@ -235,8 +307,9 @@ def chunked_itl_traces(runs: Sequence[dict], title: str = "A long prompt arrives
     return fig
 
 
-def chunked_prefill_tradeoff(sweep: dict, title: str = "The token budget: the decoders' worst gap, the newcomer's TTFT"
-                             ) -> Figure:
+def chunked_prefill_tradeoff(
+    sweep: dict, title: str = "The token budget: the decoders' worst gap, the newcomer's TTFT"
+) -> Figure:
     """``chunked_prefill.budget_sweep``'s result: against the token budget, the decoders' worst
     inter-token gap (left) and the newcomer's TTFT (right), medians over the repeats; chunking
     off drawn as a dashed line on both."""
@@ -281,8 +354,14 @@ def ttft_vs_hit_rate_figure(result: dict, title: str = "Prefix caching: TTFT aga
     ax.set_xlim(-2, 102)
     ax.set_ylim(bottom=0)
     article = ax.twinx()
-    article.scatter([p["hit_rate"] * 100 for p in result["seed_points"]], [p["ttft_s"] for p in result["seed_points"]],
-                 marker="*", s=120, color="tab:purple", label="Nascimento's article (s, right axis)")
+    article.scatter(
+        [p["hit_rate"] * 100 for p in result["seed_points"]],
+        [p["ttft_s"] for p in result["seed_points"]],
+        marker="*",
+        s=120,
+        color="tab:purple",
+        label="Nascimento's article (s, right axis)",
+    )
     article.set_ylabel("article's TTFT (s)", color="tab:purple")
     article.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()

@@ -16,8 +16,7 @@ from minieng.measure.roofline import format_percent
 from minieng.viz.style import PHASE_COLORS, legend
 
 
-def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
-             title: str = "Roofline") -> Figure:
+def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]], title: str = "Roofline") -> Figure:
     """Attainable FLOP/s = min(peak, intensity x bandwidth) for each ``Peak``, with measured points.
 
     Args:
@@ -32,9 +31,14 @@ def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     for pk, style in zip(peaks, ["-", "--", ":"]):
         roof = np.minimum(pk.peak_tflops * 1e12, grid * pk.bandwidth_gbps * 1e9)
-        ax.plot(grid, roof, style, color="black",
-                label=f"{pk.source}: {pk.peak_tflops:.3g} TFLOP/s, {pk.bandwidth_gbps:.3g} GB/s, "
-                      f"ridge {pk.ridge_flop_per_byte:.3g} FLOP/B")
+        ax.plot(
+            grid,
+            roof,
+            style,
+            color="black",
+            label=f"{pk.source}: {pk.peak_tflops:.3g} TFLOP/s, {pk.bandwidth_gbps:.3g} GB/s, "
+            f"ridge {pk.ridge_flop_per_byte:.3g} FLOP/B",
+        )
         ax.axvline(pk.ridge_flop_per_byte, color="grey", lw=0.5, ls=style)
     for label, intensity, flops in points:
         phase = label.split()[0]
@@ -49,8 +53,15 @@ def roofline(peaks: Sequence[Peak], points: Sequence[tuple[str, float, float]],
     return fig
 
 
-def curve(xs: Sequence[float], ys: dict[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
-          logx: bool = False, logy: bool = False) -> Figure:
+def curve(
+    xs: Sequence[float],
+    ys: dict[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+    logy: bool = False,
+) -> Figure:
     """A plain labelled line plot (sweeps: TTFT vs prompt length, tok/s vs batch size)."""
     fig = Figure(figsize=(6, 3.8), layout="constrained")
     ax = fig.add_subplot()
@@ -65,8 +76,9 @@ def curve(xs: Sequence[float], ys: dict[str, Sequence[float]], xlabel: str, ylab
     return fig
 
 
-def phase_costs(prompt_tokens: Sequence[int], ttft_ms: Sequence[float], output_tokens: Sequence[int],
-                decode_ms: Sequence[float]) -> Figure:
+def phase_costs(
+    prompt_tokens: Sequence[int], ttft_ms: Sequence[float], output_tokens: Sequence[int], decode_ms: Sequence[float]
+) -> Figure:
     """Two panels: TTFT against prompt length, decode time against output length, one point per request."""
     fig = Figure(figsize=(9, 3.5), layout="constrained")
     left, right = fig.subplots(1, 2)
@@ -114,8 +126,9 @@ def decode_bytes_and_tpot(rows: Sequence[dict], title: str = "Decode: the KV cac
     return fig
 
 
-def utilization_trace(series: dict[str, tuple[Sequence[float], Sequence[float | None]]],
-                      title: str = "Utilization over time") -> Figure:
+def utilization_trace(
+    series: dict[str, tuple[Sequence[float], Sequence[float | None]]], title: str = "Utilization over time"
+) -> Figure:
     """Percent-valued series against time, each with its own time base: ``name -> (times_s,
     values)`` (NVML samples every 0.1 s, MFU per engine step). None values (N/A) are gaps,
     never drawn as 0."""
@@ -123,7 +136,7 @@ def utilization_trace(series: dict[str, tuple[Sequence[float], Sequence[float | 
     ax = fig.add_subplot()
     for name, (times_s, values) in series.items():
         y = np.array([np.nan if v is None else v for v in values], dtype=float)
-        ax.plot(np.asarray(times_s, dtype=float)[:len(y)], y, label=name, drawstyle="steps-post")
+        ax.plot(np.asarray(times_s, dtype=float)[: len(y)], y, label=name, drawstyle="steps-post")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("percent")
     ax.set_ylim(bottom=0)
@@ -138,11 +151,17 @@ def top_ops_figure(shares: dict, title: str = "Where a decode step's time goes")
     rows = shares["top_ops"][::-1]
     fig = Figure(figsize=(8, 0.35 * len(rows) + 1.2), layout="constrained")
     ax = fig.add_subplot()
-    ax.barh([name for name, _, _ in rows], [100 * us / shares["wall_us"] for _, us, _ in rows],
-            color=["tab:blue" if is_mm else "tab:gray" for _, _, is_mm in rows])
+    ax.barh(
+        [name for name, _, _ in rows],
+        [100 * us / shares["wall_us"] for _, us, _ in rows],
+        color=["tab:blue" if is_mm else "tab:gray" for _, _, is_mm in rows],
+    )
     ax.set_xlabel("share of the steps' wall time (%)")
-    ax.set_title(f"{title}: matrix products (blue) {format_percent(100 * shares['matmul_share'])}, "
-                 f"the rest {format_percent(100 * (1 - shares['matmul_share']))}", fontsize=9)
+    ax.set_title(
+        f"{title}: matrix products (blue) {format_percent(100 * shares['matmul_share'])}, "
+        f"the rest {format_percent(100 * (1 - shares['matmul_share']))}",
+        fontsize=9,
+    )
     ax.tick_params(axis="y", labelsize=8)
     return fig
 
@@ -160,10 +179,18 @@ def quantization_ratios(result: dict, title: str = "Quantization: time against t
     width = 0.8 / len(series)
     for i, (key, label, color) in enumerate(series):
         xs = np.arange(len(rows)) + (i - (len(series) - 1) / 2) * width
-        ax.bar(xs, [r[f"{key}_ratio"] for r in rows], width * 0.9, color=color, alpha=1.0 - 0.25 * min(i, 2),
-               label=label)
-        ax.scatter(xs, [r[f"{key}_ratio_predicted"] for r in rows], marker="_", s=300, color="black", zorder=3,
-                   label="predicted (bytes for decode, FLOP rate for prefill)" if i == 0 else None)
+        ax.bar(
+            xs, [r[f"{key}_ratio"] for r in rows], width * 0.9, color=color, alpha=1.0 - 0.25 * min(i, 2), label=label
+        )
+        ax.scatter(
+            xs,
+            [r[f"{key}_ratio_predicted"] for r in rows],
+            marker="_",
+            s=300,
+            color="black",
+            zorder=3,
+            label="predicted (bytes for decode, FLOP rate for prefill)" if i == 0 else None,
+        )
     ax.axhline(1, color="black", lw=0.8)
     ax.set_xticks(np.arange(len(rows)), [r["scheme"] for r in rows])
     ax.set_ylabel("time / float model's time")

@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 from minieng.viz.style import PHASE_COLORS, legend
 
 
-def latency_cdfs(series: dict[str, Sequence[float]], slos_ms: dict[str, float] | None = None,
-                 title: str = "Latency distributions") -> Figure:
+def latency_cdfs(
+    series: dict[str, Sequence[float]], slos_ms: dict[str, float] | None = None, title: str = "Latency distributions"
+) -> Figure:
     """Empirical CDFs of latencies in ms, one panel per series (e.g. TTFT, TPOT, ITL), SLO lines dashed."""
     slos_ms = slos_ms or {}
     fig = Figure(figsize=(4 * max(1, len(series)), 3.5), layout="constrained")
@@ -36,8 +37,9 @@ def latency_cdfs(series: dict[str, Sequence[float]], slos_ms: dict[str, float] |
     return fig
 
 
-def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float]] = (),
-                  title: str = "What each step did") -> Figure:
+def step_timeline(
+    steps, start_s: float, itl_points: Sequence[tuple[float, float]] = (), title: str = "What each step did"
+) -> Figure:
     """Per step: prefill tokens and decode sequences (top), step duration and ITL (bottom).
 
     Args:
@@ -49,8 +51,14 @@ def step_timeline(steps, start_s: float, itl_points: Sequence[tuple[float, float
     top, bottom = fig.subplots(2, 1, sharex=True)
     t = np.array([s.start_s - start_s for s in steps])
     width = np.array([s.duration_s for s in steps])
-    top.bar(t, [s.num_prefill_tokens for s in steps], width=width, align="edge",
-            color=PHASE_COLORS["prefill"], label="prefill tokens")
+    top.bar(
+        t,
+        [s.num_prefill_tokens for s in steps],
+        width=width,
+        align="edge",
+        color=PHASE_COLORS["prefill"],
+        label="prefill tokens",
+    )
     top.set_ylabel("prefill tokens / step")
     twin = top.twinx()
     twin.step(t, [s.num_decode_seqs for s in steps], where="post", color=PHASE_COLORS["decode"], label="decode seqs")
@@ -75,12 +83,14 @@ def request_phases(timeline: Sequence[dict], title: str = "Where each request's 
     rows = sorted(timeline, key=lambda r: r["arrival_s"])
     fig = Figure(figsize=(9, max(2.5, 0.18 * len(rows) + 1.2)), layout="constrained")
     ax = fig.subplots()
-    segments = [("waiting", "arrival_s", "first_scheduled_s", "lightgray"),
-                ("prefill", "first_scheduled_s", "first_token_s", PHASE_COLORS["prefill"]),
-                ("link wait", "transfer_ready_s", "transfer_start_s", "silver"),
-                ("KV transfer", "transfer_start_s", "transfer_end_s", "tab:green"),
-                ("decode wait", "transfer_end_s", "decode_admitted_s", "gainsboro"),
-                ("decode", "decode_admitted_s", "last_token_s", PHASE_COLORS["decode"])]
+    segments = [
+        ("waiting", "arrival_s", "first_scheduled_s", "lightgray"),
+        ("prefill", "first_scheduled_s", "first_token_s", PHASE_COLORS["prefill"]),
+        ("link wait", "transfer_ready_s", "transfer_start_s", "silver"),
+        ("KV transfer", "transfer_start_s", "transfer_end_s", "tab:green"),
+        ("decode wait", "transfer_end_s", "decode_admitted_s", "gainsboro"),
+        ("decode", "decode_admitted_s", "last_token_s", PHASE_COLORS["decode"]),
+    ]
     for label, start, end, color in segments:
         spans = []
         for y, r in enumerate(rows):
@@ -110,15 +120,24 @@ def goodput_sweep(result: dict, title: str = "Raw throughput against goodput, pe
     left, right = fig.subplots(1, 2)
     left.bar(x, [p["output_throughput_tok_s"] or 0 for p in points], color="tab:blue")
     right.bar(x, [p["goodput_req_s"] or 0 for p in points], color="tab:green")
-    for ax, best, ylabel in ((left, result["best_throughput"], "output tok/s"),
-                             (right, result["best_goodput"], "goodput (req/s meeting the SLO)")):
+    for ax, best, ylabel in (
+        (left, result["best_throughput"], "output tok/s"),
+        (right, result["best_goodput"], "goodput (req/s meeting the SLO)"),
+    ):
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel(ylabel)
         ax.patches[best].set_edgecolor("black")
         ax.annotate("*", (best, ax.patches[best].get_height()), ha="center", va="bottom", fontsize=14)
     for i, p in enumerate(points):
-        right.annotate(f"{p['num_good_requests']}/{p['num_requests']}", (i, 0), ha="center", va="bottom", fontsize=7,
-                       xytext=(0, 2), textcoords="offset points")
+        right.annotate(
+            f"{p['num_good_requests']}/{p['num_requests']}",
+            (i, 0),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     left.set_title("raw throughput")
     right.set_title("goodput")
     fig.suptitle(title)

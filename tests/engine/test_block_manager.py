@@ -119,7 +119,9 @@ def test_random_allocate_and_free_keep_the_invariants(num_blocks, block_size, op
                 bm.allocate(seq, n)
                 seq.num_computed_tokens += n
                 assert len(seq.block_table) == cdiv(seq.num_computed_tokens, block_size)
-                assert bm.num_free_blocks == before - (len(seq.block_table) - cdiv(seq.num_computed_tokens - n, block_size))
+                assert bm.num_free_blocks == before - (
+                    len(seq.block_table) - cdiv(seq.num_computed_tokens - n, block_size)
+                )
             else:
                 with pytest.raises(RuntimeError):
                     bm.allocate(seq, n)

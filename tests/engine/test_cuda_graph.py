@@ -27,8 +27,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 def install_graphs(engine: LLMEngine, max_gather_tokens: int = 1 << 30) -> DecodeGraphs:
     """The engine's decode graphs as a GPU builds them (query lengths 1 .. k + 1), replayed eagerly."""
     query_lens = tuple(range(1, engine.config.num_speculative_tokens + 2))
-    graphs = DecodeGraphs(engine.model, engine.kv_cache, engine.config.max_num_seqs, engine.max_model_len,
-                          max_gather_tokens, query_lens, capture=False)
+    graphs = DecodeGraphs(
+        engine.model,
+        engine.kv_cache,
+        engine.config.max_num_seqs,
+        engine.max_model_len,
+        max_gather_tokens,
+        query_lens,
+        capture=False,
+    )
     engine.runner.graphs = graphs
     return graphs
 
@@ -43,6 +50,7 @@ def graphed_steps(engine: LLMEngine) -> list[bool]:
 
 
 # -- buckets --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("max_num_seqs", [1, 2, 12, 64, 100, 600])
 def test_every_batch_size_has_a_bucket_at_least_as_large(max_num_seqs):
@@ -81,8 +89,8 @@ def test_buckets_beyond_the_gather_budget_are_not_captured(tiny_llama):
 
 # -- replays on static buffers give the plain path's tokens ---------------------------------------
 
-@pytest.mark.parametrize("max_num_seqs,lengths", [(12, [5, 9, 17, 30, 3, 11, 40]), (3, [7, 20, 2]),
-                                                  (12, [60] * 12)])
+
+@pytest.mark.parametrize("max_num_seqs,lengths", [(12, [5, 9, 17, 30, 3, 11, 40]), (3, [7, 20, 2]), (12, [60] * 12)])
 def test_static_buffer_decode_equals_the_plain_path(tiny_llama, max_num_seqs, lengths):
     loaded = tiny_llama[1]
     prompts = random_prompts(lengths, loaded.model.config.vocab_size, seed=3)
@@ -153,8 +161,13 @@ def test_what_padding_rows_write_never_reaches_a_later_step(tiny_llama, monkeypa
 
     def padding_writes_poison(k_cache, v_cache, k, v, slot_mapping):
         pad = slot_mapping >= real_slots  # rows writing outside every allocatable block: padding
-        write_kv(k_cache, v_cache, torch.where(pad[:, None, None], poison, k), torch.where(pad[:, None, None], poison, v),
-                 slot_mapping)
+        write_kv(
+            k_cache,
+            v_cache,
+            torch.where(pad[:, None, None], poison, k),
+            torch.where(pad[:, None, None], poison, v),
+            slot_mapping,
+        )
 
     monkeypatch.setattr(model_module, "write_kv", padding_writes_poison)
     for p in prompts:
@@ -165,6 +178,7 @@ def test_what_padding_rows_write_never_reaches_a_later_step(tiny_llama, monkeypa
 
 
 # -- masked slots never reach the output (issue 8, item 5) ----------------------------------------
+
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")])
 @pytest.mark.parametrize("graphed", [False, True])
@@ -195,6 +209,7 @@ def test_poisoned_free_blocks_and_tails_do_not_change_outputs(tiny_llama, poison
 
 # -- attention outputs that are not contiguous (fp32 on CUDA) --------------------------------------
 
+
 def test_non_contiguous_sdpa_output_is_handled(tiny_llama, monkeypatch):
     loaded = tiny_llama[1]
     prompts = random_prompts([5, 12, 8], loaded.model.config.vocab_size, seed=7)
@@ -216,6 +231,7 @@ def test_non_contiguous_sdpa_output_is_handled(tiny_llama, monkeypatch):
 
 # -- non-finite logits stop with the dtype's name -------------------------------------------------
 
+
 def test_overflowing_float16_stops_with_a_clear_error(tiny_llama):
     import copy
 
@@ -233,6 +249,7 @@ def test_overflowing_float16_stops_with_a_clear_error(tiny_llama):
 
 # -- the KV pool -----------------------------------------------------------------------------------
 
+
 def test_kv_budget_arithmetic():
     gib = 1024**3
     # 80 GiB x 0.9 = 72; less 20 GiB of weights and activations and 1 GiB outside torch.
@@ -245,6 +262,7 @@ def test_kv_budget_arithmetic():
 
 
 # -- the eager decode step's gathered K/V stays within its budget (issue 19, item 3) ---------------
+
 
 def test_an_eager_decode_batch_gathers_no_more_than_its_budget(tiny_llama, monkeypatch):
     """Batches too wide to capture run eagerly, and theirs is the largest gathered K/V copy. With a
@@ -300,8 +318,11 @@ def test_the_gather_scratch_is_kept_out_of_the_pool_with_or_without_graphs(tiny_
     import minieng.engine.setup as setup
 
     seen = []
-    monkeypatch.setattr(setup, "device_kv_blocks", lambda *args, **kw: seen.append(args[4] if len(args) > 4 else
-                                                                                   kw["reserve_fraction"]) or 100)
+    monkeypatch.setattr(
+        setup,
+        "device_kv_blocks",
+        lambda *args, **kw: seen.append(args[4] if len(args) > 4 else kw["reserve_fraction"]) or 100,
+    )
     for eager in (False, True):
         config = EngineConfig(device="cpu", max_model_len=256, enforce_eager=eager)
         assert setup.device_sized_kv_blocks(config, [tiny_llama[1].model], 256) == 100
@@ -321,6 +342,7 @@ def test_default_max_model_len_is_capped_to_the_pool(tiny_llama):
 
 
 # -- the capture itself (a GPU only) ----------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a CUDA GPU")
@@ -353,14 +375,16 @@ def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_ll
     engine = make_engine(loaded, max_num_seqs=4, speculative_method="draft", num_speculative_tokens=3)
     install_graphs(engine)
     drafter = engine.drafter
-    drafter.runner.graphs = DecodeGraphs(drafter.model, drafter.kv_cache, 4, engine.max_model_len, 1 << 30,
-                                         capture=False)
+    drafter.runner.graphs = DecodeGraphs(
+        drafter.model, drafter.kv_cache, 4, engine.max_model_len, 1 << 30, capture=False
+    )
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert drafter.runner.last_step_graphed
     verify_steps = [r for r in engine.step_records if r.num_prefill_tokens == 0 and any(n > 1 for n, _, _ in r.chunks)]
     assert verify_steps and all(r.graphed for r in verify_steps if len({n for n, _, _ in r.chunks}) == 1), (
-        "a verification step whose sequences all carry k + 1 tokens replays a graph")
+        "a verification step whose sequences all carry k + 1 tokens replays a graph"
+    )
 
 
 @pytest.mark.parametrize("q_len,context_len", [(1, 5), (3, 7), (4, 4), (6, 30)])
@@ -380,6 +404,7 @@ def test_causal_lower_right_equals_the_explicit_offset_mask(q_len, context_len):
 
 
 # -- the step's layout ------------------------------------------------------------------------------
+
 
 def test_block_table_tensor_pads_with_the_null_block():
     from minieng.model.attention import block_table_tensor
@@ -430,8 +455,9 @@ def test_multi_query_decode_attention_equals_the_chunk_path(query_len):
     q = torch.randn(len(tables) * query_len, heads, dim, generator=gen)
     slots = [0] * len(q)  # unused by attention itself
     as_decodes = build_metadata(slots, list(zip(tables, ctx)), [], bs, blocks, torch.device("cpu"), query_len)
-    as_chunks = build_metadata(slots, [], [(query_len, t, c) for t, c in zip(tables, ctx)], bs, blocks,
-                               torch.device("cpu"))
+    as_chunks = build_metadata(
+        slots, [], [(query_len, t, c) for t, c in zip(tables, ctx)], bs, blocks, torch.device("cpu")
+    )
     a = paged_attention(q, k_cache, v_cache, as_decodes)
     b = paged_attention(q, k_cache, v_cache, as_chunks)
     assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()

@@ -74,14 +74,16 @@ def test_tiny_alone_vs_among_sixteen(tiny_setup):
 @pytest.mark.parametrize("chunked,budget", [(False, 64), (True, 16), (True, 33), (True, 64), (True, 512)])
 def test_tiny_chunked_prefill_invariance(tiny_setup, chunked, budget):
     hf, loaded, prompts, alone = tiny_setup
-    engine = make_engine(loaded, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
-                         max_num_seqs=min(16, budget))
+    engine = make_engine(
+        loaded, enable_chunked_prefill=chunked, max_num_batched_tokens=budget, max_num_seqs=min(16, budget)
+    )
     outputs = engine.generate(prompts, GREEDY_TINY)
     check_budget(engine)
     if chunked and budget < max(TINY_LENGTHS):
         assert num_split_prompts(engine) > 0, "no prompt was split into chunks"
-    check_all(prompts, [alone[tuple(p)] for p in prompts], outputs, hf_next_logits(hf),
-              f"chunked={chunked} budget={budget}")
+    check_all(
+        prompts, [alone[tuple(p)] for p in prompts], outputs, hf_next_logits(hf), f"chunked={chunked} budget={budget}"
+    )
 
 
 def test_tiny_preemption_invariance(tiny_setup):
@@ -108,8 +110,10 @@ def test_tiny_preempted_requests_keep_every_token_once(tiny_llama):
 
     loaded = LoadedModel(tiny_llama[1].model, bos_tokenizer(), tiny_llama[1].hf_config, set(), None)
     prompts = random_prompts([3, 17, 9, 25, 5, 11], VOCAB_TINY, seed=13)
-    params = [SamplingParams(temperature=0.9 if i % 2 else 0, seed=i, max_tokens=20, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.9 if i % 2 else 0, seed=i, max_tokens=20, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     alone = [make_engine(loaded).generate([p], sp)[0] for p, sp in zip(prompts, params)]
     # 12 blocks of 4 tokens: one sequence of max_model_len 48 fits, six do not.
     engine = make_engine(loaded, num_kv_blocks=12, max_model_len=48)
@@ -131,24 +135,41 @@ def test_tiny_preempted_requests_keep_every_token_once(tiny_llama):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(block_size=st.sampled_from([1, 2, 4, 16]), max_num_seqs=st.integers(1, 8),
-       extra_budget=st.integers(0, 64), chunked=st.booleans(), spare_blocks=st.integers(0, 40),
-       picks=st.lists(st.integers(0, len(TINY_LENGTHS) - 1), min_size=1, max_size=8))
-def test_tiny_any_schedule_gives_the_alone_output(tiny_setup, block_size, max_num_seqs, extra_budget, chunked,
-                                                 spare_blocks, picks):
+@given(
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    max_num_seqs=st.integers(1, 8),
+    extra_budget=st.integers(0, 64),
+    chunked=st.booleans(),
+    spare_blocks=st.integers(0, 40),
+    picks=st.lists(st.integers(0, len(TINY_LENGTHS) - 1), min_size=1, max_size=8),
+)
+def test_tiny_any_schedule_gives_the_alone_output(
+    tiny_setup, block_size, max_num_seqs, extra_budget, chunked, spare_blocks, picks
+):
     hf, loaded, prompts, alone = tiny_setup
     max_model_len = 96
     num_blocks = -(-max_model_len // block_size) + spare_blocks
-    engine = make_engine(loaded, block_size=block_size, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_seqs + extra_budget, enable_chunked_prefill=chunked,
-                         num_kv_blocks=num_blocks, max_model_len=max_model_len)
+    engine = make_engine(
+        loaded,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_seqs + extra_budget,
+        enable_chunked_prefill=chunked,
+        num_kv_blocks=num_blocks,
+        max_model_len=max_model_len,
+    )
     chosen = [prompts[i] for i in picks]
     outputs = engine.generate(chosen, GREEDY_TINY)
     check_budget(engine)
     assert engine.block_manager.num_free_blocks == num_blocks
-    check_all(chosen, [alone[tuple(p)] for p in chosen], outputs, hf_next_logits(hf),
-              f"block_size={block_size} seqs={max_num_seqs} budget={max_num_seqs + extra_budget} "
-              f"chunked={chunked} blocks={num_blocks}")
+    check_all(
+        chosen,
+        [alone[tuple(p)] for p in chosen],
+        outputs,
+        hf_next_logits(hf),
+        f"block_size={block_size} seqs={max_num_seqs} budget={max_num_seqs + extra_budget} "
+        f"chunked={chunked} blocks={num_blocks}",
+    )
 
 
 # -- the embedded default model ---------------------------------------------------------------------
@@ -205,14 +226,20 @@ def test_real_alone_vs_among_sixteen(default_model, real_setup):
 def test_real_chunked_prefill_invariance(default_model, real_setup, chunked, budget):
     prompts, alone, next_logits = real_setup
     chosen = [4, 6, 8, 11, 14, 0]  # the longest prompts, and a short one
-    engine = real_engine_for(default_model, enable_chunked_prefill=chunked, max_num_batched_tokens=budget,
-                             max_num_seqs=min(16, budget))
+    engine = real_engine_for(
+        default_model, enable_chunked_prefill=chunked, max_num_batched_tokens=budget, max_num_seqs=min(16, budget)
+    )
     outputs = engine.generate([prompts[i] for i in chosen], GREEDY_REAL)
     check_budget(engine)
     if chunked and budget < max(len(prompts[i]) for i in chosen):
         assert num_split_prompts(engine) > 0, "no prompt was split into chunks"
-    check_all([prompts[i] for i in chosen], [alone[i] for i in chosen], outputs, next_logits,
-              f"chunked={chunked} budget={budget}")
+    check_all(
+        [prompts[i] for i in chosen],
+        [alone[i] for i in chosen],
+        outputs,
+        next_logits,
+        f"chunked={chunked} budget={budget}",
+    )
 
 
 @pytest.mark.real_model

@@ -31,39 +31,46 @@ def greedy(n: int, **kw) -> SamplingParams:
 
 # -- bad input is a ValueError naming the field and the value -----------------------------------------
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(max_tokens=0), "max_tokens=0"),
-    (dict(max_tokens=-3), "max_tokens=-3"),
-    (dict(temperature=-0.5), "temperature=-0.5"),
-    (dict(top_p=0), "top_p=0"),
-    (dict(top_p=1.5), "top_p=1.5"),
-    (dict(top_k=-1), "top_k=-1"),
-    (dict(temperature=float("nan")), "temperature=nan"),
-    (dict(stop=["ok", ""]), "stop="),
-    # Every non-finite value, each naming its field (inf passes ">= 0"; 1e400 parses as inf).
-    (dict(temperature=float("inf")), "temperature=inf.*finite"),
-    (dict(temperature=float("1e400")), "temperature=inf.*finite"),
-    (dict(top_p=float("nan")), "top_p=nan.*finite"),
-    (dict(top_p=float("-inf")), "top_p=-inf.*finite"),
-    (dict(top_k=float("inf")), "top_k=inf.*finite"),
-    (dict(max_tokens=float("inf")), "max_tokens=inf.*finite"),
-    (dict(seed=float("nan")), "seed=nan.*finite"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(max_tokens=0), "max_tokens=0"),
+        (dict(max_tokens=-3), "max_tokens=-3"),
+        (dict(temperature=-0.5), "temperature=-0.5"),
+        (dict(top_p=0), "top_p=0"),
+        (dict(top_p=1.5), "top_p=1.5"),
+        (dict(top_k=-1), "top_k=-1"),
+        (dict(temperature=float("nan")), "temperature=nan"),
+        (dict(stop=["ok", ""]), "stop="),
+        # Every non-finite value, each naming its field (inf passes ">= 0"; 1e400 parses as inf).
+        (dict(temperature=float("inf")), "temperature=inf.*finite"),
+        (dict(temperature=float("1e400")), "temperature=inf.*finite"),
+        (dict(top_p=float("nan")), "top_p=nan.*finite"),
+        (dict(top_p=float("-inf")), "top_p=-inf.*finite"),
+        (dict(top_k=float("inf")), "top_k=inf.*finite"),
+        (dict(max_tokens=float("inf")), "max_tokens=inf.*finite"),
+        (dict(seed=float("nan")), "seed=nan.*finite"),
+    ],
+)
 def test_bad_sampling_params(kwargs, expected):
     with pytest.raises(ValueError, match=expected.replace("[", r"\[")):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens=4"),
-    (dict(block_size=0), "block_size=0"),
-    (dict(num_kv_blocks=0), "num_kv_blocks=0"),
-    (dict(kv_cache_memory_gib=0), "kv_cache_memory_gib=0"),
-    (dict(max_model_len=0), "max_model_len=0"),
-    (dict(dtype="int8"), "dtype='int8'"),
-    (dict(device="tpu"), "device='tpu'"),
-    (dict(load_format="npz"), "load_format='npz'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens=4"),
+        (dict(block_size=0), "block_size=0"),
+        (dict(num_kv_blocks=0), "num_kv_blocks=0"),
+        (dict(kv_cache_memory_gib=0), "kv_cache_memory_gib=0"),
+        (dict(max_model_len=0), "max_model_len=0"),
+        (dict(dtype="int8"), "dtype='int8'"),
+        (dict(device="tpu"), "device='tpu'"),
+        (dict(load_format="npz"), "load_format='npz'"),
+    ],
+)
 def test_bad_engine_config(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         EngineConfig(**kwargs)
@@ -89,7 +96,7 @@ def test_a_lone_surrogate_is_a_value_error(real_engine):
         with pytest.raises(ValueError, match=r"lone surrogate \(U\+D800 at character 3\)"):
             call("hi \ud800 there")
     assert engine.requests == {} and not engine.has_unfinished_requests()
-    assert engine.generate("hi \U0001F600 there", greedy(2))[0].finished, "a proper astral character is fine"
+    assert engine.generate("hi \U0001f600 there", greedy(2))[0].finished, "a proper astral character is fine"
     with pytest.raises(ValueError, match=r"message 1's content holds a lone surrogate"):  # the chat path too
         engine.chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi \ud800"}])
 
@@ -140,16 +147,25 @@ def test_generate_with_mismatched_params(tiny_engine):
 def engine_state(engine: LLMEngine) -> tuple:
     """What a failed call must leave unchanged: requests, queues, blocks."""
     bm = engine.block_manager
-    return (list(engine.requests), list(engine.scheduler.waiting), list(engine.scheduler.running),
-            engine.has_unfinished_requests(), bm.num_free_blocks, len(engine.step_records))
+    return (
+        list(engine.requests),
+        list(engine.scheduler.waiting),
+        list(engine.scheduler.running),
+        engine.has_unfinished_requests(),
+        bm.num_free_blocks,
+        len(engine.step_records),
+    )
 
 
-@pytest.mark.parametrize("bad", [
-    ([[1, 2, 3], []], None, r"prompt 1: prompt is empty"),
-    ([[1, 2, 3], [4, 5], [1, VOCAB]], None, r"prompt 2: .*\[0, 300\)"),
-    ([[1, 2, 3], [4] * 40], None, r"prompt 1: .*max_model_len=32"),
-    ([[1, 2, 3], [4, 5]], [greedy(2), "greedy"], r"prompt 1: params must be a SamplingParams"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ([[1, 2, 3], []], None, r"prompt 1: prompt is empty"),
+        ([[1, 2, 3], [4, 5], [1, VOCAB]], None, r"prompt 2: .*\[0, 300\)"),
+        ([[1, 2, 3], [4] * 40], None, r"prompt 1: .*max_model_len=32"),
+        ([[1, 2, 3], [4, 5]], [greedy(2), "greedy"], r"prompt 1: params must be a SamplingParams"),
+    ],
+)
 def test_a_failed_generate_queues_nothing(tiny_engine, bad):
     """A batch with one bad prompt raises before any prompt is queued: the good ones must not run
     later among another call's requests (issue 8)."""
@@ -187,6 +203,7 @@ def test_automatic_ids_skip_ids_in_use(tiny_engine):
 
 # -- chat prompts ------------------------------------------------------------------------------------
 
+
 def test_a_chat_prompt_starts_with_one_bos(tiny_llama):
     """A tokenizer that adds BOS (as Llama 3's) and a chat template that writes it too: rendering the
     template to text and encoding that text gives [bos, bos, ...]; ``chat_prompt`` gives one."""
@@ -213,6 +230,7 @@ def test_a_chat_prompt_starts_with_one_bos(tiny_llama):
 
 # -- accepted input never crashes later ---------------------------------------------------------------
 
+
 def test_tiny_positive_temperature_does_not_crash(tiny_engine):
     """SamplingParams accepts any temperature >= 0; a tiny positive one must behave (as greedy)."""
     engine = tiny_engine()
@@ -235,12 +253,17 @@ sampling_params = st.builds(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), sampling_params),
-                         min_size=1, max_size=4),
-       budget=st.integers(4, 40), chunked=st.booleans())
+@given(
+    requests=st.lists(
+        st.tuples(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20), sampling_params), min_size=1, max_size=4
+    ),
+    budget=st.integers(4, 40),
+    chunked=st.booleans(),
+)
 def test_accepted_input_runs_to_completion(tiny_engine, requests, budget, chunked):
-    engine = tiny_engine(max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
-                         max_model_len=24, num_kv_blocks=8)
+    engine = tiny_engine(
+        max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=chunked, max_model_len=24, num_kv_blocks=8
+    )
     outputs = engine.generate([p for p, _ in requests], [sp for _, sp in requests])
     for (prompt, params), out in zip(requests, outputs):
         assert out.finished and out.finish_reason in ("stop", "length")
@@ -252,6 +275,7 @@ def test_accepted_input_runs_to_completion(tiny_engine, requests, budget, chunke
 
 
 # -- stopping ----------------------------------------------------------------------------------------
+
 
 def test_max_tokens_and_max_model_len_stop(tiny_engine):
     engine = tiny_engine(max_model_len=32)
@@ -268,9 +292,10 @@ def test_stop_token_ids(tiny_engine):
     stop = ref[6]
     j = ref.index(stop)
     for ignore_eos in (True, False):  # ignore_eos concerns EOS only, not stop_token_ids
-        out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop],
-                                                       ignore_eos=ignore_eos))[0]
-        assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop"
+        out = engine.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], ignore_eos=ignore_eos)
+        )[0]
+        assert out.token_ids == ref[: j + 1] and out.finish_reason == "stop"
 
 
 def test_eos_and_ignore_eos(tiny_llama):
@@ -283,7 +308,7 @@ def test_eos_and_ignore_eos(tiny_llama):
     with_eos = LoadedModel(loaded.model, None, loaded.hf_config, {eos}, None)
     engine = make_engine(with_eos)
     out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=20))[0]
-    assert out.token_ids == ref[:j + 1] and out.finish_reason == "stop"
+    assert out.token_ids == ref[: j + 1] and out.finish_reason == "stop"
     out = engine.generate([prompt], greedy(20))[0]
     assert out.token_ids == ref and out.finish_reason == "length"
 
@@ -317,8 +342,8 @@ def story(default_model):
 
 def pick_stop_string(text: str, ends: list[int]) -> tuple[str, int]:
     """A 4-character string straddling a token boundary, occurring first right there."""
-    for b in ends[len(ends) // 3:]:
-        s = text[b - 2:b + 2]
+    for b in ends[len(ends) // 3 :]:
+        s = text[b - 2 : b + 2]
         if len(s) == 4 and text.find(s) == b - 2 and s.strip() == s and "\ufffd" not in s:
             return s, b - 2
     raise AssertionError("no usable token boundary in the reference text")
@@ -333,7 +358,7 @@ def test_stop_strings(real_engine, story):
     out = engine.generate([prompt], greedy(48, stop=[stop]))[0]
     assert out.finish_reason == "stop"
     assert out.text == expected
-    assert ref.token_ids[:len(out.token_ids)] == out.token_ids and len(out.token_ids) < len(ref.token_ids)
+    assert ref.token_ids[: len(out.token_ids)] == out.token_ids and len(out.token_ids) < len(ref.token_ids)
     deltas = list(engine.stream(prompt, greedy(48, stop=["zq#never#qz", stop])))
     assert "".join(deltas) == expected
     assert not any(stop in d for d in deltas)
@@ -342,13 +367,15 @@ def test_stop_strings(real_engine, story):
 
 # -- sampling ----------------------------------------------------------------------------------------
 
+
 def test_same_seed_same_tokens_different_seeds_differ(tiny_engine):
     prompt = random_prompts([8], VOCAB, seed=5)[0]
 
     def run(seed, engine=None):
         engine = engine or tiny_engine()
-        return engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True,
-                                                        seed=seed))[0].token_ids
+        return engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=seed))[
+            0
+        ].token_ids
 
     assert run(123) == run(123)
     # The tiny model's distributions are broad at temperature 1: 16 tokens of two different seeds
@@ -362,7 +389,8 @@ def test_seeded_request_is_independent_of_its_batch(tiny_engine):
     sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=12, ignore_eos=True, seed=7)
     alone = tiny_engine().generate([prompts[0]], sampled)[0].token_ids
     mixed = tiny_engine(max_num_batched_tokens=16, max_num_seqs=4).generate(
-        prompts, [sampled, greedy(12), SamplingParams(temperature=1.3, max_tokens=9, seed=1), greedy(5)])
+        prompts, [sampled, greedy(12), SamplingParams(temperature=1.3, max_tokens=9, seed=1), greedy(5)]
+    )
     assert mixed[0].token_ids == alone
     assert mixed[1].token_ids == tiny_engine().generate([prompts[1]], greedy(12))[0].token_ids
 
@@ -371,8 +399,10 @@ def test_top_k_1_and_tiny_top_p_are_greedy(tiny_engine):
     engine = tiny_engine()
     prompts = random_prompts([4, 15], VOCAB, seed=8)
     ref = [o.token_ids for o in engine.generate(prompts, greedy(12))]
-    for params in (SamplingParams(temperature=1.0, top_k=1, max_tokens=12, ignore_eos=True, seed=3),
-                   SamplingParams(temperature=2.0, top_p=1e-6, max_tokens=12, ignore_eos=True, seed=4)):
+    for params in (
+        SamplingParams(temperature=1.0, top_k=1, max_tokens=12, ignore_eos=True, seed=3),
+        SamplingParams(temperature=2.0, top_p=1e-6, max_tokens=12, ignore_eos=True, seed=4),
+    ):
         assert [o.token_ids for o in engine.generate(prompts, params)] == ref
 
 
@@ -423,14 +453,25 @@ def test_probabilities_temperature_top_k_top_p():
 
 # log(0.3) and log(0.1) are not exact in bfloat16 (0.5 + 0.3 rounds to 0.4997 + 0.2996 < 0.8):
 # that boundary exists in float32 only. Uniform distributions are exact in both dtypes.
-INEXACT_IN_BF16 = [([0.3, 0.1, 0.1, 0.5], 0.8, {0, 3}),  # 0.5 + 0.3 reaches 0.8: nothing more is needed
-                   ([0.3, 0.1, 0.1, 0.5], 0.81, 3)]  # just past it: one of the two 0.1 joins
-EXACT = [([0.25] * 4, 0.5, 2), ([0.25] * 4, 0.75, 3), ([0.25] * 4, 0.7500001, 4),
-         ([0.125] * 8, 0.375, 3), ([0.125] * 8, 0.5, 4), ([0.5, 0.5], 0.5, 1), ([0.5, 0.5], 0.51, 2)]
+INEXACT_IN_BF16 = [
+    ([0.3, 0.1, 0.1, 0.5], 0.8, {0, 3}),  # 0.5 + 0.3 reaches 0.8: nothing more is needed
+    ([0.3, 0.1, 0.1, 0.5], 0.81, 3),
+]  # just past it: one of the two 0.1 joins
+EXACT = [
+    ([0.25] * 4, 0.5, 2),
+    ([0.25] * 4, 0.75, 3),
+    ([0.25] * 4, 0.7500001, 4),
+    ([0.125] * 8, 0.375, 3),
+    ([0.125] * 8, 0.5, 4),
+    ([0.5, 0.5], 0.5, 1),
+    ([0.5, 0.5], 0.51, 2),
+]
 
 
-@pytest.mark.parametrize("dtype,probs,top_p,kept", [(torch.float32, *case) for case in INEXACT_IN_BF16 + EXACT]
-                         + [(torch.bfloat16, *case) for case in EXACT])
+@pytest.mark.parametrize(
+    "dtype,probs,top_p,kept",
+    [(torch.float32, *case) for case in INEXACT_IN_BF16 + EXACT] + [(torch.bfloat16, *case) for case in EXACT],
+)
 def test_top_p_at_an_exact_boundary(dtype, probs, top_p, kept):
     """A token is kept only while the mass before it is strictly below top_p."""
     logits = torch.log(torch.tensor(probs)).to(dtype)
@@ -469,12 +510,13 @@ def test_keyed_draws_depend_on_seed_and_position_only():
     positions = [0, 0, 0, 5, 5, 5]
     tokens = sample(logits, params, rngs, positions)
     order = [4, 2, 0, 5, 1, 3]
-    shuffled = sample(logits[order], [params[i] for i in order], [rngs[i] for i in order],
-                      [positions[i] for i in order])
+    shuffled = sample(
+        logits[order], [params[i] for i in order], [rngs[i] for i in order], [positions[i] for i in order]
+    )
     assert shuffled == [tokens[i] for i in order]
     for i in range(6):  # alone, after unrelated draws from the same request's KeyedRandom
         rngs[i].exponentials(99, 50)
-        assert sample(logits[i:i + 1], params[:1], [KeyedRandom(rngs[i].seed)], [positions[i]]) == [tokens[i]]
+        assert sample(logits[i : i + 1], params[:1], [KeyedRandom(rngs[i].seed)], [positions[i]]) == [tokens[i]]
     assert torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(3, 10))
     assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(7).exponentials(4, 10))
     assert not torch.equal(KeyedRandom(7).exponentials(3, 10), KeyedRandom(8).exponentials(3, 10))
@@ -487,6 +529,7 @@ def test_the_race_never_picks_a_token_of_probability_zero():
 
 
 # -- streaming and the detokenizer --------------------------------------------------------------------
+
 
 @pytest.mark.real_model
 def test_stream_deltas_concatenate_to_the_text(default_model, real_engine):
@@ -507,7 +550,7 @@ MULTIBYTE_TEXT = "héllo 🤗 世界 ✨ naïve café 日本語のテキスト �
 
 
 def feed(detok: IncrementalDetokenizer, ids: list[int], chunk: int) -> list[str]:
-    deltas = [detok.add(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+    deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
     return deltas + [detok.finish()]
 
 
@@ -535,9 +578,14 @@ def test_detokenizer_with_stop_strings(default_model, text, data):
     tok = default_model.tokenizer
     ids = tok.encode(text)
     full = tok.decode(ids)
-    stop = data.draw(st.one_of(st.text(alphabet=ALPHABET, min_size=1, max_size=4),
-                               st.integers(0, len(full) - 1).flatmap(
-                                   lambda i: st.integers(i + 1, min(i + 4, len(full))).map(lambda j: full[i:j]))))
+    stop = data.draw(
+        st.one_of(
+            st.text(alphabet=ALPHABET, min_size=1, max_size=4),
+            st.integers(0, len(full) - 1).flatmap(
+                lambda i: st.integers(i + 1, min(i + 4, len(full))).map(lambda j: full[i:j])
+            ),
+        )
+    )
     detok = IncrementalDetokenizer(tok, stop=[stop])
     deltas = feed(detok, ids, data.draw(st.integers(1, 3)))
     hit = full.find(stop)
@@ -550,6 +598,7 @@ def test_detokenizer_with_stop_strings(default_model, text, data):
 
 # -- steps, timestamps, step records, abort ------------------------------------------------------------
 
+
 def run_steps(engine: LLMEngine):
     """Step to completion; per request, the new_token_ids and deltas seen in step outputs."""
     seen: dict[str, list[list[int]]] = {}
@@ -561,7 +610,7 @@ def run_steps(engine: LLMEngine):
         for out in engine.step():
             assert out.request_id not in finished_at, "an output after the request finished"
             seen.setdefault(out.request_id, []).append(out.new_token_ids)
-            assert out.token_ids[-len(out.new_token_ids):] == out.new_token_ids
+            assert out.token_ids[-len(out.new_token_ids) :] == out.new_token_ids
             assert sum(len(x) for x in seen[out.request_id]) == len(out.token_ids)
             if out.finished:
                 finished_at[out.request_id] = step
@@ -589,11 +638,14 @@ def test_step_outputs_and_timestamps(tiny_engine):
         assert sum(n for n, _, _ in rec.chunks) <= 8
 
 
-@pytest.mark.parametrize("case,prompt_lengths,chunked,budget", [
-    ("whole prompts", [5, 20, 13], False, 64),
-    ("chunked prompts", [20, 13], True, 10),
-    ("a one-token prompt", [1, 5], False, 64),
-])
+@pytest.mark.parametrize(
+    "case,prompt_lengths,chunked,budget",
+    [
+        ("whole prompts", [5, 20, 13], False, 64),
+        ("chunked prompts", [20, 13], True, 10),
+        ("a one-token prompt", [1, 5], False, 64),
+    ],
+)
 def test_step_records_count_prefill_tokens_and_decodes(tiny_engine, case, prompt_lengths, chunked, budget):
     """Without preemption every prompt token is prefilled once and every output token but the
     first comes from a decode; the records must say so, whatever the chunking."""

@@ -20,9 +20,18 @@ ADVICE = ("smaller model", "max_model_len", "kv_cache_memory_gib")
 def smollm2_hf_config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                       rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=100000.0)
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +72,15 @@ def test_gpu_plan_needs_little_host_ram():
 def test_too_little_gpu_memory_raises_with_advice(smollm2):
     # ~0.5 GiB of fp32 weights + 1 GiB of KV on a 1 GiB GPU.
     kv_blocks = GIB // (smollm2.kv_bytes_per_token(4) * 16)
-    plan = MemoryPlan(smollm2.num_params * 4, smollm2.kv_bytes_per_token(4), kv_blocks, 16, "cuda",
-                      gpu_memory_bytes=GIB, host_available_bytes=64 * GIB)
+    plan = MemoryPlan(
+        smollm2.num_params * 4,
+        smollm2.kv_bytes_per_token(4),
+        kv_blocks,
+        16,
+        "cuda",
+        gpu_memory_bytes=GIB,
+        host_available_bytes=64 * GIB,
+    )
     assert len(plan.problems()) == 1
     with pytest.raises(ValueError) as err:
         plan.check()
@@ -75,8 +91,15 @@ def test_too_little_gpu_memory_raises_with_advice(smollm2):
 
 
 def test_too_little_host_ram_raises_with_advice(smollm2):
-    plan = MemoryPlan(smollm2.num_params * 4, smollm2.kv_bytes_per_token(4), 64, 16, "cpu",
-                      gpu_memory_bytes=None, host_available_bytes=256 * 1024**2)
+    plan = MemoryPlan(
+        smollm2.num_params * 4,
+        smollm2.kv_bytes_per_token(4),
+        64,
+        16,
+        "cpu",
+        gpu_memory_bytes=None,
+        host_available_bytes=256 * 1024**2,
+    )
     with pytest.raises(ValueError) as err:
         plan.check()
     message = str(err.value)
@@ -101,6 +124,7 @@ def test_plan_that_fits_or_unknown_memory_passes(smollm2):
 
 # -- the engine refuses before loading ------------------------------------------------------------
 
+
 @pytest.fixture
 def tiny_model_dir(tmp_path):
     """A model folder holding only a tiny Llama's config.json: enough for ``load_format='dummy'``."""
@@ -111,8 +135,9 @@ def tiny_model_dir(tmp_path):
 
 
 def _engine_config(model_dir) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), load_format="dummy", device="cpu", num_kv_blocks=64,
-                        block_size=16, max_model_len=128)
+    return EngineConfig(
+        model=str(model_dir), load_format="dummy", device="cpu", num_kv_blocks=64, block_size=16, max_model_len=128
+    )
 
 
 def test_engine_refuses_before_loading_when_host_ram_is_short(tiny_model_dir, monkeypatch):
@@ -133,6 +158,7 @@ def test_engine_loads_when_the_plan_fits(tiny_model_dir, monkeypatch):
     assert engine.memory_plan.kv_tokens == 64 * 16
     assert engine.memory_plan.weight_bytes == engine.model_config.num_params * 4
     assert engine.tokenizer is None
-    out = engine.generate([[1, 2, 3]], __import__("minieng").SamplingParams(temperature=0, max_tokens=2,
-                                                                           ignore_eos=True))[0]
+    out = engine.generate(
+        [[1, 2, 3]], __import__("minieng").SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    )[0]
     assert len(out.token_ids) == 2

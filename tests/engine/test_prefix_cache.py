@@ -53,7 +53,7 @@ def chain_keys(tokens, block_size: int, extra_keys: tuple = ()) -> list[bytes]:
     """The prefix-cache keys of the full blocks of ``tokens``, recomputed from scratch."""
     keys, parent = [], b""
     for i in range(len(tokens) // block_size):
-        parent = block_hash(parent, tokens[i * block_size:(i + 1) * block_size], extra_keys)
+        parent = block_hash(parent, tokens[i * block_size : (i + 1) * block_size], extra_keys)
         keys.append(parent)
     return keys
 
@@ -91,14 +91,14 @@ class Driver:
             if seq.is_finished:
                 tokens = seq.all_token_ids[:-1]  # the last sampled token is never computed
             else:
-                tokens = seq.all_token_ids[:seq.num_computed_tokens]
+                tokens = seq.all_token_ids[: seq.num_computed_tokens]
             if len(tokens) > len(self.computed.get(rid, [])):
                 self.computed[rid] = tokens
                 bs = self.engine.block_manager.block_size
                 keys = self._keys.setdefault(rid, [])
                 while len(keys) < len(tokens) // bs:
                     i = len(keys)
-                    block = tokens[i * bs:(i + 1) * bs]
+                    block = tokens[i * bs : (i + 1) * bs]
                     keys.append(block_hash(keys[-1] if keys else b"", block, seq.extra_keys))
                     self.valid[keys[-1]] = tuple(block)
 
@@ -139,8 +139,10 @@ class Driver:
             self.hits[seq.request_id] = (want, got)
             assert got % bm.block_size == 0 and got < seq.num_prompt_tokens
             if self.exact_hits and bm.num_evictions == 0:
-                assert got == want, (f"request {seq.request_id} (prompt {seq.num_prompt_tokens} tokens) got "
-                                     f"{got} cached tokens, expected {want}")
+                assert got == want, (
+                    f"request {seq.request_id} (prompt {seq.num_prompt_tokens} tokens) got "
+                    f"{got} cached tokens, expected {want}"
+                )
             else:
                 assert got <= want, f"request {seq.request_id}: {got} cached tokens, more than ever computed ({want})"
         self._observe()
@@ -201,6 +203,7 @@ def num_split_prompts(engine: LLMEngine) -> int:
 
 # -- tiny random Llama: references ----------------------------------------------------------------
 
+
 class TinyReference:
     """Greedy outputs of a cache-off engine, each prompt run alone, memoized."""
 
@@ -241,12 +244,19 @@ def tiny_prefix_length_prompts(seed: int):
 
 # -- 1. cache on == cache off, hits at block boundaries ----------------------------------------------
 
+
 @pytest.mark.parametrize("chunked,budget", [(True, 512), (False, 512), (True, 16)])
 def test_tiny_cache_on_equals_off_around_block_boundaries(tiny, chunked, budget):
     loaded, ref, next_logits = tiny
     prefix_prompts, seed, shared, distinct = tiny_prefix_length_prompts(seed=3)
-    engine = make_engine(loaded, block_size=16, num_kv_blocks=64, enable_chunked_prefill=chunked,
-                         max_num_batched_tokens=budget, max_num_seqs=min(16, budget))
+    engine = make_engine(
+        loaded,
+        block_size=16,
+        num_kv_blocks=64,
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=budget,
+        max_num_seqs=min(16, budget),
+    )
     driver = Driver(engine)
     params = greedy(TINY_OUT)
 
@@ -311,6 +321,7 @@ def test_tiny_sharing_running_blocks_raises_ref_counts(tiny):
 
 
 # -- 1b. a hash that collides on every block ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("hash_kind", ["sha256", "constant"])
 def test_tiny_a_block_repeated_at_another_position_is_not_its_own_parent(tiny, monkeypatch, hash_kind):
@@ -391,6 +402,7 @@ def test_tiny_constant_hash_gives_the_cache_off_outputs(tiny, monkeypatch, case)
 
 # -- 2. a prompt sent twice ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("block_size", [16, 4, 1])
 def test_tiny_prompt_sent_twice(tiny, block_size):
     loaded, ref, next_logits = tiny
@@ -463,12 +475,15 @@ def test_real_cache_on_equals_off_and_hits(default_model, real_next_logits):
 @pytest.fixture
 def real_next_logits(request):
     """transformers' next-token logits, loaded only if a near-tie must be examined."""
+
     def next_logits(ids):
         return hf_next_logits(request.getfixturevalue("hf_default"))(ids)
+
     return next_logits
 
 
 # -- 3. requests sharing a prefix admitted in the same step -----------------------------------------
+
 
 @pytest.mark.parametrize("chunked", [True, False])
 def test_tiny_same_step_admissions_cannot_hit_each_other(tiny, chunked):
@@ -495,6 +510,7 @@ def test_tiny_same_step_admissions_cannot_hit_each_other(tiny, chunked):
 
 # -- 4. reuse after eviction -------------------------------------------------------------------------
 
+
 def test_tiny_prefix_reused_after_eviction_only_while_it_survives(tiny):
     """Cache a prefix, run k other distinct requests in a small pool, resend: the hit equals what
     the cache map still holds of the prefix, and the output equals the cache-off reference."""
@@ -512,20 +528,27 @@ def test_tiny_prefix_reused_after_eviction_only_while_it_survives(tiny):
         outs = driver.run_each(others[:k], params)
         # What survives of the prompt's chain of full blocks, read from the cache map.
         surviving = 0
-        for i, key in enumerate(chain_keys(prompt, bs)[:(len(prompt) - 1) // bs]):
+        for i, key in enumerate(chain_keys(prompt, bs)[: (len(prompt) - 1) // bs]):
             block = bm.cached.get(key)
-            if block is None or bm.block_tokens[block] != tuple(prompt[i * bs:(i + 1) * bs]):
+            if block is None or bm.block_tokens[block] != tuple(prompt[i * bs : (i + 1) * bs]):
                 break
             surviving += 1
         evictions = bm.num_evictions
         again = driver.run([prompt], params)[0]
-        assert again.num_cached_tokens == surviving * bs, f"k={k}: {again.num_cached_tokens} cached, {surviving} blocks survived"
+        assert again.num_cached_tokens == surviving * bs, (
+            f"k={k}: {again.num_cached_tokens} cached, {surviving} blocks survived"
+        )
         if surviving == 0:
             assert evictions > 0
         seen_hits.append(again.num_cached_tokens)
         seen_evictions.append(evictions)
-        check_outputs([prompt] * 2 + others[:k], [ref(prompt, 6)] * 2 + [ref(o, 6) for o in others[:k]],
-                      [first, again] + outs, next_logits, f"after {k} other requests")
+        check_outputs(
+            [prompt] * 2 + others[:k],
+            [ref(prompt, 6)] * 2 + [ref(o, 6) for o in others[:k]],
+            [first, again] + outs,
+            next_logits,
+            f"after {k} other requests",
+        )
         check_final_state(engine, driver)
     # LRU with tails freed first: the prefix erodes from its end, and is gone after enough traffic.
     assert seen_hits[0] == 16
@@ -537,12 +560,12 @@ def test_tiny_prefix_reused_after_eviction_only_while_it_survives(tiny):
 
 # -- 5. with chunked prefill and with preemption -----------------------------------------------------
 
+
 @pytest.mark.parametrize("budget", [16, 24])
 def test_tiny_hits_with_chunked_prefill(tiny, budget):
     loaded, ref, next_logits = tiny
     p, *suffixes = random_prompts([37, 20, 25, 3, 30], VOCAB, seed=61)
-    engine = make_engine(loaded, block_size=16, num_kv_blocks=64, max_num_batched_tokens=budget,
-                         max_num_seqs=4)
+    engine = make_engine(loaded, block_size=16, num_kv_blocks=64, max_num_batched_tokens=budget, max_num_seqs=4)
     driver = Driver(engine)
     seed = driver.run([p], greedy(4))[0]
     prompts = [p[:n] + s for n, s in zip((37, 33, 20, 36), suffixes)]
@@ -554,8 +577,13 @@ def test_tiny_hits_with_chunked_prefill(tiny, budget):
         assert sum(n for n, _, _ in rec.chunks) <= budget
     # A chunk continuing after a hit starts at the block boundary, with the hit blocks as context.
     assert any(ctx == 32 for rec in engine.step_records for _, ctx, _ in rec.chunks)
-    check_outputs([p] + prompts, [ref(p, 4)] + [ref(x) for x in prompts], [seed] + outs, next_logits,
-                  f"chunked prefill, budget={budget}")
+    check_outputs(
+        [p] + prompts,
+        [ref(p, 4)] + [ref(x) for x in prompts],
+        [seed] + outs,
+        next_logits,
+        f"chunked prefill, budget={budget}",
+    )
     check_final_state(engine, driver)
 
 
@@ -574,8 +602,13 @@ def test_tiny_hits_with_preemption(tiny):
     # Admitted at once, all hit the 3 prefix blocks the first request left; num_cached_tokens
     # reports the first admission even for preempted requests.
     assert [o.num_cached_tokens for o in outs] == [12] * len(prompts)
-    check_outputs([prefix + [1]] + prompts, [ref(prefix + [1], 2)] + [ref(p, 16) for p in prompts],
-                  [seed] + outs, next_logits, "preemption with prefix hits")
+    check_outputs(
+        [prefix + [1]] + prompts,
+        [ref(prefix + [1], 2)] + [ref(p, 16) for p in prompts],
+        [seed] + outs,
+        next_logits,
+        "preemption with prefix hits",
+    )
     check_final_state(engine, driver)
 
 
@@ -584,14 +617,22 @@ def test_tiny_hits_with_preemption_staggered_and_prefill_first(tiny):
     prefix, *suffixes = random_prompts([9] + [5] * 8, VOCAB, seed=72)
     prompts = [prefix + s for s in suffixes]
     for chunked in (True, False):
-        engine = make_engine(loaded, block_size=4, num_kv_blocks=12, max_model_len=48,
-                             enable_chunked_prefill=chunked, max_num_batched_tokens=20, max_num_seqs=6)
+        engine = make_engine(
+            loaded,
+            block_size=4,
+            num_kv_blocks=12,
+            max_model_len=48,
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=20,
+            max_num_seqs=6,
+        )
         driver = Driver(engine)
         outs = driver.run(prompts, greedy(16), arrivals=[0, 0, 1, 2, 3, 5, 8, 13])
         assert sum(r.num_preempted for r in engine.step_records) > 0, "the tiny pool never preempted"
         assert sum(o.num_cached_tokens for o in outs) > 0, "no request hit the shared prefix"
-        check_outputs(prompts, [ref(p, 16) for p in prompts], outs, next_logits,
-                      f"staggered preemption, chunked={chunked}")
+        check_outputs(
+            prompts, [ref(p, 16) for p in prompts], outs, next_logits, f"staggered preemption, chunked={chunked}"
+        )
         check_final_state(engine, driver)
 
 
@@ -617,6 +658,7 @@ def test_real_hits_with_chunked_prefill_and_preemption(default_model, real_next_
 
 
 # -- 5b. with speculative decoding and after a reset -------------------------------------------------
+
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_tiny_hits_with_speculative_decoding(tiny, method):
@@ -653,13 +695,13 @@ def test_tiny_draft_model_after_unverified_drafts(tiny, trigger):
     loaded, ref, next_logits = tiny
     prompt, other = random_prompts([6, 9], VOCAB, seed=5)
     if trigger == "budget":
-        engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=4, max_num_batched_tokens=4,
-                             max_num_seqs=4)
+        engine = make_engine(
+            loaded, speculative_method="draft", num_speculative_tokens=4, max_num_batched_tokens=4, max_num_seqs=4
+        )
         outs = Driver(engine).run([prompt], greedy(6))
         prompts, refs = [prompt], [ref(prompt, 6)]
     else:
-        engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=3,
-                             enable_chunked_prefill=False)
+        engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=3, enable_chunked_prefill=False)
         # The second prompt arrives while the first decodes with drafts, and finishes in its prefill.
         outs = Driver(engine).run([prompt, other], [greedy(8), greedy(1)], arrivals=[0, 2])
         prompts, refs = [prompt, other], [ref(prompt, 8), ref(other, 1)]
@@ -683,8 +725,13 @@ def test_tiny_reset_prefix_cache_forgets_every_block(tiny):
     assert second.num_cached_tokens == 0 and bm.num_evictions == evictions
     third = driver.run([p + s1], greedy(TINY_OUT))[0]
     assert third.num_cached_tokens == 24
-    check_outputs([p + s1, p + s2, p + s1], [ref(p + s1), ref(p + s2), ref(p + s1)], [first, second, third],
-                  next_logits, "after reset")
+    check_outputs(
+        [p + s1, p + s2, p + s1],
+        [ref(p + s1), ref(p + s2), ref(p + s1)],
+        [first, second, third],
+        next_logits,
+        "after reset",
+    )
     check_final_state(engine, driver)
 
 
@@ -704,31 +751,55 @@ request_st = st.tuples(
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(request_st, min_size=1, max_size=8), block_size=st.sampled_from([2, 4]),
-       spare_blocks=st.integers(0, 6), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 24),
-       chunked=st.booleans(), spec=st.sampled_from([None, None, "ngram", "draft"]),
-       hash_kind=st.sampled_from(["sha256", "constant"]))
-def test_tiny_random_workload_keeps_invariants_and_outputs(tiny, requests, block_size, spare_blocks, max_num_seqs,
-                                                           extra_budget, chunked, spec, hash_kind):
+@given(
+    requests=st.lists(request_st, min_size=1, max_size=8),
+    block_size=st.sampled_from([2, 4]),
+    spare_blocks=st.integers(0, 6),
+    max_num_seqs=st.integers(1, 6),
+    extra_budget=st.integers(0, 24),
+    chunked=st.booleans(),
+    spec=st.sampled_from([None, None, "ngram", "draft"]),
+    hash_kind=st.sampled_from(["sha256", "constant"]),
+)
+def test_tiny_random_workload_keeps_invariants_and_outputs(
+    tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec, hash_kind
+):
     """Random workloads, with the real hash and with a constant one (every key collides: only the
     block manager's token and parent checks stand between a request and another prefix's KV)."""
     with pytest.MonkeyPatch.context() as mp:
         if hash_kind == "constant":
             mp.setattr(bm_module, "block_hash", constant_hash)
-        run_random_workload(tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec,
-                            exact_hits=hash_kind == "sha256")
+        run_random_workload(
+            tiny,
+            requests,
+            block_size,
+            spare_blocks,
+            max_num_seqs,
+            extra_budget,
+            chunked,
+            spec,
+            exact_hits=hash_kind == "sha256",
+        )
 
 
-def run_random_workload(tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec,
-                        exact_hits):
+def run_random_workload(
+    tiny, requests, block_size, spare_blocks, max_num_seqs, extra_budget, chunked, spec, exact_hits
+):
     loaded, ref, next_logits = tiny
     max_model_len = 32  # prompts <= 19 tokens, outputs <= 8
     num_blocks = max_model_len // block_size + spare_blocks
     budget = max_num_seqs + extra_budget
-    engine = make_engine(loaded, block_size=block_size, num_kv_blocks=num_blocks, max_model_len=max_model_len,
-                         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                         enable_chunked_prefill=chunked, speculative_method=spec,
-                         num_speculative_tokens=3 if spec else 0)
+    engine = make_engine(
+        loaded,
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        speculative_method=spec,
+        num_speculative_tokens=3 if spec else 0,
+    )
     prompts, params, arrivals = [], [], []
     for prefix_i, suffix, max_tokens, arrival in requests:
         prefix = SHARED_PREFIXES[prefix_i] if prefix_i < len(SHARED_PREFIXES) else []
@@ -751,6 +822,7 @@ def run_random_workload(tiny, requests, block_size, spare_blocks, max_num_seqs, 
 
 
 # -- 6b. the block manager alone ---------------------------------------------------------------------
+
 
 def seq_of(tokens, name="s", extra_keys=()) -> Sequence:
     seq = Sequence(name, list(tokens), SamplingParams(), 0.0)
@@ -900,6 +972,7 @@ def test_a_key_computed_twice_in_one_step_has_one_entry():
 
 
 # -- 7. metrics -------------------------------------------------------------------------------------
+
 
 def test_serving_metrics_report_cached_tokens_and_hit_rate(tiny):
     loaded, ref, next_logits = tiny

@@ -34,13 +34,20 @@ class Trace:
         return sum(len(p) for p in self.preempted)
 
 
-def simulate(config: EngineConfig, num_blocks: int, requests: list[tuple[int, int, int]],
-             max_model_len: int, max_steps: int = 20000) -> Trace:
+def simulate(
+    config: EngineConfig,
+    num_blocks: int,
+    requests: list[tuple[int, int, int]],
+    max_model_len: int,
+    max_steps: int = 20000,
+) -> Trace:
     """Run ``requests`` = [(prompt_len, max_tokens, arrival_step)] to completion, checking every step."""
     bm = BlockManager(num_blocks, config.block_size)
     sched = Scheduler(config, bm)
-    seqs = [Sequence(str(i), [i % 50 + 1] * plen, SamplingParams(max_tokens=out), 0.0)
-            for i, (plen, out, _) in enumerate(requests)]
+    seqs = [
+        Sequence(str(i), [i % 50 + 1] * plen, SamplingParams(max_tokens=out), 0.0)
+        for i, (plen, out, _) in enumerate(requests)
+    ]
     arrivals = sorted(range(len(requests)), key=lambda i: requests[i][2])
     trace = Trace(seqs=seqs)
     budget, max_seqs = config.max_num_batched_tokens, config.max_num_seqs
@@ -81,10 +88,10 @@ def simulate(config: EngineConfig, num_blocks: int, requests: list[tuple[int, in
             for seq in due_decodes:
                 assert seq.request_id in scheduled or seq in out.preempted, "a running decode was skipped"
         admitted = [s for s, _, _ in plan if s in waiting_before]
-        assert admitted == waiting_before[:len(admitted)], "admission is first come, first served"
+        assert admitted == waiting_before[: len(admitted)], "admission is first come, first served"
         # Preempted sequences go back to the front of the queue, ahead of newer requests (the
         # last preempted, the earliest admitted, first), so they are readmitted before them.
-        assert list(sched.waiting)[:len(out.preempted)] == out.preempted[::-1], "preempted not re-queued first"
+        assert list(sched.waiting)[: len(out.preempted)] == out.preempted[::-1], "preempted not re-queued first"
         for seq in out.preempted:
             assert seq.status is SequenceStatus.WAITING and seq in sched.waiting
             assert seq.block_table == [] and seq.num_computed_tokens == 0
@@ -113,6 +120,7 @@ def config(**kw) -> EngineConfig:
 
 
 # -- hand-made workloads ----------------------------------------------------------------------------
+
 
 def test_every_request_finishes_with_a_roomy_pool():
     cfg = config(block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
@@ -226,17 +234,26 @@ def test_finish_of_a_waiting_request_removes_it():
 
 # -- randomized workloads ---------------------------------------------------------------------------
 
+
 @st.composite
 def workloads(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_model_len = draw(st.integers(2, 64))
     num_blocks = cdiv(max_model_len, block_size) + draw(st.integers(0, 20))
     max_num_seqs = draw(st.integers(1, 8))
-    cfg = config(block_size=block_size, max_num_seqs=max_num_seqs,
-                 max_num_batched_tokens=max_num_seqs + draw(st.integers(0, 64)),
-                 enable_chunked_prefill=draw(st.booleans()))
-    requests = draw(st.lists(st.tuples(st.integers(1, max_model_len - 1), st.integers(1, 20), st.integers(0, 10)),
-                             min_size=1, max_size=12))
+    cfg = config(
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_seqs + draw(st.integers(0, 64)),
+        enable_chunked_prefill=draw(st.booleans()),
+    )
+    requests = draw(
+        st.lists(
+            st.tuples(st.integers(1, max_model_len - 1), st.integers(1, 20), st.integers(0, 10)),
+            min_size=1,
+            max_size=12,
+        )
+    )
     return cfg, num_blocks, requests, max_model_len
 
 

@@ -91,6 +91,7 @@ def accepted_and_proposed(engine: LLMEngine, since: int = 0) -> tuple[int, int]:
 
 # -- chi-square without scipy ----------------------------------------------------------------------
 
+
 def chi2_sf(x: float, df: int) -> float:
     """P(X > x) for X ~ chi-square(df), integer df (closed forms: Poisson sum for even df,
     erfc plus a half-integer series for odd df)."""
@@ -135,8 +136,15 @@ def chi_square_p(counts: dict, probs: dict, min_expected: float = 5.0) -> tuple[
 
 def test_chi2_sf_matches_tabulated_critical_values():
     # chi-square quantiles at 1 - 1e-4 (and 1 - 1e-3 for df 4), from standard tables
-    for x, df, tail in [(15.137, 1, 1e-4), (18.421, 2, 1e-4), (21.108, 3, 1e-4), (23.513, 4, 1e-4),
-                        (25.745, 5, 1e-4), (31.828, 8, 1e-4), (18.467, 4, 1e-3)]:
+    for x, df, tail in [
+        (15.137, 1, 1e-4),
+        (18.421, 2, 1e-4),
+        (21.108, 3, 1e-4),
+        (23.513, 4, 1e-4),
+        (25.745, 5, 1e-4),
+        (31.828, 8, 1e-4),
+        (18.467, 4, 1e-3),
+    ]:
         assert chi2_sf(x, df) == approx(tail, rel=2e-3), (x, df)
 
 
@@ -202,8 +210,10 @@ def test_rejection_sampling_k2_first_second_and_bonus_tokens():
         tokens = [o[pos] for o in outs if len(o) > pos]
         assert len(tokens) > 2_000
         pval, stat, df = chi_square_p(count(tokens), as_dict(p[pos]))
-        assert pval > ALPHA, f"token {pos} (given {pos} accepted drafts) does not follow p_{pos + 1}: " \
-                             f"chi2={stat:.1f}, df={df}, n={len(tokens)}"
+        assert pval > ALPHA, (
+            f"token {pos} (given {pos} accepted drafts) does not follow p_{pos + 1}: "
+            f"chi2={stat:.1f}, df={df}, n={len(tokens)}"
+        )
     both = sum(len(o) == 3 for o in outs)
     beta = float(torch.minimum(p[0], q[0]).sum() * torch.minimum(p[1], q[1]).sum())
     z = (both - n * beta) / math.sqrt(n * beta * (1 - beta))
@@ -284,7 +294,7 @@ def test_coupled_verification_emits_the_target_draws():
         for drafts in (race(q, noise[:k]).tolist(), torch.randint(0, TOY_V, (k,), generator=g).tolist(), draws[:k]):
             out = verify_coupled(drafts, p, noise)
             n = next((i for i, (d, t) in enumerate(zip(drafts, draws)) if d != t), k)
-            assert out == draws[:n + 1], (drafts, draws, out)
+            assert out == draws[: n + 1], (drafts, draws, out)
         agreed += sum(a == b for a, b in zip(race(q, noise[:k]).tolist(), draws))
     assert agreed > 0
 
@@ -297,20 +307,24 @@ def greedy_logits(best: list[int]) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("drafts,best,expected", [
-    ([3, 1, 4], [3, 1, 4, 1], [3, 1, 4, 1]),  # all accepted, then the bonus argmax
-    ([3, 2, 4], [3, 1, 4, 1], [3, 1]),  # second rejected: the target's token replaces it
-    ([0, 1, 4], [3, 1, 4, 1], [3]),  # first rejected: one token, the target's
-    ([5], [5, 0], [5, 0]),
-    ([5], [4, 0], [4]),
-    ([], [2], [2]),  # nothing proposed: a plain greedy step
-    ([2, 2, 2, 2], [2, 2, 5, 2, 2], [2, 2, 5]),  # a later match after a rejection does not count
-])
+@pytest.mark.parametrize(
+    "drafts,best,expected",
+    [
+        ([3, 1, 4], [3, 1, 4, 1], [3, 1, 4, 1]),  # all accepted, then the bonus argmax
+        ([3, 2, 4], [3, 1, 4, 1], [3, 1]),  # second rejected: the target's token replaces it
+        ([0, 1, 4], [3, 1, 4, 1], [3]),  # first rejected: one token, the target's
+        ([5], [5, 0], [5, 0]),
+        ([5], [4, 0], [4]),
+        ([], [2], [2]),  # nothing proposed: a plain greedy step
+        ([2, 2, 2, 2], [2, 2, 5, 2, 2], [2, 2, 5]),  # a later match after a rejection does not count
+    ],
+)
 def test_verify_greedy_hand_worked(drafts, best, expected):
     assert verify_greedy(drafts, greedy_logits(best)) == expected
 
 
 # -- 7. prompt lookup ----------------------------------------------------------------------------------
+
 
 def test_prompt_lookup_latest_match_wins():
     d = PromptLookupDrafter(ngram_max=2)
@@ -353,14 +367,20 @@ def test_prompt_lookup_propose_batches():
 
 # -- 6. bad input ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(num_speculative_tokens=-1, speculative_method="draft"), "num_speculative_tokens=-1"),
-    (dict(num_speculative_tokens=2), "num_speculative_tokens=2"),  # no method
-    (dict(speculative_method="eagle", num_speculative_tokens=2), "speculative_method='eagle'"),
-    (dict(speculative_method="draft", num_speculative_tokens=2, draft_quantization="int3"),
-     "draft_quantization='int3'"),
-    (dict(speculative_method="ngram", num_speculative_tokens=2, ngram_max=0), "ngram_max=0"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(num_speculative_tokens=-1, speculative_method="draft"), "num_speculative_tokens=-1"),
+        (dict(num_speculative_tokens=2), "num_speculative_tokens=2"),  # no method
+        (dict(speculative_method="eagle", num_speculative_tokens=2), "speculative_method='eagle'"),
+        (
+            dict(speculative_method="draft", num_speculative_tokens=2, draft_quantization="int3"),
+            "draft_quantization='int3'",
+        ),
+        (dict(speculative_method="ngram", num_speculative_tokens=2, ngram_max=0), "ngram_max=0"),
+    ],
+)
 def test_bad_speculative_config(kwargs, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**kwargs)
@@ -430,8 +450,9 @@ def tiny_draft_dirs(tmp_path_factory, tiny_other_vocab):
 
 def test_engine_refuses_a_draft_model_of_another_vocabulary(tiny_llama, tiny_draft_dirs):
     with pytest.raises(ValueError, match="vocabulary"):
-        make_engine(tiny_llama[1], speculative_method="draft", num_speculative_tokens=2,
-                    draft_model=tiny_draft_dirs["other"])
+        make_engine(
+            tiny_llama[1], speculative_method="draft", num_speculative_tokens=2, draft_model=tiny_draft_dirs["other"]
+        )
 
 
 def test_a_different_draft_model_keeps_greedy_output(tiny_llama, tiny_draft_dirs):
@@ -439,8 +460,9 @@ def test_a_different_draft_model_keeps_greedy_output(tiny_llama, tiny_draft_dirs
     hf, loaded = tiny_llama
     prompts = random_prompts([5, 30, 12], VOCAB, seed=8)
     ref = [make_engine(loaded).generate([p], greedy(20))[0].token_ids for p in prompts]
-    engine = make_engine(loaded, speculative_method="draft", num_speculative_tokens=3,
-                         draft_model=tiny_draft_dirs["same"])
+    engine = make_engine(
+        loaded, speculative_method="draft", num_speculative_tokens=3, draft_model=tiny_draft_dirs["same"]
+    )
     outs = engine.generate(prompts, greedy(20))
     accepted, proposed = accepted_and_proposed(engine)
     assert proposed > 0 and accepted < proposed, "the random draft should be rejected sometimes"
@@ -575,6 +597,7 @@ def test_real_greedy_speculative_equals_plain(request, real_ref, real_spec_engin
 
 # -- 2. an identical draft accepts everything ---------------------------------------------------------
 
+
 def expected_emissions(k: int, max_tokens: int, prompt_len: int, max_model_len: int) -> list[int]:
     """Tokens per emission when every draft is accepted: 1 from the prefill, then k + 1 per step,
     fewer only where max_tokens or max_model_len leaves less room (k drafts emit k + 1)."""
@@ -596,8 +619,10 @@ def test_identical_draft_accepts_every_token(tiny_llama, k, sampled):
     loaded = tiny_llama[1]
     max_tokens = 21
     prompts = random_prompts([5, 23, 40], VOCAB, seed=3)
-    params = [SamplingParams(temperature=0.8 if sampled else 0, seed=i, max_tokens=max_tokens, ignore_eos=True)
-              for i in range(len(prompts))]
+    params = [
+        SamplingParams(temperature=0.8 if sampled else 0, seed=i, max_tokens=max_tokens, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     engine = spec_engine(loaded, "self", k)
     outs = engine.generate(prompts, params)
     accepted, proposed = accepted_and_proposed(engine)
@@ -620,6 +645,7 @@ def test_identical_draft_stops_at_max_model_len(tiny_llama, k):
 
 
 # -- 4. acceptance and serving figures -----------------------------------------------------------------
+
 
 def test_acceptance_metrics_on_a_hand_worked_step_history():
     # (step index, request id, proposed, accepted), as engine.spec_records; k = 4, cut near the end
@@ -701,6 +727,7 @@ def test_spec_records_match_the_emissions(tiny_ref, method):
 
 # -- 5. KV rollback keeps the block invariants --------------------------------------------------------
 
+
 def check_step_invariants(engine: LLMEngine) -> None:
     seqs = [r.seq for r in engine.requests.values()]
     bm = engine.block_manager
@@ -724,8 +751,9 @@ def check_step_invariants(engine: LLMEngine) -> None:
             assert len(d.block_table) == cdiv(d.num_computed_tokens, drafter.block_manager.block_size)
 
 
-def run_checked(engine: LLMEngine, arrivals: list[tuple[int, list[int], SamplingParams]],
-                abort: tuple[int, int] | None = None) -> list:
+def run_checked(
+    engine: LLMEngine, arrivals: list[tuple[int, list[int], SamplingParams]], abort: tuple[int, int] | None = None
+) -> list:
     """Step until done, adding each prompt at its step and checking invariants after every step;
     ``abort = (step, index)`` aborts that request at that step. Outputs in arrival order."""
     ids: list[str | None] = [None] * len(arrivals)
@@ -752,8 +780,13 @@ def run_checked(engine: LLMEngine, arrivals: list[tuple[int, list[int], Sampling
 
 def scenario(name: str):
     """(engine overrides, arrivals) of a named stress scenario; greedy and seeded sampled requests."""
-    sampled = lambda seed, n: SamplingParams(temperature=0.9, top_p=0.95, seed=seed, max_tokens=n,  # noqa: E731
-                                             ignore_eos=True)
+    sampled = lambda seed, n: SamplingParams(  # noqa: E731
+        temperature=0.9,
+        top_p=0.95,
+        seed=seed,
+        max_tokens=n,
+        ignore_eos=True,
+    )
     if name == "preemption":  # 12 blocks of 4 tokens: one sequence of 48 fits, five do not
         lengths = [3, 17, 9, 25, 5]
         prompts = random_prompts(lengths, VOCAB, seed=21)
@@ -762,14 +795,18 @@ def scenario(name: str):
     if name == "chunked":  # a 16-token budget: prompts in chunks, drafts dropped when 4 x (k + 1) > 16
         prompts = random_prompts([3, 60, 17, 44, 9], VOCAB, seed=22)
         params = [greedy(24), greedy(24), sampled(3, 24), greedy(24), sampled(4, 24)]
-        return (dict(max_num_batched_tokens=16, max_num_seqs=4),
-                [(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+        return (
+            dict(max_num_batched_tokens=16, max_num_seqs=4),
+            [(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))],
+        )
     if name == "prefix":  # a second wave sharing a 24-token prefix with the first hits the cache
         prefix = random_prompts([24], VOCAB, seed=23)[0]
         tails = random_prompts([5, 9, 2, 13, 7, 3], VOCAB, seed=24)
         params = [greedy(16), sampled(5, 16), greedy(16), greedy(16), sampled(6, 16), greedy(16)]
-        return (dict(enable_prefix_caching=True),
-                [(0 if i < 3 else 12, prefix + t, sp) for i, (t, sp) in enumerate(zip(tails, params))])
+        return (
+            dict(enable_prefix_caching=True),
+            [(0 if i < 3 else 12, prefix + t, sp) for i, (t, sp) in enumerate(zip(tails, params))],
+        )
     raise ValueError(name)
 
 
@@ -836,32 +873,57 @@ def test_unverified_drafts_leave_the_drafter_working(tiny_llama, case):
     assert accepted == proposed, f"the identical draft had {proposed - accepted} of {proposed} drafts rejected"
     plain = make_engine(loaded)
     for (_, prompt, _), out in zip(arrivals, outs):
-        assert_same_or_near_tie(plain.generate([prompt], params)[0].token_ids, out.token_ids, prompt,
-                                hf_next_logits(hf), what=case)
+        assert_same_or_near_tie(
+            plain.generate([prompt], params)[0].token_ids, out.token_ids, prompt, hf_next_logits(hf), what=case
+        )
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(method=st.sampled_from(sorted(METHODS)), k=st.integers(1, 8), block_size=st.sampled_from([1, 2, 4, 16]),
-       max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 40), chunked=st.booleans(),
-       prefix_caching=st.booleans(), spare_blocks=st.integers(0, 30),
-       requests=st.lists(st.tuples(st.integers(1, 50), st.integers(1, 20), st.booleans()), min_size=1, max_size=6))
+@given(
+    method=st.sampled_from(sorted(METHODS)),
+    k=st.integers(1, 8),
+    block_size=st.sampled_from([1, 2, 4, 16]),
+    max_num_seqs=st.integers(1, 6),
+    extra_budget=st.integers(0, 40),
+    chunked=st.booleans(),
+    prefix_caching=st.booleans(),
+    spare_blocks=st.integers(0, 30),
+    requests=st.lists(st.tuples(st.integers(1, 50), st.integers(1, 20), st.booleans()), min_size=1, max_size=6),
+)
 # found by this test: a budget of 1 drops the drafts, the plain token equals the first draft, and the
 # drafter then runs an empty batch (see test_unverified_drafts_leave_the_drafter_working)
-@example(method="self", k=2, block_size=1, max_num_seqs=1, extra_budget=0, chunked=False, prefix_caching=False,
-         spare_blocks=0, requests=[(1, 4, False)])
-def test_any_schedule_with_speculation(tiny_ref, method, k, block_size, max_num_seqs, extra_budget, chunked,
-                                       prefix_caching, spare_blocks, requests):
+@example(
+    method="self",
+    k=2,
+    block_size=1,
+    max_num_seqs=1,
+    extra_budget=0,
+    chunked=False,
+    prefix_caching=False,
+    spare_blocks=0,
+    requests=[(1, 4, False)],
+)
+def test_any_schedule_with_speculation(
+    tiny_ref, method, k, block_size, max_num_seqs, extra_budget, chunked, prefix_caching, spare_blocks, requests
+):
     """Random pools, budgets and policies: invariants after every step, nothing leaked at the end,
     greedy requests equal to plain greedy decoding (near-ties aside)."""
     hf, loaded, _, _ = tiny_ref
     max_model_len = 80
-    overrides = dict(block_size=block_size, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_seqs + extra_budget, enable_chunked_prefill=chunked,
-                     enable_prefix_caching=prefix_caching, max_model_len=max_model_len,
-                     num_kv_blocks=cdiv(max_model_len, block_size) + spare_blocks)
+    overrides = dict(
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_seqs + extra_budget,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=prefix_caching,
+        max_model_len=max_model_len,
+        num_kv_blocks=cdiv(max_model_len, block_size) + spare_blocks,
+    )
     prompts = random_prompts([n for n, _, _ in requests], VOCAB, seed=len(requests) * 7 + k)
-    arrivals = [(i, p, greedy(out) if not samp else SamplingParams(temperature=1.0, seed=i, max_tokens=out))
-                for i, (p, (_, out, samp)) in enumerate(zip(prompts, requests))]
+    arrivals = [
+        (i, p, greedy(out) if not samp else SamplingParams(temperature=1.0, seed=i, max_tokens=out))
+        for i, (p, (_, out, samp)) in enumerate(zip(prompts, requests))
+    ]
     engine = spec_engine(loaded, method, k, **overrides)
     outs = run_checked(engine, arrivals)
     plain = make_engine(loaded, max_model_len=max_model_len)
@@ -873,6 +935,7 @@ def test_any_schedule_with_speculation(tiny_ref, method, k, block_size, max_num_
 
 
 # -- sampled speculative decoding in the engine follows the target's law ---------------------------
+
 
 def joint_reference(hf, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int], float]:
     """P(t1, t2) = p(t1 | prompt) p(t2 | prompt, t1) from transformers' logits (top-k keeps it small)."""
@@ -913,8 +976,10 @@ def test_engine_sampled_speculation_follows_the_target_joint_distribution(tiny_l
     prompt = lookup_friendly_prompt(hf, params) if method == "ngram" else random_prompts([20], VOCAB, seed=31)[0]
     engine = spec_engine(loaded, method, 2)
     n = 3_000
-    outs = engine.generate([prompt] * n, [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True,
-                                                          seed=1000 + i) for i in range(n)])
+    outs = engine.generate(
+        [prompt] * n,
+        [SamplingParams(temperature=1.0, top_k=3, max_tokens=3, ignore_eos=True, seed=1000 + i) for i in range(n)],
+    )
     rows = engine.spec_records
     assert len(rows) >= n // 10 and all(r[2] == 1 for r in rows)
     assert 0 < sum(r[3] for r in rows) < len(rows), "both acceptances and rejections expected"
@@ -946,8 +1011,11 @@ def test_seeded_speculative_output_does_not_depend_on_the_pool(tiny_llama, metho
     runs = {}
     for pool in (tight_blocks, 64):
         engine = spec_engine(loaded, method, 3, **fields, num_kv_blocks=pool)
-        runs[pool] = (engine.generate(prompts, SEEDED), accepted_and_proposed(engine),
-                      sum(r.num_preempted for r in engine.step_records))
+        runs[pool] = (
+            engine.generate(prompts, SEEDED),
+            accepted_and_proposed(engine),
+            sum(r.num_preempted for r in engine.step_records),
+        )
     (tight, (acc_t, prop_t), preempted_t), (roomy, (acc_r, prop_r), _) = runs[tight_blocks], runs[64]
     assert acc_t > 0 and acc_r > 0, "no draft was accepted: the test proves nothing"
     assert preempted_t > 0 or prop_t < prop_r, "the tight pool changed nothing in the schedule"
@@ -966,8 +1034,9 @@ def test_seeded_speculative_output_with_preemption_and_batch_mates(tiny_llama, m
     prompts = [motif * 4, other, motif * 2 + [9], short]
     params = [SamplingParams(temperature=1.0, top_k=3, seed=10 + i, max_tokens=20, ignore_eos=True) for i in range(4)]
     alone = [make_engine(loaded).generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
-    engine = spec_engine(loaded, method, 4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=12,
-                         max_num_seqs=4)
+    engine = spec_engine(
+        loaded, method, 4, num_kv_blocks=12, max_model_len=48, max_num_batched_tokens=12, max_num_seqs=4
+    )
     outs = engine.generate(prompts, params)
     assert any(o.times.num_preemptions for o in outs), "the tiny pool never preempted"
     assert accepted_and_proposed(engine)[0] > 0
@@ -975,6 +1044,7 @@ def test_seeded_speculative_output_with_preemption_and_batch_mates(tiny_llama, m
 
 
 # -- stops inside an accepted run of drafts -----------------------------------------------------------
+
 
 def with_letters(loaded: LoadedModel) -> LoadedModel:
     """The tiny model with a tokenizer whose ids decode to letters, so stop strings apply."""
@@ -989,7 +1059,7 @@ def test_stop_token_inside_accepted_drafts_ends_the_output_there(tiny_llama, met
     dropped = 0  # accepted tokens dropped after a stop, over all cases
     for j in (4, 7, 10, 13):
         stop = ref[j]
-        cut = ref[:ref.index(stop) + 1]
+        cut = ref[: ref.index(stop) + 1]
         params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop], ignore_eos=True)
         engine = spec_engine(loaded, method, 4)
         out = engine.generate([prompt], params)[0]
@@ -1009,14 +1079,15 @@ def test_stop_string_inside_accepted_drafts_gives_the_plain_output(tiny_llama, m
     prompt = random_prompts([13], VOCAB, seed=6)[0]
     text = FakeTokenizer().decode(make_engine(loaded).generate([prompt], greedy(24))[0].token_ids)
     for j in (3, 6, 9, 12):
-        params = SamplingParams(temperature=0, max_tokens=24, stop=[text[j:j + 2]], ignore_eos=True)
+        params = SamplingParams(temperature=0, max_tokens=24, stop=[text[j : j + 2]], ignore_eos=True)
         plain = make_engine(loaded).generate([prompt], params)[0]
         spec = spec_engine(loaded, method, 4).generate([prompt], params)[0]
         assert plain.finish_reason == "stop"
         assert (spec.text, spec.finish_reason) == (plain.text, plain.finish_reason)
         assert spec.token_ids == plain.token_ids, (
-            f"stop {text[j:j + 2]!r}: speculative output kept {len(spec.token_ids) - len(plain.token_ids)} "
-            f"tokens past the stop string")
+            f"stop {text[j : j + 2]!r}: speculative output kept {len(spec.token_ids) - len(plain.token_ids)} "
+            f"tokens past the stop string"
+        )
 
 
 def test_spec_experiment_functions_report_consistent_figures(tiny_engine):

@@ -70,11 +70,15 @@ def advance(sched: Scheduler, out: SchedulerOutput, max_model_len: int) -> None:
 
 # -- configuration ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(batching="dynamic"), "batching='dynamic'"),
-    (dict(batch_timeout_s=-1.0), "batch_timeout_s=-1.0"),
-    (dict(batch_timeout_s=float("nan")), "batch_timeout_s=nan"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(batching="dynamic"), "batching='dynamic'"),
+        (dict(batch_timeout_s=-1.0), "batch_timeout_s=-1.0"),
+        (dict(batch_timeout_s=float("nan")), "batch_timeout_s=nan"),
+    ],
+)
 def test_bad_batching_config(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         EngineConfig(**kwargs)
@@ -85,6 +89,7 @@ def test_continuous_is_the_default():
 
 
 # -- admission --------------------------------------------------------------------------------------
+
 
 def test_a_full_batch_starts_at_once():
     sched, _, _ = make_scheduler(static_config(batch_timeout_s=math.inf))
@@ -179,18 +184,27 @@ def test_a_preempted_member_is_readmitted_before_the_next_batch():
 
 # -- randomized workloads ---------------------------------------------------------------------------
 
+
 @st.composite
 def static_workloads(draw):
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     max_model_len = draw(st.integers(2, 48))
     max_num_seqs = draw(st.integers(1, 6))
-    cfg = static_config(block_size=block_size, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_seqs + draw(st.integers(0, 48)),
-                        enable_chunked_prefill=draw(st.booleans()),
-                        batch_timeout_s=float(draw(st.sampled_from([0, 1, 3, 10]))))
+    cfg = static_config(
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_seqs + draw(st.integers(0, 48)),
+        enable_chunked_prefill=draw(st.booleans()),
+        batch_timeout_s=float(draw(st.sampled_from([0, 1, 3, 10]))),
+    )
     num_blocks = cdiv(max_model_len, block_size) + draw(st.integers(0, 16))
-    requests = draw(st.lists(st.tuples(st.integers(1, max_model_len - 1), st.integers(1, 12), st.integers(0, 15)),
-                             min_size=1, max_size=12))
+    requests = draw(
+        st.lists(
+            st.tuples(st.integers(1, max_model_len - 1), st.integers(1, 12), st.integers(0, 15)),
+            min_size=1,
+            max_size=12,
+        )
+    )
     return cfg, num_blocks, requests, max_model_len
 
 
@@ -215,9 +229,11 @@ def test_random_workloads_run_as_whole_batches(workload):
         current = set(sched.batch)  # before this step's tokens finish anyone
         if current and not (batches and current & batches[-1]):  # a batch formed in this step
             assert not batches or all(seqs[int(r)].is_finished for r in batches[-1]), "a batch formed mid-batch"
-            assert len(waiting_before) >= cfg.max_num_seqs or \
-                clock.now - waiting_before[0].times.arrival_s >= cfg.batch_timeout_s, "formed before full or timeout"
-            assert current == {s.request_id for s in waiting_before[:cfg.max_num_seqs]}, "not the first waiting"
+            assert (
+                len(waiting_before) >= cfg.max_num_seqs
+                or clock.now - waiting_before[0].times.arrival_s >= cfg.batch_timeout_s
+            ), "formed before full or timeout"
+            assert current == {s.request_id for s in waiting_before[: cfg.max_num_seqs]}, "not the first waiting"
             batches.append(current)
         if not out.scheduled and sched.has_unfinished() and not sched.running:
             assert not current, "an idle step while a batch's members wait with the pool free"
@@ -236,10 +252,11 @@ def test_random_workloads_run_as_whole_batches(workload):
 
 # -- on a model -------------------------------------------------------------------------------------
 
+
 def check_ran_as_batches(outputs, batch_size: int) -> None:
     """Requests queued together in order run in batches of ``batch_size``: each batch's first
     admission comes after the previous batch's last token."""
-    batches = [outputs[i:i + batch_size] for i in range(0, len(outputs), batch_size)]
+    batches = [outputs[i : i + batch_size] for i in range(0, len(outputs), batch_size)]
     for previous, batch in zip(batches, batches[1:]):
         assert min(o.times.first_scheduled_s for o in batch) >= max(o.times.finished_s for o in previous)
 
@@ -292,6 +309,7 @@ def test_a_served_partial_batch_waits_for_the_timeout(tiny_llama):
 
 # -- waiting for a partial batch: asleep, not stepping ----------------------------------------------
 
+
 def count_steps(engine) -> list:
     """Record every ``engine.step()`` call (the engine, ``generate`` and the server's loop call
     the attribute, so wrapping it counts them all)."""
@@ -312,8 +330,10 @@ def test_generate_sleeps_while_a_partial_batch_waits(tiny_llama):
     loaded = tiny_llama[1]
     engine = make_engine(loaded, max_num_seqs=4, batching="static", batch_timeout_s=0.3)
     calls = count_steps(engine)
-    outs = engine.generate(random_prompts([5, 7], loaded.model.config.vocab_size, seed=4),
-                           SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    outs = engine.generate(
+        random_prompts([5, 7], loaded.model.config.vocab_size, seed=4),
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+    )
     assert all(o.finished and len(o.token_ids) == 5 for o in outs)
     assert min(o.times.emissions[0][0] - o.times.arrival_s for o in outs) >= 0.3, "the batch waited the timeout"
     assert len(calls) <= 5 + 1, f"{len(calls)} step() calls for 5 tokens: it stepped while waiting"

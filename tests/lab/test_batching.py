@@ -46,6 +46,7 @@ def fake_points(tpot_by_batch: dict[int, float], wall_s: float = 1.0):
     def point(engine, b, prompt_tokens, output_tokens, peaks):
         calls.append(b)
         return {"batch_size": b, "tpot_s": tpot_by_batch[b], "tok_s": b / tpot_by_batch[b], "wall_s": wall_s * b}
+
     return point, calls
 
 
@@ -118,8 +119,10 @@ def test_static_and_continuous_on_one_workload(worded, tiny_llama):
     hf = tiny_llama[0]
     specs = spread_output_lengths(fixed_workload(9, 6, 1, interval_s=0.01), 2, 14, seed=0)
     prompts = random_prompts([6] * 9, 300, seed=9)
-    engines = {"static": make_engine(worded, max_num_seqs=3, batching="static", batch_timeout_s=0.05),
-               "continuous": make_engine(worded, max_num_seqs=3)}
+    engines = {
+        "static": make_engine(worded, max_num_seqs=3, batching="static", batch_timeout_s=0.05),
+        "continuous": make_engine(worded, max_num_seqs=3),
+    }
     r = compare_batching(engines, specs, prompts)
     for name, run in r["runs"].items():
         m = run["metrics"]
@@ -138,8 +141,10 @@ def test_a_static_batch_holds_its_slots_until_the_longest_ends(worded):
     ones' slots empty until the long one ends; a continuous one refills them."""
     specs = [RequestSpec(0.0, 6, n) for n in (20, 2, 2, 20, 2, 2)]
     prompts = random_prompts([6] * 6, 300, seed=10)
-    engines = {"static": make_engine(worded, max_num_seqs=3, batching="static"),
-               "continuous": make_engine(worded, max_num_seqs=3)}
+    engines = {
+        "static": make_engine(worded, max_num_seqs=3, batching="static"),
+        "continuous": make_engine(worded, max_num_seqs=3),
+    }
     runs = compare_batching(engines, specs, prompts)["runs"]
     static_seqs = [s for _, _, s in runs["static"]["steps"]]
     continuous_seqs = [s for _, _, s in runs["continuous"]["steps"]]
@@ -160,7 +165,9 @@ def test_near_linear_batch_is_the_last_batch_of_an_unbroken_run():
         near_linear_batch([])
 
 
-@pytest.mark.parametrize("intensity,mbu,expected", [(50.0, 10.0, "compute"), (5.0, 80.0, "bandwidth"),
-                                                    (5.0, 20.0, "overhead"), (20.0, 0.1, "compute")])
+@pytest.mark.parametrize(
+    "intensity,mbu,expected",
+    [(50.0, 10.0, "compute"), (5.0, 80.0, "bandwidth"), (5.0, 20.0, "overhead"), (20.0, 0.1, "compute")],
+)
 def test_limiting_factor(intensity, mbu, expected):
     assert limiting_factor(row(8, 1.0, intensity, mbu), ridge_flop_per_byte=20.0) == expected

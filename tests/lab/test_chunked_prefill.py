@@ -111,13 +111,28 @@ def test_reading_off_against_on_and_the_s7_verdict(tiny_engine, tiny_llama, fake
     assert heavy["overhead_share"] == pytest.approx(0.75) and heavy["overhead_bound"]
 
 
-@pytest.mark.parametrize("protection,price,bound,expected", [
-    (5.0, 1.2, False, "holds"),
-    (5.0, 3.0, True, "partly: decodes protected, but TTFT costs 3.0x (every chunk step pays the per-step overhead)"),
-    (5.0, 3.0, False, "partly: decodes protected, but TTFT costs 3.0x"),
-    (1.3, 4.0, True, ("does not hold here: worst gap only 1.3x shorter: a chunk step costs about the whole prefill, "
-                      "overhead-bound")),
-])
+@pytest.mark.parametrize(
+    "protection,price,bound,expected",
+    [
+        (5.0, 1.2, False, "holds"),
+        (
+            5.0,
+            3.0,
+            True,
+            "partly: decodes protected, but TTFT costs 3.0x (every chunk step pays the per-step overhead)",
+        ),
+        (5.0, 3.0, False, "partly: decodes protected, but TTFT costs 3.0x"),
+        (
+            1.3,
+            4.0,
+            True,
+            (
+                "does not hold here: worst gap only 1.3x shorter: a chunk step costs about the whole prefill, "
+                "overhead-bound"
+            ),
+        ),
+    ],
+)
 def test_s7_verdict_in_words(protection, price, bound, expected):
     assert s7_verdict({"itl_protection_x": protection, "ttft_price_x": price, "overhead_bound": bound}) == expected
 
@@ -137,12 +152,15 @@ def test_the_same_tokens_whatever_the_policy(tiny_engine, tiny_llama):
 def test_measure_and_sweep_keep_every_run_and_take_medians(tiny_engine, tiny_llama):
     engine = tiny_engine(max_num_seqs=4, max_num_batched_tokens=256)
     decoders, long_prompt = prompts(tiny_llama, long_tokens=32)
-    row = measure_setting(engine, decoders, long_prompt, 19, repeats=3, warmup_runs=1, inject_after_steps=1, tail_steps=0)
+    row = measure_setting(
+        engine, decoders, long_prompt, 19, repeats=3, warmup_runs=1, inject_after_steps=1, tail_steps=0
+    )
     assert row["chunked"] and row["budget_tokens"] == 19 and len(row["runs"]) == 3
     assert row["ttft_ms"] == sorted(r["ttft_ms"] for r in row["runs"])[1]
     seen = []
-    sweep = budget_sweep(engine, decoders, long_prompt, [40, 19], inject_after_steps=1, tail_steps=0,
-                         progress=seen.append)
+    sweep = budget_sweep(
+        engine, decoders, long_prompt, [40, 19], inject_after_steps=1, tail_steps=0, progress=seen.append
+    )
     assert sweep["off"]["budget_tokens"] is None and [r["budget_tokens"] for r in sweep["on"]] == [19, 40]
     assert seen == ["chunked prefill: off", "chunked prefill: budget 19 tokens", "chunked prefill: budget 40 tokens"]
     assert sweep["long_prompt_tokens"] == 32 and sweep["num_decoders"] == B
@@ -190,12 +208,25 @@ def test_a_pool_too_small_preempts_and_is_refused(tiny_engine, tiny_llama):
 
 SMOLLM2 = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, 1e-5, 8192, True)  # the embedded default's shape
 # A 2-core CPU: about 500 tok/s from 64 tokens on, no fixed cost to speak of, 40 ms a decode step.
-PROBE = {"prefill_points": [[64, 0.128], [128, 0.256], [256, 0.52]], "prefill_tok_s": 500.0, "overhead_s": 0.0,
-         "decode_step_s": 0.04, "knee_tokens": 64, "knee_reached": True, "max_prompt_tokens": 8191}
+PROBE = {
+    "prefill_points": [[64, 0.128], [128, 0.256], [256, 0.52]],
+    "prefill_tok_s": 500.0,
+    "overhead_s": 0.0,
+    "decode_step_s": 0.04,
+    "knee_tokens": 64,
+    "knee_reached": True,
+    "max_prompt_tokens": 8191,
+}
 # An H200-like probe: tok/s still growing at the longest prompt, a prefill step's floor of 13 ms against
 # a 2.5 ms decode step (CUDA graphs).
-GPU_PROBE = {"prefill_points": [[64, 0.013], [512, 0.0135], [2048, 0.0145], [8191, 0.021]], "overhead_s": 0.013,
-             "decode_step_s": 0.0025, "knee_tokens": 8191, "knee_reached": False, "max_prompt_tokens": 8191}
+GPU_PROBE = {
+    "prefill_points": [[64, 0.013], [512, 0.0135], [2048, 0.0145], [8191, 0.021]],
+    "overhead_s": 0.013,
+    "decode_step_s": 0.0025,
+    "knee_tokens": 8191,
+    "knee_reached": False,
+    "max_prompt_tokens": 8191,
+}
 
 
 def test_the_prefill_prediction_meets_the_probe_and_grows_faster_than_linearly():
@@ -213,7 +244,10 @@ def test_long_prompt_long_enough_to_stall_many_decode_steps():
     assert c["predicted_stall_steps"] == pytest.approx(predict_prefill_s(PROBE, SMOLLM2, n) / 0.04)
     assert c["overhead_share"] == 0
     words = choice_in_words(c, PROBE)
-    assert words == f"long prompt: {n} tokens, so that its prefill alone lasts about {c['predicted_stall_steps']:.0f} decode steps."
+    assert (
+        words
+        == f"long prompt: {n} tokens, so that its prefill alone lasts about {c['predicted_stall_steps']:.0f} decode steps."
+    )
 
 
 def test_long_prompt_past_the_knee_and_within_the_caps():

@@ -95,7 +95,9 @@ def test_handoff_gives_the_colocated_outputs_and_frees_every_block(tiny_llama):
     for rid, prompt, ref in zip(ids, prompts, reference):
         out = decode.output(rid)
         assert out.finished and len(out.token_ids) == 9
-        assert_same_or_near_tie(ref.token_ids, out.token_ids, prompt, hf_next_logits(hf), what=f"prompt of {len(prompt)}")
+        assert_same_or_near_tie(
+            ref.token_ids, out.token_ids, prompt, hf_next_logits(hf), what=f"prompt of {len(prompt)}"
+        )
         # One emission per token, the first from the prefill engine, in time order.
         assert [n for _, n in out.times.emissions] == [1] * 9
 
@@ -205,6 +207,7 @@ def test_kv_cache_blocks_round_trip(tiny_llama):
 
 # -- the model -------------------------------------------------------------------------------------
 
+
 def test_virtual_clock_starts_exactly_where_set_and_runs_with_real_time():
     clock = VirtualClock()
     clock.set(12.5)
@@ -230,8 +233,9 @@ def test_one_request_pays_the_transfer_exactly_once(tiny_llama):
     prefill, decode = make_engine(loaded), make_engine(loaded)
     spec = RequestSpec(0.25, 10, 5)
     bandwidth_gbps = 1e-6  # 1 kB/s: the transfer is seconds long, whatever the machine's speed
-    run = replay_disaggregated([prefill], [decode], [spec], random_prompts([10], VOCAB, seed=6),
-                               link_bandwidth_gbps=bandwidth_gbps)
+    run = replay_disaggregated(
+        [prefill], [decode], [spec], random_prompts([10], VOCAB, seed=6), link_bandwidth_gbps=bandwidth_gbps
+    )
     out, tr = run.outputs[0], run.transfers["req-0"]
     (p_step,), d_steps = run.steps  # the prefill engine ran one step
     times = [t for t, _ in out.times.emissions]
@@ -303,10 +307,14 @@ def test_replay_refuses_busy_engines_and_a_pool_too_small(tiny_llama):
     with pytest.raises(ValueError, match="in flight"):
         replay_colocated([busy], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]])
     with pytest.raises(ValueError, match="link_bandwidth_gbps"):
-        replay_disaggregated([make_engine(loaded)], [make_engine(loaded)], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]],
-                             link_bandwidth_gbps=0)
+        replay_disaggregated(
+            [make_engine(loaded)], [make_engine(loaded)], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]], link_bandwidth_gbps=0
+        )
     # The decode engine's context cannot take this request past its first token: an error, not a hang.
-    small, prefill = make_engine(loaded, num_kv_blocks=3, max_model_len=12, max_num_batched_tokens=64), make_engine(loaded)
+    small, prefill = (
+        make_engine(loaded, num_kv_blocks=3, max_model_len=12, max_num_batched_tokens=64),
+        make_engine(loaded),
+    )
     with pytest.raises(ValueError, match="max_model_len=12"):
         replay_disaggregated([prefill], [small], [RequestSpec(0.0, 12, 4)], random_prompts([12], VOCAB, 1))
     assert small.clock is time.perf_counter and prefill.clock is time.perf_counter  # their own clocks back
@@ -317,8 +325,15 @@ def test_compare_is_json_and_consistent(tiny_llama, workload):
     specs, prompts = workload
     slo = SLO(ttft_ms=1e6, tpot_ms=1e6)  # met by all: goodput = completed / duration
     lines = []
-    result = compare_disaggregation(make_engine(loaded), specs, slo, prompts, real_time_baseline=True,
-                                    decode_overrides={"max_num_seqs": 8}, progress=lines.append)
+    result = compare_disaggregation(
+        make_engine(loaded),
+        specs,
+        slo,
+        prompts,
+        real_time_baseline=True,
+        decode_overrides={"max_num_seqs": 8},
+        progress=lines.append,
+    )
     json.dumps(result)
     names = [r["name"] for r in result["runs"]]
     assert names == ["colocated", "colocated_x2", "disaggregated", "colocated_real_time"] and len(lines) == 2
@@ -332,8 +347,10 @@ def test_compare_is_json_and_consistent(tiny_llama, workload):
     disagg = result["runs"][2]
     assert disagg["step_ms"]["decode_only"]["count"] > 0
     assert result["transfers"]["count"] == sum(s.output_tokens > 1 for s in specs)
-    assert result["transfers"]["total_bytes"] == sum(
-        s.prompt_tokens for s in specs if s.output_tokens > 1) * result["assumptions"]["kv_bytes_per_token"]
+    assert (
+        result["transfers"]["total_bytes"]
+        == sum(s.prompt_tokens for s in specs if s.output_tokens > 1) * result["assumptions"]["kv_bytes_per_token"]
+    )
     assert len(result["timeline"]) == len(specs) and result["wall_s"] > 0
     text = "\n".join(format_comparison(result))
     assert "2 colocated replicas" in text and f"{len(specs)}/{len(specs)}" in text

@@ -37,6 +37,7 @@ def prompts(tiny_llama, batch, length=8):
 
 # -- the op split (pure) ------------------------------------------------------------------------
 
+
 def test_op_shares_split_the_wall_time_three_ways():
     ops = {"aten::addmm": 500.0, "aten::mm": 100.0, "aten::linear": 20.0, "aten::add": 50.0, "aten::copy_": 30.0}
     s = op_shares(ops, wall_us=1000.0)
@@ -58,32 +59,52 @@ def test_op_shares_never_report_negative_outside_time_and_cut_to_top():
 
 
 def test_gpu_kernels_of_gemm_libraries_count_as_matrix_products():
-    for name in ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "ampere_bf16_s16816gemm_bf16_128x64_ldg8",
-                 "void gemv2T_kernel_val<int, int, __nv_bfloat16>", "nvjet_hsh_128x64_64x4_1x2_h_bz_coopA_NTN",
-                 "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>", "aten::addmm"):
+    for name in (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+        "ampere_bf16_s16816gemm_bf16_128x64_ldg8",
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16>",
+        "nvjet_hsh_128x64_64x4_1x2_h_bz_coopA_NTN",
+        "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>",
+        "aten::addmm",
+    ):
         assert is_matmul(name), name
-    for name in ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
-                 "flash_fwd_kernel", "aten::scaled_dot_product_attention", "cudaLaunchKernel", "Memcpy HtoD (Pageable -> Device)"):
+    for name in (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>",
+        "flash_fwd_kernel",
+        "aten::scaled_dot_product_attention",
+        "cudaLaunchKernel",
+        "Memcpy HtoD (Pageable -> Device)",
+    ):
         assert not is_matmul(name), name
 
 
 def event(key, cpu_us, device_us, device_type=DeviceType.CPU):
-    return SimpleNamespace(key=key, self_cpu_time_total=cpu_us, self_device_time_total=device_us, device_type=device_type)
+    return SimpleNamespace(
+        key=key, self_cpu_time_total=cpu_us, self_device_time_total=device_us, device_type=device_type
+    )
 
 
 def test_op_times_split_host_ops_from_gpu_kernels():
-    events = [event("aten::mm", 30.0, 0.0), event("cudaLaunchKernel", 50.0, 0.0),
-              event("sm90_xmma_gemm_bf16", 0.0, 400.0, DeviceType.CUDA), event("elementwise_kernel", 0.0, 60.0, DeviceType.CUDA)]
+    events = [
+        event("aten::mm", 30.0, 0.0),
+        event("cudaLaunchKernel", 50.0, 0.0),
+        event("sm90_xmma_gemm_bf16", 0.0, 400.0, DeviceType.CUDA),
+        event("elementwise_kernel", 0.0, 60.0, DeviceType.CUDA),
+    ]
     cpu, device = op_times(events)
     assert cpu == {"aten::mm": 30.0, "cudaLaunchKernel": 50.0}
     assert device == {"sm90_xmma_gemm_bf16": 400.0, "elementwise_kernel": 60.0}
     shares = op_shares(device, wall_us=1000.0)
     assert shares["matmul_share"] == pytest.approx(0.4) and shares["outside_ops_share"] == pytest.approx(0.54)
     # an older profiler that attaches kernel time to the op itself
-    assert op_times([event("aten::mm", 30.0, 400.0), event("aten::add", 5.0, 60.0)])[1] == {"aten::mm": 400.0, "aten::add": 60.0}
+    assert op_times([event("aten::mm", 30.0, 400.0), event("aten::add", 5.0, 60.0)])[1] == {
+        "aten::mm": 400.0,
+        "aten::add": 60.0,
+    }
 
 
 # -- decode runs --------------------------------------------------------------------------------
+
 
 def test_decode_for_returns_decode_steps_for_at_least_the_time(tiny_engine, tiny_llama):
     engine = tiny_engine()
@@ -116,8 +137,10 @@ def test_on_cpu_nvml_is_na_with_a_reason_and_mfu_mbu_are_measured(tiny_engine, t
     assert rows["util.gpu (NVML)"] == "N/A" and rows["SM occupancy (GPM)"] == "N/A"
     assert list(trace_series(r)) == ["MFU % per step (measured peak)", "MBU % per step (measured peak)"]
     assert rows["MFU (measured peak)"].endswith("%") and "0.0%" != rows["MFU (measured peak)"]
-    assert "N/A" in utilization_rows(decode_utilization(tiny_engine(), prompts(tiny_llama, 1), 0.0, PEAKS,
-                                                        sampler=None))[0][1]
+    assert (
+        "N/A"
+        in utilization_rows(decode_utilization(tiny_engine(), prompts(tiny_llama, 1), 0.0, PEAKS, sampler=None))[0][1]
+    )
 
 
 def test_a_gpu_with_gpm_reports_util_occupancy_and_bandwidth(tiny_engine, tiny_llama):
@@ -148,6 +171,7 @@ def test_a_gpu_without_gpm_says_na_never_zero(tiny_engine, tiny_llama):
 
 
 # -- the profile --------------------------------------------------------------------------------
+
 
 def test_profile_decode_finds_the_matrix_products(tiny_engine, tiny_llama):
     engine = tiny_engine()

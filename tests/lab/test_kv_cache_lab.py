@@ -28,8 +28,9 @@ def test_recompute_and_cache_give_the_same_tokens_for_quadratic_and_linear_work(
     prompt, m = random_prompts([21], VOCAB, seed=3)[0], 12
     r = recompute_vs_cache(engine, prompt, m)
     n = len(prompt)
-    assert_same_or_near_tie(r["cache"]["token_ids"], r["recompute"]["token_ids"], prompt, hf_next_logits(hf),
-                            what="recompute vs cache")
+    assert_same_or_near_tie(
+        r["cache"]["token_ids"], r["recompute"]["token_ids"], prompt, hf_next_logits(hf), what="recompute vs cache"
+    )
     assert r["same_tokens"] == (r["first_difference"] is None)
     # Work: the cache runs the prompt once, then one token per step; recompute reruns everything.
     assert r["cache"]["tokens_run"] == [n] + [1] * (m - 1)
@@ -42,7 +43,9 @@ def test_recompute_and_cache_give_the_same_tokens_for_quadratic_and_linear_work(
     for side in ("cache", "recompute"):
         assert len(r[side]["token_s"]) == m and all(t > 0 for t in r[side]["token_s"])
     # Nothing left behind: the prefix cache is empty and every block free.
-    assert not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert (
+        not engine.has_unfinished_requests() and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    )
     assert engine.block_manager.enable_prefix_caching, "the engine's prefix-cache switch is restored"
 
 
@@ -88,8 +91,9 @@ def test_live_block_tables_show_where_each_sequence_lives(tiny_engine):
     assert len(held) == len(set(held)), "no block is held twice"
     assert snap["num_free_blocks"] == 16 - len(held)
     for s in seqs:
-        assert len(s["block_table"]) == cdiv(s["num_computed_tokens"] + 1, 4) or \
-            len(s["block_table"]) == cdiv(s["num_computed_tokens"], 4), "a table covers its tokens"
+        assert len(s["block_table"]) == cdiv(s["num_computed_tokens"] + 1, 4) or len(s["block_table"]) == cdiv(
+            s["num_computed_tokens"], 4
+        ), "a table covers its tokens"
     late = next(s for s in seqs if s["request_id"] == "3")["block_table"]
     assert any(b - a != 1 for a, b in zip(late, late[1:])), f"request 3's blocks are all adjacent: {late}"
     # Afterwards the engine is idle and the pool empty.
@@ -103,8 +107,10 @@ def test_live_block_tables_refuses_mismatched_lengths(tiny_engine):
         live_block_tables(tiny_engine(), [[1, 2]], [3, 4], join_every=1, steps=2)
 
 
-@pytest.mark.parametrize("blocks,size,tokens,expected", [(100, 16, 16, 100), (100, 16, 17, 50), (100, 16, 1, 100),
-                                                         (7, 4, 30, 0), (0, 16, 5, 0), (1456, 16, 96, 242)])
+@pytest.mark.parametrize(
+    "blocks,size,tokens,expected",
+    [(100, 16, 16, 100), (100, 16, 17, 50), (100, 16, 1, 100), (7, 4, 30, 0), (0, 16, 5, 0), (1456, 16, 96, 242)],
+)
 def test_sequences_that_fit(blocks, size, tokens, expected):
     assert sequences_that_fit(blocks, size, tokens) == expected
 

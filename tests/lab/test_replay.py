@@ -73,16 +73,21 @@ def test_steps_recorded_for_this_run_only(run):
 def test_params_override(tiny_engine):
     specs = [RequestSpec(0.0, 4, 6), RequestSpec(0.0, 4, 6)]
     prompts = random_prompts([4, 4], VOCAB, seed=2)
-    result = run_workload(tiny_engine(), specs, prompts=prompts,
-                          params=lambda s: SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    result = run_workload(
+        tiny_engine(),
+        specs,
+        prompts=prompts,
+        params=lambda s: SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+    )
     assert [len(o.token_ids) for o in result.outputs] == [2, 2]
 
 
 def test_timeout_aborts_unfinished_requests(tiny_engine):
     """A request needing 200 steps cannot finish within 10 ms: it is aborted and reported so."""
     engine = tiny_engine()
-    result = run_workload(engine, [RequestSpec(0.0, 6, 200)], prompts=random_prompts([6], VOCAB, seed=3),
-                          timeout_s=0.01)
+    result = run_workload(
+        engine, [RequestSpec(0.0, 6, 200)], prompts=random_prompts([6], VOCAB, seed=3), timeout_s=0.01
+    )
     (out,) = result.outputs
     assert out.finished and out.finish_reason == "abort"
     assert len(out.token_ids) < 200
@@ -104,6 +109,7 @@ def test_timeout_bounds_the_wait_for_a_late_arrival(tiny_engine):
 
 
 # -- the report -----------------------------------------------------------------------------------
+
 
 def test_serving_report_with_slo_and_utilization(run):
     engine, _, _, result = run

@@ -4,22 +4,51 @@ from minieng.lab.report import format_serving, format_table
 
 
 def utilization(mfu, mbu, suspect=False):
-    return {"num_steps": 3, "flops": 1e9, "bytes": 1e9, "seconds": 0.1, "arithmetic_intensity_flop_per_byte": 1.0,
-            "achieved_tflops": 0.01, "achieved_gbps": 10.0,
-            "measured": {"mfu_percent": mfu, "mbu_percent": mbu, "suspect": suspect}}
+    return {
+        "num_steps": 3,
+        "flops": 1e9,
+        "bytes": 1e9,
+        "seconds": 0.1,
+        "arithmetic_intensity_flop_per_byte": 1.0,
+        "achieved_tflops": 0.01,
+        "achieved_gbps": 10.0,
+        "measured": {"mfu_percent": mfu, "mbu_percent": mbu, "suspect": suspect},
+    }
 
 
 def bench_result():
-    env = {"model": "m", "device_name": "H200", "device": "cuda", "dtype": "bfloat16", "torch_threads": 1,
-           "torch_version": "2", "transformers_version": "5"}
-    return {"environment": env, "load_s": None,
-            "config": {"compare_transformers": False, "decode_prompt_len": 64, "output_tokens": 8},
-            "peaks": [{"source": "measured", "peak_tflops": 790.0, "bandwidth_gbps": 4300.0, "ridge_flop_per_byte": 183.7}],
-            "prefill": [{"prompt_tokens": 1024, "minieng_ttft_ms": 13.0, "minieng_prefill_tok_s": 78000.0,
-                         "utilization": utilization(2.5, 1.2)}],
-            "decode": [{"batch_size": 1, "minieng_tpot_ms": 13.6, "minieng_decode_tok_s": 73.5,
-                        "utilization": utilization(0.031, 0.29)}],
-            "phase_ratio": {"seed_vllm_prefill_tok_s": 12968.6, "seed_vllm_decode_tok_s": 95.0, "seed_ratio_x": 136.5}}
+    env = {
+        "model": "m",
+        "device_name": "H200",
+        "device": "cuda",
+        "dtype": "bfloat16",
+        "torch_threads": 1,
+        "torch_version": "2",
+        "transformers_version": "5",
+    }
+    return {
+        "environment": env,
+        "load_s": None,
+        "config": {"compare_transformers": False, "decode_prompt_len": 64, "output_tokens": 8},
+        "peaks": [{"source": "measured", "peak_tflops": 790.0, "bandwidth_gbps": 4300.0, "ridge_flop_per_byte": 183.7}],
+        "prefill": [
+            {
+                "prompt_tokens": 1024,
+                "minieng_ttft_ms": 13.0,
+                "minieng_prefill_tok_s": 78000.0,
+                "utilization": utilization(2.5, 1.2),
+            }
+        ],
+        "decode": [
+            {
+                "batch_size": 1,
+                "minieng_tpot_ms": 13.6,
+                "minieng_decode_tok_s": 73.5,
+                "utilization": utilization(0.031, 0.29),
+            }
+        ],
+        "phase_ratio": {"seed_vllm_prefill_tok_s": 12968.6, "seed_vllm_decode_tok_s": 95.0, "seed_ratio_x": 136.5},
+    }
 
 
 def test_small_mfu_and_mbu_keep_two_significant_digits():
@@ -31,14 +60,29 @@ def test_small_mfu_and_mbu_keep_two_significant_digits():
 
 
 def test_serving_section_prints_utilization_and_na():
-    report = {"workload": {"kind": "fixed", "num_requests": 1, "last_arrival_s": 0.0, "prompt_tokens_total": 8,
-                           "output_tokens_total": 8},
-              "metrics": {"completed": 1, "aborted": 0, "failed": 0, "duration_s": 1.0, "num_preemptions": 0,
-                          "output_throughput_tok_s": 8.0, "prefill_throughput_tok_s": 8.0, "request_throughput_req_s": 1.0,
-                          **{k: {"count": 0} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
-                          "num_excluded_from_tpot": 0},
-              "decode_only_steps": utilization(0.012, 0.8),
-              "telemetry": {"util_gpu_percent_median": 37.0, "sm_occupancy_percent_median": None, "reliable": True}}
+    report = {
+        "workload": {
+            "kind": "fixed",
+            "num_requests": 1,
+            "last_arrival_s": 0.0,
+            "prompt_tokens_total": 8,
+            "output_tokens_total": 8,
+        },
+        "metrics": {
+            "completed": 1,
+            "aborted": 0,
+            "failed": 0,
+            "duration_s": 1.0,
+            "num_preemptions": 0,
+            "output_throughput_tok_s": 8.0,
+            "prefill_throughput_tok_s": 8.0,
+            "request_throughput_req_s": 1.0,
+            **{k: {"count": 0} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
+            "num_excluded_from_tpot": 0,
+        },
+        "decode_only_steps": utilization(0.012, 0.8),
+        "telemetry": {"util_gpu_percent_median": 37.0, "sm_occupancy_percent_median": None, "reliable": True},
+    }
     text = "\n".join(format_serving(report))
     assert "MFU 0.012%, MBU 0.80%" in text
     assert "util.gpu median 37.0%, SM occupancy median N/A" in text
@@ -48,13 +92,28 @@ def test_quantization_section_prints_ratios_beside_predictions():
     from minieng.lab.report import format_quantization
 
     def row(scheme, bpw, ttft, tpot):
-        return {"scheme": scheme, "kernel": f"{scheme} kernel", "weight_bytes": 2.5e8, "bytes_per_weight": bpw,
-                "ttft_ms": 600.0, "ttft_ratio": ttft, "ttft_ratio_predicted": 0.7, "tpot_b1_ms": 30.0,
-                "tpot_b1_ratio": tpot, "tpot_b1_ratio_predicted": 0.26, "agreement": 0.965, "kl_nats": 0.0027,
-                "positions": 256}
-    result = {"device": "cpu", "dtype": "torch.float32",
-              "config": {"batch_sizes": [1], "prompt_tokens": 512, "quality_prompts": 4, "quality_tokens": 64},
-              "rows": [row("none", 4.0, 1.0, 1.0), row("int8", 1.006, 0.8, 0.4)]}
+        return {
+            "scheme": scheme,
+            "kernel": f"{scheme} kernel",
+            "weight_bytes": 2.5e8,
+            "bytes_per_weight": bpw,
+            "ttft_ms": 600.0,
+            "ttft_ratio": ttft,
+            "ttft_ratio_predicted": 0.7,
+            "tpot_b1_ms": 30.0,
+            "tpot_b1_ratio": tpot,
+            "tpot_b1_ratio_predicted": 0.26,
+            "agreement": 0.965,
+            "kl_nats": 0.0027,
+            "positions": 256,
+        }
+
+    result = {
+        "device": "cpu",
+        "dtype": "torch.float32",
+        "config": {"batch_sizes": [1], "prompt_tokens": 512, "quality_prompts": 4, "quality_tokens": 64},
+        "rows": [row("none", 4.0, 1.0, 1.0), row("int8", 1.006, 0.8, 0.4)],
+    }
     text = "\n".join(format_quantization(result))
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("int8 "))
     assert "1.006" in line and "0.80x (0.70)" in line and "0.40x (0.26)" in line and "2.00x" in line

@@ -20,11 +20,13 @@ CPU = torch.device("cpu")
 
 def fake_measure(calls: list, flops=(1e11, 2e11, 1.5e11), copies=(10e9, 20e9, 15e9)):
     """A ``measure(device, dtype, repeats)`` that records its calls and returns fixed runs."""
+
     def measure(device, dtype, repeats=5):
         calls.append((device, dtype, repeats))
         mm = Measurement(list(flops), "FLOP/s", {"matmul_n": 64})
         cp = Measurement(list(copies), "B/s", {"copy_bytes": 1 << 20})
         return None, mm, cp
+
     return measure
 
 
@@ -57,8 +59,16 @@ def test_a_damaged_cache_file_is_measured_again(tmp_path):
     assert len(calls) == 2 and not again.from_cache and json.loads(path.read_text())["matmul"]["values"]
 
 
-@pytest.mark.parametrize("change", [{"torch_version": "9.9.9"}, {"torch_threads": 97}, {"dtype": "bfloat16"},
-                                    {"device_name": "another CPU"}, {"host": "another-host"}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"torch_version": "9.9.9"},
+        {"torch_threads": 97},
+        {"dtype": "bfloat16"},
+        {"device_name": "another CPU"},
+        {"host": "another-host"},
+    ],
+)
 def test_a_changed_environment_measures_again(tmp_path, monkeypatch, change):
     calls = []
     machine_ceilings(CPU, torch.float32, directory=tmp_path, noise=False, measure=fake_measure(calls))
@@ -94,6 +104,7 @@ def test_the_cache_folder_follows_the_environment_at_call_time(tmp_path, monkeyp
 
 # -- the noise ---------------------------------------------------------------------------------------
 
+
 def test_noise_takes_the_largest_of_shortfall_half_spread_and_contention():
     quiet = Noise(0.03, 0.02, 0.04, 0.06, 5, 0.3, 2, 0.0, 0.0)
     assert quiet.relative == pytest.approx(0.03) and quiet.level == "quiet"
@@ -111,8 +122,10 @@ def test_noise_takes_the_largest_of_shortfall_half_spread_and_contention():
     assert "31%" in text and "load average 2.50 over 2 CPUs" in text and "too noisy to judge here" in text
 
 
-@pytest.mark.parametrize("others,threads,cpus,expected", [
-    (0.0, 2, 2, 0.0), (1.0, 2, 2, 1 / 3), (2.0, 2, 2, 0.5), (1.0, 1, 2, 0.0), (3.0, 4, 16, 0.0), (None, 2, 2, None)])
+@pytest.mark.parametrize(
+    "others,threads,cpus,expected",
+    [(0.0, 2, 2, 0.0), (1.0, 2, 2, 1 / 3), (2.0, 2, 2, 0.5), (1.0, 1, 2, 0.0), (3.0, 4, 16, 0.0), (None, 2, 2, None)],
+)
 def test_cpu_contention(others, threads, cpus, expected):
     got = cpu_contention(others, threads, cpus)
     assert got == expected if expected is None else got == pytest.approx(expected)
@@ -124,8 +137,13 @@ def test_others_running_is_a_count_or_unknown():
 
 
 def stored(flops, copies, n=64, nbytes=1 << 20) -> Ceilings:
-    return Ceilings("cpu", "float32", Measurement(flops, "FLOP/s", {"matmul_n": n}),
-                    Measurement(copies, "B/s", {"copy_bytes": nbytes}), "2026-12-01 10:00 UTC")
+    return Ceilings(
+        "cpu",
+        "float32",
+        Measurement(flops, "FLOP/s", {"matmul_n": n}),
+        Measurement(copies, "B/s", {"copy_bytes": nbytes}),
+        "2026-12-01 10:00 UTC",
+    )
 
 
 def test_read_noise_compares_a_repeat_at_the_stored_sizes_with_the_stored_runs(monkeypatch):
@@ -149,16 +167,24 @@ def test_read_noise_compares_a_repeat_at_the_stored_sizes_with_the_stored_runs(m
     assert noise.copy_spread == pytest.approx(cp.spread) and noise.runs == 3
     assert noise.relative == pytest.approx(0.4)
     # A repeat as fast as the stored runs has no shortfall, whatever their best.
-    monkeypatch.setattr(ceilings, "measure_matmul", lambda d, dt, n=None, repeats=5:
-                        Measurement([1.5e11] * 3, "FLOP/s", {"matmul_n": n}))
+    monkeypatch.setattr(
+        ceilings,
+        "measure_matmul",
+        lambda d, dt, n=None, repeats=5: Measurement([1.5e11] * 3, "FLOP/s", {"matmul_n": n}),
+    )
     assert read_noise(stored([1e11, 2e11], [10e9, 20e9]), repeats=3)[0].matmul_shortfall == 0.0
 
 
 def test_read_noise_on_the_cpu_for_real():
     from minieng.measure.peaks import measure_copy, measure_matmul
 
-    best = Ceilings("cpu", "float32", measure_matmul(CPU, torch.float32, n=64, repeats=3),
-                    measure_copy(CPU, nbytes=1 << 20, repeats=3), "now")
+    best = Ceilings(
+        "cpu",
+        "float32",
+        measure_matmul(CPU, torch.float32, n=64, repeats=3),
+        measure_copy(CPU, nbytes=1 << 20, repeats=3),
+        "now",
+    )
     noise, mm, cp = read_noise(best, repeats=3)
     assert mm.runs == cp.runs == 3 and mm.fingerprint["matmul_n"] == 64
     assert noise.relative is not None and noise.relative >= 0
@@ -171,8 +197,9 @@ def test_a_repeat_that_beats_the_stored_best_raises_it(tmp_path, monkeypatch):
     machine_ceilings(CPU, torch.float32, directory=tmp_path, noise=False, measure=fake_measure(calls))
     faster = Measurement([3e11, 4e11], "FLOP/s", {"matmul_n": 64})
     same_copy = Measurement([12e9, 14e9], "B/s", {"copy_bytes": 1 << 20})
-    monkeypatch.setattr(ceilings, "read_noise",
-                        lambda c, repeats: (Noise(0.0, 0.1, 0.1, 0.1, repeats, None, None), faster, same_copy))
+    monkeypatch.setattr(
+        ceilings, "read_noise", lambda c, repeats: (Noise(0.0, 0.1, 0.1, 0.1, repeats, None, None), faster, same_copy)
+    )
     raised = machine_ceilings(CPU, torch.float32, directory=tmp_path, measure=fake_measure(calls))
     assert raised.peak.peak_tflops == pytest.approx(0.4) and raised.peak.bandwidth_gbps == pytest.approx(20.0)
     again = machine_ceilings(CPU, torch.float32, directory=tmp_path, noise=False, measure=fake_measure(calls))

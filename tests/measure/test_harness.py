@@ -89,8 +89,9 @@ def test_to_dict_and_str():
 
 def test_fingerprint_on_cpu():
     fp = fingerprint("cpu", torch.float32)
-    assert {"device", "torch_version", "minieng_version", "torch_threads", "dtype", "platform",
-            "device_name"} <= set(fp)
+    assert {"device", "torch_version", "minieng_version", "torch_threads", "dtype", "platform", "device_name"} <= set(
+        fp
+    )
     assert fp["device"] == "cpu"
     assert fp["dtype"] == "float32"
     assert fp["torch_version"] == torch.__version__

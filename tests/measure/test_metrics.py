@@ -23,9 +23,16 @@ req = RequestMetrics.from_emissions
 
 # -- one request ----------------------------------------------------------------------------------
 
+
 def test_request_of_four_single_token_emissions():
-    m = req(10.0, [(11.0, 1), (11.2, 1), (11.5, 1), (12.0, 1)], prompt_tokens=8, finish_reason="length",
-            first_scheduled_s=10.5, num_preemptions=2)
+    m = req(
+        10.0,
+        [(11.0, 1), (11.2, 1), (11.5, 1), (12.0, 1)],
+        prompt_tokens=8,
+        finish_reason="length",
+        first_scheduled_s=10.5,
+        num_preemptions=2,
+    )
     assert m.ttft_s == approx(1.0)
     assert m.e2el_s == approx(2.0)
     assert m.tpot_s == approx(1.0 / 3)  # (2.0 - 1.0) / (4 - 1)
@@ -69,8 +76,9 @@ def test_bad_emissions_are_rejected(emissions):
 def test_request_metrics_reads_a_request_output():
     from minieng.engine.outputs import RequestOutput
 
-    times = RequestTimes(arrival_s=1.0, first_scheduled_s=1.25, emissions=[(2.0, 1), (2.5, 2)],
-                         finished_s=2.5, num_preemptions=1)
+    times = RequestTimes(
+        arrival_s=1.0, first_scheduled_s=1.25, emissions=[(2.0, 1), (2.5, 2)], finished_s=2.5, num_preemptions=1
+    )
     out = RequestOutput("r0", [7, 8, 9], [1, 2, 3], [2, 3], "", "", True, "stop", times)
     m = request_metrics(out)
     assert (m.ttft_s, m.e2el_s, m.queue_s) == (approx(1.0), approx(1.5), approx(0.25))
@@ -83,12 +91,14 @@ def test_request_metrics_reads_a_request_output():
 
 # -- summaries ------------------------------------------------------------------------------------
 
+
 def test_summary_percentiles_are_linear_interpolation():
     values_s = [0.4, 0.1, 1.0, 0.3, 0.2]  # sorted ms: 100 200 300 400 1000
     s = summarize_ms(values_s)
     # rank = p/100 * (n - 1): p90 -> 3.6 -> 400 + 0.6 * 600 = 760
-    assert s == approx({"mean": 400.0, "p50": 300.0, "p90": 760.0, "p95": 880.0, "p99": 976.0,
-                        "max": 1000.0, "count": 5})
+    assert s == approx(
+        {"mean": 400.0, "p50": 300.0, "p90": 760.0, "p95": 880.0, "p99": 976.0, "max": 1000.0, "count": 5}
+    )
     for p in (50, 90, 95, 99):
         assert s[f"p{p}"] == approx(np.percentile(np.array(values_s) * 1e3, p))
 
@@ -100,6 +110,7 @@ def test_empty_summary_is_none_not_a_crash():
 
 
 # -- a run ----------------------------------------------------------------------------------------
+
 
 def _run():
     """Six requests; the run spans arrival 0.0 to the last emission at 3.0."""
@@ -139,15 +150,18 @@ def test_given_duration_overrides_the_measured_one():
     assert s.output_throughput_tok_s == approx(1.0) and s.request_throughput_req_s == approx(0.5)
 
 
-@pytest.mark.parametrize("slo, good", [
-    (SLO(ttft_ms=1000), 3),  # all three TTFTs are exactly 1000 ms: bounds are inclusive
-    (SLO(ttft_ms=999), 0),
-    (SLO(ttft_ms=2000), 3),  # the abort (1500 ms) and the unfinished one (800 ms) still miss
-    (SLO(tpot_ms=600), 2),  # 500 ms meets, the 1-token request meets vacuously, 1000 ms misses
-    (SLO(e2el_ms=1500), 1),  # only the 1-token request (1000 ms)
-    (SLO(tpot_ms=600, e2el_ms=1500), 1),
-    (SLO(ttft_ms=1000, tpot_ms=600, e2el_ms=2000), 2),
-])
+@pytest.mark.parametrize(
+    "slo, good",
+    [
+        (SLO(ttft_ms=1000), 3),  # all three TTFTs are exactly 1000 ms: bounds are inclusive
+        (SLO(ttft_ms=999), 0),
+        (SLO(ttft_ms=2000), 3),  # the abort (1500 ms) and the unfinished one (800 ms) still miss
+        (SLO(tpot_ms=600), 2),  # 500 ms meets, the 1-token request meets vacuously, 1000 ms misses
+        (SLO(e2el_ms=1500), 1),  # only the 1-token request (1000 ms)
+        (SLO(tpot_ms=600, e2el_ms=1500), 1),
+        (SLO(ttft_ms=1000, tpot_ms=600, e2el_ms=2000), 2),
+    ],
+)
 def test_goodput_under_each_slo(slo, good):
     s = serving_metrics(_run(), slo=slo)
     assert s.num_good_requests == good
@@ -202,6 +216,7 @@ def test_everything_is_json_serializable():
 
 
 # -- speculative decoding acceptance --------------------------------------------------------------
+
 
 def test_acceptance_on_a_hand_worked_history():
     # k = 3; four drafts accept 3, 0, 2, 1 tokens -> emit 4, 1, 3, 2 tokens (bonus included)

@@ -14,7 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fake_nvml import FakeGPU, FakeNVML, NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound, NVMLError_NotSupported
+from fake_nvml import (
+    FakeGPU,
+    FakeNVML,
+    NVMLError,
+    NVMLError_DriverNotLoaded,
+    NVMLError_LibraryNotFound,
+    NVMLError_NotSupported,
+)
 
 from minieng.engine.outputs import StepRecord
 from minieng.measure import nvml as telemetry
@@ -68,6 +75,7 @@ def test_gpm_query_with_real_ctypes_structures():
 
 # -- sampling --------------------------------------------------------------------------------
 
+
 def test_sampler_records_every_field_at_the_interval():
     nvml = FakeNVML()
     sampler = run_sampler(nvml, seconds=0.3, interval_s=0.02)
@@ -102,6 +110,7 @@ def test_interval_must_be_positive():
 
 # -- device matching -------------------------------------------------------------------------
 
+
 class _CUuuid:
     """torch's uuid object: str() gives the UUID without NVML's 'GPU-' prefix."""
 
@@ -113,14 +122,17 @@ class _CUuuid:
 
 
 def two_gpus():
-    return [FakeGPU(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000000", pci=(0, 0x17, 0), power_mw=100_000),
-            FakeGPU(uuid=b"GPU-BBBBBBBB-0000-0000-0000-000000000000", pci=(0, 0x65, 0), power_mw=200_000)]
+    return [
+        FakeGPU(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000000", pci=(0, 0x17, 0), power_mw=100_000),
+        FakeGPU(uuid=b"GPU-BBBBBBBB-0000-0000-0000-000000000000", pci=(0, 0x65, 0), power_mw=200_000),
+    ]
 
 
 def test_torch_index_0_is_nvml_index_1_matched_by_uuid(monkeypatch):
     # CUDA_VISIBLE_DEVICES=1: torch's cuda:0 is NVML's device 1 (whose UUID NVML gives as bytes)
-    props = SimpleNamespace(uuid=_CUuuid("bbbbbbbb-0000-0000-0000-000000000000"),
-                            pci_domain_id=0, pci_bus_id=0x99, pci_device_id=0)  # PCI deliberately wrong
+    props = SimpleNamespace(
+        uuid=_CUuuid("bbbbbbbb-0000-0000-0000-000000000000"), pci_domain_id=0, pci_bus_id=0x99, pci_device_id=0
+    )  # PCI deliberately wrong
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     nvml = FakeNVML(two_gpus())
@@ -161,6 +173,7 @@ def test_torch_device_id_reads_uuid_and_pci(monkeypatch):
 
 # -- N/A paths -------------------------------------------------------------------------------
 
+
 def test_pynvml_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
     assert "nvidia-ml-py" in telemetry.unavailable_reason()
@@ -170,9 +183,14 @@ def test_pynvml_missing(monkeypatch):
     assert sampler.samples == []
 
 
-@pytest.mark.parametrize("error, words", [(NVMLError_LibraryNotFound, "no NVIDIA driver"),
-                                          (NVMLError_DriverNotLoaded, "driver is not loaded"),
-                                          (NVMLError, "nvmlInit failed")])
+@pytest.mark.parametrize(
+    "error, words",
+    [
+        (NVMLError_LibraryNotFound, "no NVIDIA driver"),
+        (NVMLError_DriverNotLoaded, "driver is not loaded"),
+        (NVMLError, "nvmlInit failed"),
+    ],
+)
 def test_init_errors(error, words):
     nvml = FakeNVML(init_error=error)
     assert words in telemetry.unavailable_reason(nvml)
@@ -225,9 +243,11 @@ def test_mig_query_not_supported_means_no_mig():
     assert sampler.samples[0].util_gpu_percent == 97.0
 
 
-@pytest.mark.parametrize("gpu", [FakeGPU(gpm=False),
-                                 FakeGPU(errors={"nvmlGpmQueryDeviceSupport": NVMLError_NotSupported})],
-                         ids=["not-supported-flag", "query-raises"])
+@pytest.mark.parametrize(
+    "gpu",
+    [FakeGPU(gpm=False), FakeGPU(errors={"nvmlGpmQueryDeviceSupport": NVMLError_NotSupported})],
+    ids=["not-supported-flag", "query-raises"],
+)
 def test_gpm_unsupported_before_hopper(gpu):
     nvml = FakeNVML([gpu])
     sampler = run_sampler(nvml, seconds=0.1)
@@ -270,6 +290,7 @@ def test_module_does_not_need_pynvml_at_import(monkeypatch):
 
 # -- one-shot readings: environment report, measurement fingerprint ---------------------------
 
+
 def test_nvml_status_says_what_the_gpu_reports():
     nvml = FakeNVML()
     assert telemetry.nvml_status(nvml=nvml) == "NVIDIA H200, driver 570.86.15; GPM metrics available"
@@ -282,7 +303,11 @@ def test_nvml_status_says_what_the_gpu_reports():
 
 def test_read_clocks():
     assert telemetry.read_clocks(nvml=FakeNVML()) == {
-        "driver_version": "570.86.15", "sm_clock_mhz": 1980, "temperature_c": 55, "throttle_reasons": 4}
+        "driver_version": "570.86.15",
+        "sm_clock_mhz": 1980,
+        "temperature_c": 55,
+        "throttle_reasons": 4,
+    }
     gpu = FakeGPU(errors={"nvmlDeviceGetTemperature": NVMLError_NotSupported})
     assert telemetry.read_clocks(nvml=FakeNVML([gpu]))["temperature_c"] is None
     no_driver = telemetry.read_clocks(nvml=FakeNVML(init_error=NVMLError_LibraryNotFound))
@@ -303,6 +328,7 @@ def test_failed_gpm_allocation_leaves_only_gpm_na():
 
 # -- traces and steps ------------------------------------------------------------------------
 
+
 def trace(times, **values) -> list[Sample]:
     blank = dict.fromkeys(telemetry.VALUE_FIELDS)
     return [Sample(t, **{**blank, **{k: v[i] for k, v in values.items()}}) for i, t in enumerate(times)]
@@ -310,11 +336,13 @@ def trace(times, **values) -> list[Sample]:
 
 def test_samples_per_step():
     samples = trace([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])[::-1]  # order does not matter
-    steps = [step(0.15, 0.27),   # holds 0.2, 0.3, 0.4 (bounds inclusive)
-             step(0.51, 0.01),   # shorter than the interval: nearest, 0.5
-             step(0.58, 0.01),   # nearest is 0.6, after the step
-             step(0.2, 0.0),     # a sample exactly at a zero-length step
-             step(5.0, 0.01)]    # far from every sample: none
+    steps = [
+        step(0.15, 0.27),  # holds 0.2, 0.3, 0.4 (bounds inclusive)
+        step(0.51, 0.01),  # shorter than the interval: nearest, 0.5
+        step(0.58, 0.01),  # nearest is 0.6, after the step
+        step(0.2, 0.0),  # a sample exactly at a zero-length step
+        step(5.0, 0.01),
+    ]  # far from every sample: none
     got = [[s.time_s for s in group] for group in samples_per_step(samples, steps)]
     assert got == [[0.2, 0.3, 0.4], [0.5], [0.6], [0.2], []]
     assert samples_per_step(samples, steps[1:2], nearest_within_s=None) == [[]]
@@ -322,8 +350,12 @@ def test_samples_per_step():
 
 
 def test_summarize_ignores_none():
-    samples = trace([0.0, 1.0, 2.0, 3.0], util_gpu_percent=[100.0, None, 90.0, 95.0],
-                    power_w=[None] * 4, throttle_reasons=[0, 4, None, 1])
+    samples = trace(
+        [0.0, 1.0, 2.0, 3.0],
+        util_gpu_percent=[100.0, None, 90.0, 95.0],
+        power_w=[None] * 4,
+        throttle_reasons=[0, 4, None, 1],
+    )
     out = summarize(samples)
     assert out["num_samples"] == 4 and out["duration_s"] == 3.0 and out["reliable"]
     assert out["util_gpu_percent_median"] == 95.0

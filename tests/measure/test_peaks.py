@@ -20,19 +20,23 @@ CUDA = torch.device("cuda")  # constructing a device object needs no GPU
 
 # -- datasheet matching ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("torch_name,entry,tflops,gbps", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350),
-    ("NVIDIA H100 PCIe", "H100 PCIe", 756, 2000),
-    ("NVIDIA H200", "H200", 989, 4800),
-    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 312, 2039),
-    ("NVIDIA A100-SXM4-40GB", "A100 40GB", 312, 1555),
-    ("NVIDIA A10", "A10", 125, 600),
-    ("NVIDIA L4", "L4", 121, 300),
-    ("NVIDIA L40S", "L40S", 362, 864),
-    ("Tesla T4", "T4", 65, 320),
-    ("NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008),
-    ("NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936),
-])
+
+@pytest.mark.parametrize(
+    "torch_name,entry,tflops,gbps",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989, 3350),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 756, 2000),
+        ("NVIDIA H200", "H200", 989, 4800),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 312, 2039),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB", 312, 1555),
+        ("NVIDIA A10", "A10", 125, 600),
+        ("NVIDIA L4", "L4", 121, 300),
+        ("NVIDIA L40S", "L40S", 362, 864),
+        ("Tesla T4", "T4", 65, 320),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090", 165, 1008),
+        ("NVIDIA GeForce RTX 3090", "RTX 3090", 71, 936),
+    ],
+)
 def test_datasheet_matches_torch_device_names(torch_name, entry, tflops, gbps):
     peak = datasheet_peak(torch_name)
     assert peak == Peak(entry, tflops, gbps, "datasheet")
@@ -49,10 +53,13 @@ def test_unknown_device_has_no_datasheet(torch_name):
     assert datasheet_peak(torch_name) is None
 
 
-@pytest.mark.parametrize("torch_name,wrong", [
-    ("NVIDIA L40", "L4"),    # a 48 GB, 864 GB/s card: "L4" is a substring of its name
-    ("NVIDIA T400", "T4"),   # a small workstation card: "T4" is a substring of its name
-])
+@pytest.mark.parametrize(
+    "torch_name,wrong",
+    [
+        ("NVIDIA L40", "L4"),  # a 48 GB, 864 GB/s card: "L4" is a substring of its name
+        ("NVIDIA T400", "T4"),  # a small workstation card: "T4" is a substring of its name
+    ],
+)
 def test_datasheet_does_not_match_on_a_substring_of_another_model_number(torch_name, wrong):
     """A device absent from the table must get no datasheet (DESIGN.md section 5: "an unknown device
     gets measured ceilings only"), not the peaks of a card whose number is a prefix of its own:
@@ -70,6 +77,7 @@ def test_ridge_point_is_peak_over_bandwidth():
 
 # -- dtype policy ---------------------------------------------------------------------------------
 
+
 def test_cpu_gets_float32_with_a_reason():
     name, reason = dtype_choice(CPU)
     assert name == "float32"
@@ -78,8 +86,9 @@ def test_cpu_gets_float32_with_a_reason():
     assert not hardware.has_native_bf16(CPU)
 
 
-@pytest.mark.parametrize("capability,expected", [((7, 5), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16"),
-                                                 ((7, 0), "float16")])
+@pytest.mark.parametrize(
+    "capability,expected", [((7, 5), "float16"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16"), ((7, 0), "float16")]
+)
 def test_cuda_dtype_follows_compute_capability(monkeypatch, capability, expected):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     name, reason = dtype_choice(CUDA)
@@ -95,6 +104,7 @@ def test_explicit_dtype_is_taken_as_given():
 
 
 # -- device selection and the environment check ---------------------------------------------------
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("name", ["cuda", "cuda:0"])
@@ -134,6 +144,7 @@ def test_host_memory_is_positive_or_unknown():
 
 
 # -- measured ceilings ----------------------------------------------------------------------------
+
 
 def test_measure_matmul_on_cpu():
     m = hardware.measure_matmul(CPU, torch.float32, n=48, repeats=3)

@@ -23,8 +23,18 @@ from minieng.measure.sweep_plan import (
     scan_prefill,
 )
 
-CPU = {16: 0.106, 32: 0.15, 64: 0.2456, 128: 0.3677, 256: 0.7115, 512: 1.511, 1024: 3.266, 2048: 7.0,
-       4096: 16.0, 8191: 40.0}  # TTFT s, one step per prompt
+CPU = {
+    16: 0.106,
+    32: 0.15,
+    64: 0.2456,
+    128: 0.3677,
+    256: 0.7115,
+    512: 1.511,
+    1024: 3.266,
+    2048: 7.0,
+    4096: 16.0,
+    8191: 40.0,
+}  # TTFT s, one step per prompt
 
 
 def h200(n: int) -> float:
@@ -34,11 +44,18 @@ def h200(n: int) -> float:
 
 def probe_of(points, cap: int = 8191) -> dict:
     knee = prefill_knee(points)
-    return {"prefill_tok_s": knee["peak_tok_s"], "overhead_s": knee["overhead_s"], "knee_tokens": knee["knee_tokens"],
-            "knee_reached": knee["knee_reached"], "max_prompt_tokens": cap, "decode_step_s": 0.04}
+    return {
+        "prefill_tok_s": knee["peak_tok_s"],
+        "overhead_s": knee["overhead_s"],
+        "knee_tokens": knee["knee_tokens"],
+        "knee_reached": knee["knee_reached"],
+        "max_prompt_tokens": cap,
+        "decode_step_s": 0.04,
+    }
 
 
 # -- the knee --------------------------------------------------------------------------------------
+
 
 def test_knee_on_a_cpu_comes_within_a_few_hundred_tokens():
     knee = prefill_knee([(n, CPU[n]) for n in (64, 128, 256, 512, 1024)])
@@ -74,6 +91,7 @@ def test_knee_rejects_bad_points(points):
 
 # -- the scan --------------------------------------------------------------------------------------
 
+
 def test_probe_lengths_double_up_to_the_cap():
     assert probe_lengths(8191) == [64, 128, 256, 512, 1024, 2048, 4096, 8191]
     assert probe_lengths(1024) == [64, 128, 256, 512, 1024]
@@ -103,6 +121,7 @@ def test_scan_runs_to_the_longest_prompt_on_an_h200():
 
 
 # -- sweep lengths ---------------------------------------------------------------------------------
+
 
 def cpu_probe():
     return probe_of(scan_prefill(lambda n: CPU[n], probe_lengths(8191), 60, 4))
@@ -160,6 +179,7 @@ def test_estimate_adds_overhead_per_prefill():
 
 
 # -- the TTFT fit ----------------------------------------------------------------------------------
+
 
 def test_fit_recovers_a_known_quadratic_past_the_knee():
     a, b, c = 0.01, 2e-4, 4e-8
@@ -227,13 +247,15 @@ def test_probe_speed_warms_up_restores_the_engine_and_sizes_a_sweep(real_engine)
 
 # -- decode batches and the KV sweep ---------------------------------------------------------------
 
+
 def test_predictions_add_attention_and_turn_compute_bound():
     from minieng.config import published_config
 
     probe, cfg = cpu_probe(), published_config("SmolLM2-135M")
     assert predict_ttft_s(probe, 512, cfg) > predict_ttft_s(probe, 512)  # attention on top of the linear term
     assert predict_ttft_s(probe, 6143, cfg) - probe["overhead_s"] == pytest.approx(
-        2 * (predict_ttft_s(probe, 6143) - probe["overhead_s"]), rel=0.01)  # the crossover: attention = linear
+        2 * (predict_ttft_s(probe, 6143) - probe["overhead_s"]), rel=0.01
+    )  # the crossover: attention = linear
     together = predict_ttft_s(probe, 64, count=8)  # one batch's prompts share the steps' fixed cost
     assert together - probe["overhead_s"] == pytest.approx(8 * (predict_ttft_s(probe, 64) - probe["overhead_s"]))
     assert predict_decode_step_s(probe, 1) == probe["decode_step_s"]

@@ -42,8 +42,9 @@ def test_bandwidth_matters_once_the_batch_is_large():
 
 
 def test_more_devices_divide_the_read_but_not_the_toll():
-    steps = [tensor_parallel_decode(num_devices=p, link=LINKS["pcie4_x16"], latency_s=5e-6, **SEED)
-             for p in (1, 2, 4, 8)]
+    steps = [
+        tensor_parallel_decode(num_devices=p, link=LINKS["pcie4_x16"], latency_s=5e-6, **SEED) for p in (1, 2, 4, 8)
+    ]
     reads = [s.read_s for s in steps]
     assert reads == pytest.approx([0.03 / p for p in (1, 2, 4, 8)])
     tolls = [s.link_s for s in steps]

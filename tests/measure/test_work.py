@@ -18,18 +18,37 @@ from minieng.measure.work import StepWork, decode_work, prefill_work, step_work
 
 
 def model_config(**overrides) -> ModelConfig:
-    fields = dict(model_type="llama", vocab_size=10, hidden_size=4, intermediate_size=6, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=2, rms_norm_eps=1e-5,
-                  max_position_embeddings=64, tie_word_embeddings=True)
+    fields = dict(
+        model_type="llama",
+        vocab_size=10,
+        hidden_size=4,
+        intermediate_size=6,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=2,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     fields.update(overrides)
     return ModelConfig(**fields)
 
 
-SMOLLM2_135M = model_config(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                            num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192)
+SMOLLM2_135M = model_config(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+)
 
 
 # -- by hand --------------------------------------------------------------------------------------
+
 
 def test_one_layer_by_hand():
     # hidden 4, 2 query heads and 1 KV head of dim 2, intermediate 6, vocab 10:
@@ -140,6 +159,7 @@ def test_bad_chunks_are_rejected():
 
 # -- MFU, MBU and the >100% flag ------------------------------------------------------------------
 
+
 def test_mfu_and_mbu_are_fractions():
     u = roofline.mfu(1e12, 0.01, 200e12)
     assert u.fraction == pytest.approx(0.5) and u.percent == pytest.approx(50) and not u.suspect
@@ -165,12 +185,19 @@ def test_utilization_rejects_zero_time_and_peak():
 
 # -- against FlopCounterMode: transformers' eager attention -----------------------------------------
 
+
 def tiny_hf(kind: str):
     """A tiny random transformers model on the eager (explicit matmul) attention path."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=160, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                 max_position_embeddings=256, attn_implementation="eager")
+    shape = dict(
+        vocab_size=160,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        attn_implementation="eager",
+    )
     if kind == "llama-mha":
         hf = LlamaConfig(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True, **shape)
         cls = LlamaForCausalLM
@@ -235,14 +262,23 @@ def test_all_logits_cost_what_step_work_says():
 
 # -- against FlopCounterMode: minieng's own engine, a mixed batch ----------------------------------
 
+
 def tiny_engine():
     from transformers import LlamaConfig
 
     from minieng import EngineConfig, LLMEngine
     from minieng.model.loader import LoadedModel, build_model, randomize
 
-    hf = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    hf = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+    )
     model = build_model(ModelConfig.from_hf(hf), torch.float32, torch.device("cpu"), 256)
     randomize(model)
     config = EngineConfig(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
@@ -283,11 +319,26 @@ def test_counting_refuses_a_busy_engine():
 
 # -- printing a percentage ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("percent, text", [
-    (0.03, "0.030%"), (0.3, "0.30%"), (3.0, "3.0%"), (0.0301, "0.030%"), (0.00012, "0.00012%"),
-    (4.56, "4.6%"), (9.94, "9.9%"), (9.96, "10.0%"), (0.0996, "0.10%"), (43.21, "43.2%"),
-    (112.0, "112.0%"), (0, "0%"), (None, "N/A"), (-0.5, "-0.50%"),
-])
+
+@pytest.mark.parametrize(
+    "percent, text",
+    [
+        (0.03, "0.030%"),
+        (0.3, "0.30%"),
+        (3.0, "3.0%"),
+        (0.0301, "0.030%"),
+        (0.00012, "0.00012%"),
+        (4.56, "4.6%"),
+        (9.94, "9.9%"),
+        (9.96, "10.0%"),
+        (0.0996, "0.10%"),
+        (43.21, "43.2%"),
+        (112.0, "112.0%"),
+        (0, "0%"),
+        (None, "N/A"),
+        (-0.5, "-0.50%"),
+    ],
+)
 def test_format_percent_keeps_two_significant_digits_below_ten(percent, text):
     assert roofline.format_percent(percent) == text
 
@@ -306,6 +357,7 @@ def test_tiny_utilization_prints_its_digits_and_a_suspect_one_says_so():
 
 
 # -- on paper: the n^2 crossover, the decode ridge, what bounds a step ------------------------------
+
 
 @pytest.mark.parametrize("name, crossover", [("SmolLM2-135M", 6143), ("Llama-3-8B", 53247)])
 def test_attention_overtakes_the_linear_layers_at_the_crossover(name, crossover):
@@ -362,8 +414,13 @@ def test_phase_utilization_says_what_bounds_each_peak():
 def test_published_shapes_give_their_parameter_counts():
     from minieng.config import PUBLISHED_SHAPES, published_config
 
-    counts = {"SmolLM2-135M": 134_515_008, "SmolLM2-1.7B": 1_711_376_384, "Llama-3-8B": 8_030_261_248,
-              "Llama-3-70B": 70_553_706_496, "Qwen2.5-7B-Instruct": 7_615_616_512 - 129_024}  # less q/k/v biases
+    counts = {
+        "SmolLM2-135M": 134_515_008,
+        "SmolLM2-1.7B": 1_711_376_384,
+        "Llama-3-8B": 8_030_261_248,
+        "Llama-3-70B": 70_553_706_496,
+        "Qwen2.5-7B-Instruct": 7_615_616_512 - 129_024,
+    }  # less q/k/v biases
     assert set(counts) == set(PUBLISHED_SHAPES)
     for name, params in counts.items():
         assert published_config(name).num_params == params, name

@@ -39,10 +39,10 @@ needs_trace = pytest.mark.skipif(not TRACE.is_file(), reason=f"{TRACE} not prese
 
 # -- fixed and Poisson ----------------------------------------------------------------------------
 
+
 def test_fixed_workload():
     specs = fixed_workload(4, 16, 8, interval_s=0.5)
-    assert specs == [RequestSpec(0.0, 16, 8), RequestSpec(0.5, 16, 8), RequestSpec(1.0, 16, 8),
-                     RequestSpec(1.5, 16, 8)]
+    assert specs == [RequestSpec(0.0, 16, 8), RequestSpec(0.5, 16, 8), RequestSpec(1.0, 16, 8), RequestSpec(1.5, 16, 8)]
     assert all(s.arrival_s == 0 for s in fixed_workload(3, 5, 2))  # interval 0: all at once
 
 
@@ -76,16 +76,19 @@ def test_poisson_is_reproducible_per_seed():
     assert a != poisson_workload(20, 2.0, 8, 8, seed=8)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: fixed_workload(0, 16, 8),
-    lambda: fixed_workload(3, 0, 8),
-    lambda: fixed_workload(3, 16, -1),
-    lambda: poisson_workload(3, 0.0, 16, 8),
-    lambda: poisson_workload(3, -2.0, 16, 8),
-    lambda: poisson_workload(3, float("nan"), 16, 8),
-    lambda: poisson_workload(0, 1.0, 16, 8),
-    lambda: poisson_workload(3, 1.0, 0, 8),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: fixed_workload(0, 16, 8),
+        lambda: fixed_workload(3, 0, 8),
+        lambda: fixed_workload(3, 16, -1),
+        lambda: poisson_workload(3, 0.0, 16, 8),
+        lambda: poisson_workload(3, -2.0, 16, 8),
+        lambda: poisson_workload(3, float("nan"), 16, 8),
+        lambda: poisson_workload(0, 1.0, 16, 8),
+        lambda: poisson_workload(3, 1.0, 0, 8),
+    ],
+)
 def test_bad_workload_input_is_a_value_error(call):
     with pytest.raises(ValueError, match="must be > 0"):
         call()
@@ -98,6 +101,7 @@ def test_negative_interval_is_a_value_error():
 
 
 # -- the Azure trace ------------------------------------------------------------------------------
+
 
 def _csv_rows() -> list[list[str]]:
     lines = TRACE.read_text().splitlines()
@@ -164,24 +168,37 @@ def test_read_trace_missing_columns(tmp_path):
 
 def test_read_trace_of_a_small_file(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 23:59:59.5000000,10,3\n"
-                    "2023-11-17 00:00:01,20,4\n")  # across midnight, no fractional part
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 23:59:59.5000000,10,3\n2023-11-17 00:00:01,20,4\n"
+    )  # across midnight, no fractional part
     specs = read_trace(path)
     assert specs == [RequestSpec(0.0, 10, 3), RequestSpec(pytest.approx(1.5), 20, 4)]
 
 
 # -- the trace's quantiles, and the workload sampled from them ------------------------------------
 
+
 @needs_trace
 def test_stored_quantiles_are_what_the_script_derives_from_the_csvs(tmp_path):
     """data/azure-llm-trace-2023/ holds exactly what benchmarks/trace_quantiles.py writes from the CSVs."""
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "trace_quantiles.py"),
-                          "--source", str(TRACE.parent), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "trace_quantiles.py"),
+            "--source",
+            str(TRACE.parent),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     for name in ("quantiles.json", "README.md"):
-        assert (tmp_path / name).read_text(encoding="utf-8") == (TRACE_QUANTILES.parent / name).read_text(encoding="utf-8"), name
+        assert (tmp_path / name).read_text(encoding="utf-8") == (TRACE_QUANTILES.parent / name).read_text(
+            encoding="utf-8"
+        ), name
     # And the figures are the CSV's: its request count and its median prompt length.
     specs = read_trace(TRACE)
     conv = stored_trace_quantiles("conv")
@@ -227,9 +244,11 @@ def test_sampled_workload_has_the_stored_quantiles(service):
     q = stored_trace_quantiles(service)
     specs = sampled_trace_workload(n, service, seed=1)
     gaps = np.diff([s.arrival_s for s in specs])
-    for name, values, half in (("prompt_tokens", [s.prompt_tokens for s in specs], 0.5),
-                               ("output_tokens", [s.output_tokens for s in specs], 0.5),
-                               ("interarrival_s", gaps, 0.0)):
+    for name, values, half in (
+        ("prompt_tokens", [s.prompt_tokens for s in specs], 0.5),
+        ("output_tokens", [s.output_tokens for s in specs], 0.5),
+        ("interarrival_s", gaps, 0.0),
+    ):
         values = np.sort(values)
         for p, x in zip(q["probabilities"], q[name]):
             below = np.searchsorted(values, x - half, side="left") / len(values)
@@ -270,17 +289,26 @@ def test_sampled_workload_from_given_quantiles():
 def test_trace_quantiles_by_hand():
     specs = [RequestSpec(0.0, 10, 1), RequestSpec(1.0, 20, 2), RequestSpec(3.0, 30, 3), RequestSpec(4.0, 40, 4)]
     q = trace_quantiles(specs, probabilities=(0.0, 0.5, 1.0))
-    assert q == {"num_requests": 4, "duration_s": 4.0, "rate_per_s": 0.75, "prompt_tokens": [10.0, 25.0, 40.0],
-                 "output_tokens": [1.0, 2.5, 4.0], "interarrival_s": [1.0, 1.0, 2.0]}
+    assert q == {
+        "num_requests": 4,
+        "duration_s": 4.0,
+        "rate_per_s": 0.75,
+        "prompt_tokens": [10.0, 25.0, 40.0],
+        "output_tokens": [1.0, 2.5, 4.0],
+        "interarrival_s": [1.0, 1.0, 2.0],
+    }
     with pytest.raises(ValueError, match="at least 2"):
         trace_quantiles(specs[:1])
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: sampled_trace_workload(0), "must be > 0"),
-    (lambda: sampled_trace_workload(3, "chat"), "unknown"),
-    (lambda: stored_trace_quantiles("chat"), "conv, code"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: sampled_trace_workload(0), "must be > 0"),
+        (lambda: sampled_trace_workload(3, "chat"), "unknown"),
+        (lambda: stored_trace_quantiles("chat"), "conv, code"),
+    ],
+)
 def test_sampled_workload_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -292,6 +320,7 @@ def test_stored_quantiles_missing_file(tmp_path):
 
 
 # -- scaling --------------------------------------------------------------------------------------
+
 
 def test_scale_workload_arithmetic_and_caps():
     specs = [RequestSpec(0.0, 400, 100), RequestSpec(2.0, 1000, 8), RequestSpec(3.0, 2, 1)]
@@ -305,6 +334,7 @@ def test_scale_workload_arithmetic_and_caps():
 
 # -- prompts of exact lengths ---------------------------------------------------------------------
 
+
 class CharTokenizer:
     """One id per character: a stand-in with the one method the workload module calls."""
 
@@ -314,7 +344,7 @@ class CharTokenizer:
 
 def _is_window(ids, prompt) -> bool:
     n = len(prompt)
-    return any(list(ids[i:i + n]) == prompt for i in range(len(ids) - n + 1) if ids[i] == prompt[0])
+    return any(list(ids[i : i + n]) == prompt for i in range(len(ids) - n + 1) if ids[i] == prompt[0])
 
 
 def test_text_prompts_exact_length_distinct_contiguous():

@@ -51,6 +51,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # -- tiny random models -----------------------------------------------------------------------------
 
+
 def test_config_is_read_faithfully(pair):
     hf, loaded = pair
     cfg = loaded.hf_config
@@ -176,8 +177,16 @@ def test_llama3_rope_scaling_logits_match_transformers():
 def test_mistral_sliding_window_caps_the_context():
     from transformers import MistralConfig
 
-    config = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=300, max_position_embeddings=256, sliding_window=32)
+    config = MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=256,
+        sliding_window=32,
+    )
     assert ModelConfig.from_hf(config).max_position_embeddings == 32
     config.sliding_window = None
     assert ModelConfig.from_hf(config).max_position_embeddings == 256
@@ -241,6 +250,7 @@ def test_real_model_greedy_matches_transformers_generate(default_model, hf_defau
 
 
 # -- the linear layers' kernel ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("rows", [1, 3, 64])
 @pytest.mark.parametrize("bias", [False, True])

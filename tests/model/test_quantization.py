@@ -23,7 +23,13 @@ from minieng.model.quant_codes import (
     quantize_per_channel_int8,
     quantize_per_token,
 )
-from minieng.model.quant_kernels import FbgemmLinear, Int4Linear, Int8WeightOnlyLinear, W8A8Linear, fbgemm_activation_levels
+from minieng.model.quant_kernels import (
+    FbgemmLinear,
+    Int4Linear,
+    Int8WeightOnlyLinear,
+    W8A8Linear,
+    fbgemm_activation_levels,
+)
 from minieng.model.quantization import (
     KERNELS,
     ReferenceLinear,
@@ -53,6 +59,7 @@ def weights(out_features=96, in_features=128, seed=0) -> torch.Tensor:
 
 
 # -- 1. quantize / dequantize: error bounds ------------------------------------------------------
+
 
 def test_per_channel_int8_round_trip_is_within_half_a_step():
     w = weights()
@@ -150,11 +157,15 @@ def test_fbgemm_levels_are_what_the_kernel_sums_exactly():
         FbgemmLinear(w, None, digits=1, activation_levels=100)
 
 
-@pytest.mark.parametrize("make,scheme,levels", [
-    (lambda w, b: Int8WeightOnlyLinear(w, b), "int8", None),
-    (lambda w, b: Int4Linear(w, b, 64), "int4", None),
-    (lambda w, b: W8A8Linear(w, b), "w8a8", 127),
-], ids=["int8 weight-only (_weight_int8pack_mm)", "int4 (tinygemm, CPU twin)", "w8a8 (_int_mm)"])
+@pytest.mark.parametrize(
+    "make,scheme,levels",
+    [
+        (lambda w, b: Int8WeightOnlyLinear(w, b), "int8", None),
+        (lambda w, b: Int4Linear(w, b, 64), "int4", None),
+        (lambda w, b: W8A8Linear(w, b), "w8a8", 127),
+    ],
+    ids=["int8 weight-only (_weight_int8pack_mm)", "int4 (tinygemm, CPU twin)", "w8a8 (_int_mm)"],
+)
 def test_torch_op_kernels_equal_their_reference(make, scheme, levels):
     """The CUDA schemes' classes, run on a CPU: float32 summation order is the only difference
     (tolerance 1e-5 of the largest output)."""
@@ -173,6 +184,7 @@ def test_w8a8_int_mm_pads_rows_and_returns_only_the_real_ones():
 
 
 # -- 3. quantized models and engines -------------------------------------------------------------
+
 
 def test_quantize_model_copies_modules_and_shares_the_other_tensors(tiny_llama):
     _, loaded = tiny_llama
@@ -194,7 +206,9 @@ def test_quantized_engine_generates_its_reference_models_tokens(tiny_engine, tin
     """A quantized engine's greedy tokens are its dequantized reference model's (or differ at a
     near-tie of the reference's logits), for prompts decoded alone and together."""
     _, loaded = tiny_llama
-    ref = reference_model(loaded.model, scheme, activation_levels=fbgemm_activation_levels() if scheme == "w8a8" else None)
+    ref = reference_model(
+        loaded.model, scheme, activation_levels=fbgemm_activation_levels() if scheme == "w8a8" else None
+    )
     engine = tiny_engine(quantization=scheme)
     prompts = random_prompts([5, 9, 13], VOCAB, seed=3)
     outs = engine.generate(prompts, greedy(12))
@@ -202,8 +216,14 @@ def test_quantized_engine_generates_its_reference_models_tokens(tiny_engine, tin
         ref_tokens = [*p]
         for _ in range(12):
             ref_tokens.append(int(sequence_logits(ref, ref_tokens)[-1].argmax()))
-        assert_same_or_near_tie(ref_tokens[len(p):], o.token_ids, p, lambda ids: sequence_logits(ref, ids)[-1],
-                                what=f"{scheme} engine vs its reference", tol=2e-3)
+        assert_same_or_near_tie(
+            ref_tokens[len(p) :],
+            o.token_ids,
+            p,
+            lambda ids: sequence_logits(ref, ids)[-1],
+            what=f"{scheme} engine vs its reference",
+            tol=2e-3,
+        )
     assert engine.memory_plan.weight_bytes < make_engine(loaded).memory_plan.weight_bytes / 2
 
 
@@ -267,10 +287,21 @@ def test_activation_outliers_reads_one_layers_input(tiny_llama):
 
 # -- 4. the bytes model counts the scales --------------------------------------------------------
 
+
 def default_shape() -> ModelConfig:
-    return ModelConfig("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
-                       max_position_embeddings=2048, tie_word_embeddings=True)
+    return ModelConfig(
+        "llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
 
 
 def test_matmul_bytes_is_what_the_layers_hold(tiny_llama):
@@ -280,18 +311,35 @@ def test_matmul_bytes_is_what_the_layers_hold(tiny_llama):
     model, cfg = loaded.model, loaded.model.config
     for scheme in ("int8", "w8a8"):
         q = quantize_model(model, scheme)
-        layers = sum(m.weight_bytes for name, m in q.named_modules() if hasattr(m, "weight_bytes") and name != "lm_head")
+        layers = sum(
+            m.weight_bytes for name, m in q.named_modules() if hasattr(m, "weight_bytes") and name != "lm_head"
+        )
         assert matmul_bytes(cfg, scheme, 64, 4) == MatmulBytes(layers, q.lm_head.weight_bytes)
-    small = ModelConfig("llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-5,
-                        max_position_embeddings=64, tie_word_embeddings=True)
-    for scheme, make, dtype in [("int4", lambda w: Int4Linear(w, None, 64), torch.float32),
-                                ("int8", lambda w: Int8WeightOnlyLinear(w, None), torch.bfloat16),  # CUDA's, in bf16
-                                ("w8a8", lambda w: W8A8Linear(w, None), torch.bfloat16)]:
-        held = {name: count * make(torch.randn(out, inp, dtype=dtype)).weight_bytes
-                for name, (out, inp, count) in linear_shapes(small).items()}
+    small = ModelConfig(
+        "llama",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    for scheme, make, dtype in [
+        ("int4", lambda w: Int4Linear(w, None, 64), torch.float32),
+        ("int8", lambda w: Int8WeightOnlyLinear(w, None), torch.bfloat16),  # CUDA's, in bf16
+        ("w8a8", lambda w: W8A8Linear(w, None), torch.bfloat16),
+    ]:
+        held = {
+            name: count * make(torch.randn(out, inp, dtype=dtype)).weight_bytes
+            for name, (out, inp, count) in linear_shapes(small).items()
+        }
         assert matmul_bytes(small, scheme, 64, dtype.itemsize) == MatmulBytes(
-            sum(v for n, v in held.items() if n != "lm_head"), held["lm_head"]), scheme
+            sum(v for n, v in held.items() if n != "lm_head"), held["lm_head"]
+        ), scheme
 
 
 def test_bytes_per_weight_with_scales_for_the_default_shape():
@@ -310,8 +358,9 @@ def test_decode_bytes_and_memory_plan_follow_the_scheme():
     fp32 = decode_work(cfg, 1, 128, 4)
     int8 = decode_work(cfg, 1, 128, 4, matmul_bytes(cfg, "int8", 64, 4))
     assert int8.kv_read_bytes == fp32.kv_read_bytes  # the KV cache stays in the model dtype
-    assert int8.weight_bytes == pytest.approx(fp32.weight_bytes - 3 * cfg.num_matmul_params
-                                              + 4 * (30 * (960 + 576 + 3072 + 576) + 49152), rel=1e-12)
+    assert int8.weight_bytes == pytest.approx(
+        fp32.weight_bytes - 3 * cfg.num_matmul_params + 4 * (30 * (960 + 576 + 3072 + 576) + 49152), rel=1e-12
+    )
     q = matmul_bytes(cfg, "int8", 64, 4)
     # resident: the float embedding (tied: the LM head is a copy) and norms, plus the int8 matrices
     embed_norms = (cfg.vocab_size + 61) * cfg.hidden_size * 4
@@ -320,6 +369,7 @@ def test_decode_bytes_and_memory_plan_follow_the_scheme():
 
 
 # -- 5. what runs where --------------------------------------------------------------------------
+
 
 def test_unsupported_pairs_raise_and_say_what_runs_where():
     with pytest.raises(ValueError, match="does not run on cpu.*What runs where: cpu: int8.*w8a8.*cuda: .*int4"):
@@ -342,8 +392,11 @@ def test_a_kernel_this_torch_lacks_is_refused_with_its_reason(monkeypatch):
         raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
 
     monkeypatch.setattr(q, "make_linear", missing)
-    with pytest.raises(ValueError, match=r"quantization='int8': .* does not run here.*"
-                                         r"NotImplementedError.*What runs where"):
+    with pytest.raises(
+        ValueError,
+        match=r"quantization='int8': .* does not run here.*"
+        r"NotImplementedError.*What runs where",
+    ):
         q._probe_kernel("int8", torch.device("cpu"), torch.float32)
 
 
@@ -383,8 +436,11 @@ def test_engine_refuses_before_loading(tiny_llama):
 def test_a_group_size_that_misses_a_layer_is_refused_never_skipped(tiny_llama):
     from minieng.model.quantization import check_group_size
 
-    with pytest.raises(ValueError, match=r"quantization_group_size=128 does not divide the inputs of qkv_proj \(576\), "
-                                         r"o_proj \(576\), gate_up_proj \(576\), lm_head \(576\).*32, 64"):
+    with pytest.raises(
+        ValueError,
+        match=r"quantization_group_size=128 does not divide the inputs of qkv_proj \(576\), "
+        r"o_proj \(576\), gate_up_proj \(576\), lm_head \(576\).*32, 64",
+    ):
         check_group_size(default_shape(), 128)
     check_group_size(default_shape(), 64)
     _, loaded = tiny_llama  # hidden 64, intermediate 128: 128 misses the 64-input layers
@@ -398,13 +454,18 @@ def test_a_group_size_that_misses_a_layer_is_refused_never_skipped(tiny_llama):
 
 # -- 4. no product on zero rows (issue 19, item 1) ------------------------------------------------
 
-@pytest.mark.parametrize("make", [
-    lambda w, b: FbgemmLinear(w, b, digits=1),
-    lambda w, b: FbgemmLinear(w, b, digits=2),
-    lambda w, b: Int8WeightOnlyLinear(w, b),
-    lambda w, b: Int4Linear(w, b, 64),
-    lambda w, b: W8A8Linear(w, b),
-], ids=["fbgemm w8a8", "fbgemm int8", "int8 weight-only", "int4", "w8a8 _int_mm"])
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda w, b: FbgemmLinear(w, b, digits=1),
+        lambda w, b: FbgemmLinear(w, b, digits=2),
+        lambda w, b: Int8WeightOnlyLinear(w, b),
+        lambda w, b: Int4Linear(w, b, 64),
+        lambda w, b: W8A8Linear(w, b),
+    ],
+    ids=["fbgemm w8a8", "fbgemm int8", "int8 weight-only", "int4", "w8a8 _int_mm"],
+)
 def test_quantized_layers_launch_no_kernel_on_zero_rows(make):
     """On CUDA a product on zero rows launches an empty grid (int4: "invalid configuration
     argument"; int8: an unchecked launch that fails in a later kernel). Every quantized layer
@@ -432,14 +493,21 @@ def test_steps_that_sample_nothing_run_no_product_on_zero_rows(tiny_engine):
     """A prompt longer than the step's token budget (its first chunks sample nothing) and a draft
     model's catch-up step (run alone, it samples nothing): no linear layer, the LM heads among
     them, is ever called with zero rows, and the tokens are the unchunked engine's."""
-    engine = tiny_engine(quantization="int8", max_num_batched_tokens=12, max_num_seqs=4, speculative_method="draft",
-                         num_speculative_tokens=2, draft_quantization="int8")
+    engine = tiny_engine(
+        quantization="int8",
+        max_num_batched_tokens=12,
+        max_num_seqs=4,
+        speculative_method="draft",
+        num_speculative_tokens=2,
+        draft_quantization="int8",
+    )
     rows: list[tuple[str, int]] = []
     for name, model in (("target", engine.model), ("draft", engine.drafter.model)):
         for module_name, module in model.named_modules():
             if hasattr(module, "out_features"):
                 module.register_forward_pre_hook(
-                    lambda mod, args, where=f"{name}.{module_name}": rows.append((where, args[0].shape[0])))
+                    lambda mod, args, where=f"{name}.{module_name}": rows.append((where, args[0].shape[0]))
+                )
     prompts = random_prompts([29, 5], VOCAB, seed=9)
     outs = engine.generate(prompts, greedy(10))
     heads = [n for where, n in rows if where.endswith("lm_head")]

@@ -65,7 +65,7 @@ def events(response) -> list:
     out = []
     for line in response.iter_lines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -85,6 +85,7 @@ def wait_until(predicate, timeout_s: float = 10.0) -> bool:
 
 # -- the API's objects ------------------------------------------------------------------------------
 
+
 def test_health_and_models(served):
     engine, server, _ = served
     root = server.base_url.removesuffix("/v1")
@@ -96,18 +97,28 @@ def test_health_and_models(served):
 
 def test_completion_matches_the_engine_and_counts_usage(served, text_model):
     engine, server, finished = served
-    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "The capital of France is",
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     r = httpx.post(f"{server.base_url}/completions", json=body)
     assert r.status_code == 200, r.text
     got = r.json()
     assert got["object"] == "text_completion" and got["choices"][0]["finish_reason"] == "length"
     reference = make_engine(text_model).generate(
-        ["The capital of France is"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+        ["The capital of France is"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    )[0]
     assert got["choices"][0]["text"] == reference.text
     n = len(reference.prompt_token_ids)
-    assert got["usage"] == {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12,
-                            "prompt_tokens_details": {"cached_tokens": 0}}
+    assert got["usage"] == {
+        "prompt_tokens": n,
+        "completion_tokens": 12,
+        "total_tokens": n + 12,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     again = httpx.post(f"{server.base_url}/completions", json=body).json()
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached == (n - 1) // engine.config.block_size * engine.config.block_size > 0, "the prefix cache's hits"
@@ -121,8 +132,15 @@ def test_completion_matches_the_engine_and_counts_usage(served, text_model):
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_completion_stream_follows_openai_usage_rules(served, include_usage):
     engine, server, _ = served
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": include_usage}}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 10,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": include_usage},
+    }
     with httpx.stream("POST", f"{server.base_url}/completions", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         got = events(r)
@@ -143,8 +161,13 @@ def test_completion_stream_follows_openai_usage_rules(served, include_usage):
 
 def test_chat_stream_equals_chat_response(served):
     engine, server, _ = served
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Why is the sky blue?"}],
-            "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     whole = httpx.post(f"{server.base_url}/chat/completions", json=body).json()
     assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
     with httpx.stream("POST", f"{server.base_url}/chat/completions", json=dict(body, stream=True)) as r:
@@ -159,12 +182,20 @@ def test_chat_stream_equals_chat_response(served):
 
 def test_stop_strings_and_seeded_sampling(served):
     engine, server, _ = served
-    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 24, "temperature": 0.8, "top_p": 0.9, "top_k": 50,
-            "seed": 7, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "Hello",
+        "max_tokens": 24,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 50,
+        "seed": 7,
+        "ignore_eos": True,
+    }
     a = httpx.post(f"{server.base_url}/completions", json=body).json()["choices"][0]["text"]
     b = httpx.post(f"{server.base_url}/completions", json=body).json()["choices"][0]["text"]
     assert a == b, "the same seed gives the same text"
-    stop = a[len(a) // 2:len(a) // 2 + 2]
+    stop = a[len(a) // 2 : len(a) // 2 + 2]
     if stop.strip():
         c = httpx.post(f"{server.base_url}/completions", json=dict(body, stop=[stop])).json()["choices"][0]
         assert stop not in c["text"] and c["finish_reason"] == "stop"
@@ -174,9 +205,15 @@ def test_openai_client_streams(served):
     openai = pytest.importorskip("openai")
     engine, server, _ = served
     client = openai.OpenAI(base_url=server.base_url, api_key="unused")
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                            max_tokens=8, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 8 and chunks[-1].choices == []
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -186,39 +223,45 @@ def test_openai_client_streams(served):
 
 # -- errors -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, status, param", [
-    ('{"model": "tiny-test", "prompt": "hi"', 400, None),  # malformed JSON
-    ('[1, 2]', 400, None),  # not an object
-    ({"model": MODEL, "prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
-    ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
-    ({"model": MODEL, "prompt": 5}, 400, "prompt"),
-    # Prompts of the wrong shape; a batch of one (["hi"], [[1, 2]]) is served, see below.
-    ({"model": MODEL, "prompt": [1.5]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": [1, "a"]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": [True, 2]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": [["hi"]]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": ["hi", "there"]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": []}, 400, "prompt"),
-    ({"model": MODEL, "prompt": {"text": "hi"}}, 400, "prompt"),
-    ({"model": MODEL, "prompt": None}, 400, "prompt"),
-    ({"model": MODEL, "prompt": "hi", "stream": "yes"}, 400, "stream"),
-    ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
-    ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
-    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
-    ({"model": MODEL, "prompt": "hi", "stop": [""]}, 400, "stop"),
-    ({"model": MODEL, "prompt": ""}, 400, "prompt"),
-    ({"model": MODEL, "prompt": [10**9]}, 400, "prompt"),
-    ({"model": MODEL, "prompt": "word " * 600}, 400, "prompt"),  # longer than max_model_len
-    ({"model": MODEL, "prompt": "hi", "max_tokens": 100_000}, 400, "max_tokens"),
-    ({"prompt": "hi"}, 400, "model"),
-    ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
-])
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ('{"model": "tiny-test", "prompt": "hi"', 400, None),  # malformed JSON
+        ("[1, 2]", 400, None),  # not an object
+        ({"model": MODEL, "prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ({"model": MODEL, "prompt": 5}, 400, "prompt"),
+        # Prompts of the wrong shape; a batch of one (["hi"], [[1, 2]]) is served, see below.
+        ({"model": MODEL, "prompt": [1.5]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, "a"]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [True, 2]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [["hi"]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ["hi", "there"]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": []}, 400, "prompt"),
+        ({"model": MODEL, "prompt": {"text": "hi"}}, 400, "prompt"),
+        ({"model": MODEL, "prompt": None}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "hi", "stream": "yes"}, 400, "stream"),
+        ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
+        ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+        ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+        ({"model": MODEL, "prompt": "hi", "stop": [""]}, 400, "stop"),
+        ({"model": MODEL, "prompt": ""}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [10**9]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "word " * 600}, 400, "prompt"),  # longer than max_model_len
+        ({"model": MODEL, "prompt": "hi", "max_tokens": 100_000}, 400, "max_tokens"),
+        ({"prompt": "hi"}, 400, "model"),
+        ({"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+    ],
+)
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, body, status, param):
     engine, server, _ = served
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, str) else {"json": body}
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, str) else {"json": body}
+    )
     r = httpx.post(f"{server.base_url}/completions", **kwargs)
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -232,8 +275,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, bod
 
 def test_bad_chat_messages_and_unknown_routes(served):
     engine, server, _ = served
-    for messages in ([], [{"role": "user", "content": ""}], [{"role": "wizard", "content": "hi"}],
-                     [{"role": "user"}]):
+    for messages in ([], [{"role": "user", "content": ""}], [{"role": "wizard", "content": "hi"}], [{"role": "user"}]):
         r = httpx.post(f"{server.base_url}/chat/completions", json={"model": MODEL, "messages": messages})
         assert r.status_code == 400 and r.json()["error"]["message"], (messages, r.text)
     r = httpx.get(f"{server.base_url}/engines")
@@ -246,8 +288,10 @@ def test_a_batch_of_one_prompt_is_that_prompt(served):
     engine, server, _ = served
     base = {"model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
     ids = engine.tokenize("Hello there")
-    texts = [httpx.post(f"{server.base_url}/completions", json=dict(base, prompt=prompt)).json()["choices"][0]["text"]
-             for prompt in ("Hello there", ["Hello there"], ids, [ids])]
+    texts = [
+        httpx.post(f"{server.base_url}/completions", json=dict(base, prompt=prompt)).json()["choices"][0]["text"]
+        for prompt in ("Hello there", ["Hello there"], ids, [ids])
+    ]
     assert texts[0] and texts == [texts[0]] * 4
 
 
@@ -289,7 +333,9 @@ def test_a_parameter_it_cannot_honour_is_refused_naming_it(served, path, field, 
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error"
-    assert error["message"].startswith(f"{field}: minieng ") and ("omit" in error["message"] or "send" in error["message"])
+    assert error["message"].startswith(f"{field}: minieng ") and (
+        "omit" in error["message"] or "send" in error["message"]
+    )
     assert engine.requests == {}
 
 
@@ -309,51 +355,87 @@ def test_neutral_values_of_fields_it_cannot_honour_are_accepted(served):
     tool_choice "none", response_format text, user) asks for nothing: 200, the same answer."""
     engine, server, _ = served
     plain = httpx.post(f"{server.base_url}/completions", json=_body("completions", temperature=0)).json()
-    neutral = dict(logprobs=None, echo=False, best_of=1, n=1, logit_bias={}, presence_penalty=0,
-                   frequency_penalty=0.0, suffix=None, user="someone", stream=False, stream_options=None,
-                   repetition_penalty=1.0, min_p=0, min_tokens=0)
+    neutral = dict(
+        logprobs=None,
+        echo=False,
+        best_of=1,
+        n=1,
+        logit_bias={},
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        suffix=None,
+        user="someone",
+        stream=False,
+        stream_options=None,
+        repetition_penalty=1.0,
+        min_p=0,
+        min_tokens=0,
+    )
     r = httpx.post(f"{server.base_url}/completions", json=_body("completions", temperature=0, **neutral))
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == plain["choices"][0]["text"]
-    chat_neutral = dict(logprobs=False, top_logprobs=None, response_format={"type": "text"}, tools=None,
-                        tool_choice="none", presence_penalty=0, n=1, parallel_tool_calls=True)
+    chat_neutral = dict(
+        logprobs=False,
+        top_logprobs=None,
+        response_format={"type": "text"},
+        tools=None,
+        tool_choice="none",
+        presence_penalty=0,
+        n=1,
+        parallel_tool_calls=True,
+    )
     r = httpx.post(f"{server.base_url}/chat/completions", json=_body("chat/completions", **chat_neutral))
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("raw, param", [
-    ('"temperature": Infinity', "temperature"),
-    ('"temperature": 1e400', "temperature"),
-    ('"temperature": -Infinity', "temperature"),
-    ('"temperature": NaN', "temperature"),
-    ('"top_p": Infinity', "top_p"),
-    ('"top_p": NaN', "top_p"),
-    ('"top_k": Infinity', "top_k"),
-    ('"max_tokens": 1e400', "max_tokens"),
-    ('"seed": NaN', "seed"),
-])
+@pytest.mark.parametrize(
+    "raw, param",
+    [
+        ('"temperature": Infinity', "temperature"),
+        ('"temperature": 1e400', "temperature"),
+        ('"temperature": -Infinity', "temperature"),
+        ('"temperature": NaN', "temperature"),
+        ('"top_p": Infinity', "top_p"),
+        ('"top_p": NaN', "top_p"),
+        ('"top_k": Infinity', "top_k"),
+        ('"max_tokens": 1e400', "max_tokens"),
+        ('"seed": NaN', "seed"),
+    ],
+)
 def test_non_finite_sampling_values_are_refused(served, raw, param):
     """Python's JSON reads Infinity, NaN and 1e400 (inf) as floats: temperature inf gave random
     text with 200; every non-finite value is now a 400 naming its field."""
     engine, server, _ = served
-    for path, start in (("completions", '{"model": "tiny-test", "prompt": "hi", '),
-                        ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], ')):
-        r = httpx.post(f"{server.base_url}/{path}", content=start + raw + "}",
-                       headers={"content-type": "application/json"})
+    for path, start in (
+        ("completions", '{"model": "tiny-test", "prompt": "hi", '),
+        ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], '),
+    ):
+        r = httpx.post(
+            f"{server.base_url}/{path}", content=start + raw + "}", headers={"content-type": "application/json"}
+        )
         assert r.status_code == 400, (path, r.text)
         assert r.json()["error"]["param"] == param
     assert engine.requests == {}
 
 
-@pytest.mark.parametrize("path, body", [
-    ("completions", '{"model": "tiny-test", "prompt": "hi \\ud800 there"}'),
-    ("completions", '{"model": "tiny-test", "prompt": ["hi \\udfff"]}'),
-    ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": "hi \\ud800"}]}'),
-    ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "system", "content": "be \\udc00"}, '
-                         '{"role": "user", "content": "hi"}]}'),
-    ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": '
-                         '[{"type": "text", "text": "hi \\ud800"}]}]}'),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("completions", '{"model": "tiny-test", "prompt": "hi \\ud800 there"}'),
+        ("completions", '{"model": "tiny-test", "prompt": ["hi \\udfff"]}'),
+        ("chat/completions", '{"model": "tiny-test", "messages": [{"role": "user", "content": "hi \\ud800"}]}'),
+        (
+            "chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": "system", "content": "be \\udc00"}, '
+            '{"role": "user", "content": "hi"}]}',
+        ),
+        (
+            "chat/completions",
+            '{"model": "tiny-test", "messages": [{"role": "user", "content": '
+            '[{"type": "text", "text": "hi \\ud800"}]}]}',
+        ),
+    ],
+)
 def test_a_lone_surrogate_is_a_400_not_a_500(served, path, body):
     """JSON's \\ud800 escape decodes to a lone surrogate, which no tokenizer takes (it was a
     plain-text 500)."""
@@ -363,7 +445,9 @@ def test_a_lone_surrogate_is_a_400_not_a_500(served, path, body):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and "lone surrogate" in error["message"]
     assert error["param"] == ("prompt" if path == "completions" else "messages")
-    proper = json.loads(body.replace("\\ud800", "\\ud83d\\ude00").replace("\\udfff", "\\u00e9").replace("\\udc00", "\\u00e9"))
+    proper = json.loads(
+        body.replace("\\ud800", "\\ud83d\\ude00").replace("\\udfff", "\\u00e9").replace("\\udc00", "\\u00e9")
+    )
     ok = httpx.post(f"{server.base_url}/{path}", json=dict(proper, max_tokens=2))
     assert ok.status_code == 200, "a surrogate pair (one character) is fine"
 
@@ -378,24 +462,56 @@ def test_chat_content_as_text_parts_and_the_developer_role(served):
     is the system role. Each answer equals the one for the plain form."""
     engine, server, _ = served
     answer = lambda r: (r.status_code, r.json()["choices"][0]["message"]["content"])  # noqa: E731
-    plain = answer(_chat(server, [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "Why is the sky blue?\nAnd the sea?"}]))
+    plain = answer(
+        _chat(
+            server,
+            [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Why is the sky blue?\nAnd the sea?"},
+            ],
+        )
+    )
     assert plain[0] == 200 and plain[1]
     parts = [{"type": "text", "text": "Why is the sky blue?"}, {"type": "text", "text": "And the sea?"}]
-    assert answer(_chat(server, [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-                                 {"role": "user", "content": parts}])) == plain
-    assert answer(_chat(server, [{"role": "developer", "content": "Be brief."},
-                                 {"role": "user", "content": "Why is the sky blue?\nAnd the sea?"}])) == plain
+    assert (
+        answer(
+            _chat(
+                server,
+                [
+                    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                    {"role": "user", "content": parts},
+                ],
+            )
+        )
+        == plain
+    )
+    assert (
+        answer(
+            _chat(
+                server,
+                [
+                    {"role": "developer", "content": "Be brief."},
+                    {"role": "user", "content": "Why is the sky blue?\nAnd the sea?"},
+                ],
+            )
+        )
+        == plain
+    )
 
 
-@pytest.mark.parametrize("content, says", [
-    ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "'image_url'"),
-    ([{"type": "text", "text": "Look:"}, {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
-     "content part 1 is of type 'input_audio'"),
-    ([{"type": "text"}], "without a text string"),
-    (["just a string"], "a str"),
-    ({"type": "text", "text": "a part, not a list"}, "valid string"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}], "'image_url'"),
+        (
+            [{"type": "text", "text": "Look:"}, {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}],
+            "content part 1 is of type 'input_audio'",
+        ),
+        ([{"type": "text"}], "without a text string"),
+        (["just a string"], "a str"),
+        ({"type": "text", "text": "a part, not a list"}, "valid string"),
+    ],
+)
 def test_chat_content_parts_other_than_text_are_refused(served, content, says):
     engine, server, _ = served
     r = _chat(server, [{"role": "user", "content": content}])
@@ -405,6 +521,7 @@ def test_chat_content_parts_other_than_text_are_refused(served, content, says):
 
 
 # -- clients that leave ---------------------------------------------------------------------------------
+
 
 def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(served):
     engine, server, finished = served
@@ -423,12 +540,18 @@ def test_a_client_that_disconnects_mid_stream_is_aborted_and_its_blocks_freed(se
 def test_a_slow_reader_does_not_hold_back_others(served):
     """One client reads nothing while another runs to the end: the engine loop never waits on a client."""
     engine, server, _ = served
-    slow = httpx.stream("POST", f"{server.base_url}/completions",
-                        json={"model": MODEL, "prompt": "slow", "max_tokens": 200, "ignore_eos": True, "stream": True})
+    slow = httpx.stream(
+        "POST",
+        f"{server.base_url}/completions",
+        json={"model": MODEL, "prompt": "slow", "max_tokens": 200, "ignore_eos": True, "stream": True},
+    )
     response = slow.__enter__()
     try:
-        fast = httpx.post(f"{server.base_url}/completions",
-                          json={"model": MODEL, "prompt": "fast", "max_tokens": 20, "ignore_eos": True}, timeout=30)
+        fast = httpx.post(
+            f"{server.base_url}/completions",
+            json={"model": MODEL, "prompt": "fast", "max_tokens": 20, "ignore_eos": True},
+            timeout=30,
+        )
         assert fast.status_code == 200 and fast.json()["usage"]["completion_tokens"] == 20
         text = "".join(e["choices"][0]["text"] for e in events(response)[:-1] if e["choices"])
         assert text
@@ -443,8 +566,10 @@ def post_and_leave(server, path: str, body: dict, leave_when) -> None:
     import socket
 
     data = json.dumps(body).encode()
-    head = (f"POST /v1/{path} HTTP/1.1\r\nHost: {server.host}:{server.port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/{path} HTTP/1.1\r\nHost: {server.host}:{server.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode()
     with socket.create_connection((server.host, server.port)) as sock:
         sock.sendall(head + data)
         assert wait_until(leave_when), "the request never got going"
@@ -491,6 +616,7 @@ def test_a_client_that_leaves_while_its_prompt_is_tokenized_is_never_queued(serv
 
 # -- large bodies and the event loop -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", ["completions", "chat/completions"])
 def test_tokenizing_runs_off_the_event_loop(served, path):
     """While a prompt is tokenized (or templated) the server still answers: the tokenizer runs in
@@ -535,15 +661,17 @@ def test_a_body_over_the_cap_is_refused_with_413_before_it_is_parsed(text_model)
         def chunked():  # no Content-Length: the cap counts the bytes as they come
             data = json.dumps(big).encode()
             for i in range(0, len(data), 16_384):
-                yield data[i:i + 16_384]
+                yield data[i : i + 16_384]
 
         r = httpx.post(url, content=chunked(), headers={"content-type": "application/json"})
         assert r.status_code == 413, r.text
         assert tokenized == [], "a refused body reached the tokenizer"
         small = httpx.post(url, json={"model": MODEL, "prompt": "word " * 300, "max_tokens": 2})
         assert small.status_code == 200 and tokenized
-        chat = httpx.post(f"{server.base_url}/chat/completions",
-                          json={"model": MODEL, "messages": [{"role": "user", "content": "word " * 30_000}]})
+        chat = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "word " * 30_000}]},
+        )
         assert chat.status_code == 413
     from minieng.serve.server import MIN_MAX_BODY_BYTES, default_max_body_bytes
 
@@ -551,6 +679,7 @@ def test_a_body_over_the_cap_is_refused_with_413_before_it_is_parsed(text_model)
 
 
 # -- requests that end on their own, streamed ------------------------------------------------------------
+
 
 def _greedy_ids(text_model, path: str, prompt: str, n: int) -> list[int]:
     """The tiny model's first n greedy tokens for a prompt (as the chat template wraps it for chat)."""
@@ -561,16 +690,20 @@ def _greedy_ids(text_model, path: str, prompt: str, n: int) -> list[int]:
 
 def _whole_and_streamed(server, path: str, body: dict) -> tuple[dict, list]:
     whole = httpx.post(f"{server.base_url}/{path}", json=body).json()
-    with httpx.stream("POST", f"{server.base_url}/{path}", json=dict(body, stream=True,
-                                                                    stream_options={"include_usage": True})) as r:
+    with httpx.stream(
+        "POST", f"{server.base_url}/{path}", json=dict(body, stream=True, stream_options={"include_usage": True})
+    ) as r:
         got = events(r)
     assert got[-1] == "[DONE]"
     return whole, got[:-1]
 
 
 def _text(chunks: list, chat: bool) -> str:
-    return "".join((c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"])
-                   for c in chunks if c["choices"])
+    return "".join(
+        (c["choices"][0]["delta"].get("content", "") if chat else c["choices"][0]["text"])
+        for c in chunks
+        if c["choices"]
+    )
 
 
 @pytest.mark.parametrize("path", ["completions", "chat/completions"])
@@ -591,8 +724,8 @@ def test_a_streamed_request_that_ends_naturally_finishes_with_stop(text_model, p
         expected_tokens = 3
     else:
         text = text_model.tokenizer.decode(ids, skip_special_tokens=True)
-        at = next(i for i in range(len(text) // 3, len(text) - 2) if text[i:i + 3].strip() == text[i:i + 3])
-        body["stop"] = [text[at:at + 3]]
+        at = next(i for i in range(len(text) // 3, len(text) - 2) if text[i : i + 3].strip() == text[i : i + 3])
+        body["stop"] = [text[at : at + 3]]
         expected_tokens = None
     engine = make_engine(loaded)
     with ServerThread(build_app(engine, MODEL)) as server:
@@ -615,14 +748,21 @@ def test_stop_token_ids_end_the_answer(served, text_model):
     """vLLM's stop_token_ids extension is honoured (it used to be ignored)."""
     engine, server, _ = served
     ids = _greedy_ids(text_model, "completions", "Once upon a time", 8)
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
-            "ignore_eos": True, "stop_token_ids": [ids[1]]}
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time",
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stop_token_ids": [ids[1]],
+    }
     assert ids[1] != ids[0]
     got = httpx.post(f"{server.base_url}/completions", json=body).json()
     assert got["choices"][0]["finish_reason"] == "stop" and got["usage"]["completion_tokens"] == 2
 
 
 # -- the soak ---------------------------------------------------------------------------------------------
+
 
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
@@ -639,8 +779,13 @@ async def _soak(base_url: str, num_requests: int, seed: int) -> dict:
     async def one(client: httpx.AsyncClient, i: int) -> None:
         kind = rng.choices(["stream", "plain", "chat", "abort", "invalid"], weights=[4, 3, 2, 1, 1])[0]
         prompt = "word " * rng.randint(1, 120)
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.7]),
-                "ignore_eos": rng.random() < 0.5}
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": rng.randint(1, 24),
+            "temperature": rng.choice([0, 0.7]),
+            "ignore_eos": rng.random() < 0.5,
+        }
         async with semaphore:
             if kind == "invalid":
                 r = await client.post("/completions", json=dict(body, top_p=rng.choice([0, 2, "x"])))
@@ -658,8 +803,12 @@ async def _soak(base_url: str, num_requests: int, seed: int) -> dict:
                 counts["aborted"] += 1
                 return
             if kind == "chat":
-                body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
-                        "max_tokens": body["max_tokens"], "temperature": 0}
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": body["max_tokens"],
+                    "temperature": 0,
+                }
                 r = await client.post("/chat/completions", json=body)
             elif kind == "plain":
                 r = await client.post("/completions", json=body)
@@ -706,6 +855,7 @@ def test_soak_a_thousand_mixed_requests(text_model):
 
 # -- the load generator --------------------------------------------------------------------------------
 
+
 def test_stream_metrics_follow_the_definitions():
     from minieng.serve.loadgen import stream_metrics
 
@@ -737,7 +887,9 @@ def test_loadgen_against_minieng_agrees_with_the_engine(text_model):
     assert result.errors == []
     client = result.summary(SLO(ttft_ms=10_000))
     ours = serving_metrics(finished)
-    assert client.completed == ours.completed == 24 and client.total_output_tokens == ours.total_output_tokens == 24 * 12
+    assert (
+        client.completed == ours.completed == 24 and client.total_output_tokens == ours.total_output_tokens == 24 * 12
+    )
     assert client.total_prompt_tokens == ours.total_prompt_tokens
     assert client.num_good_requests == 24
     for figure in ("ttft_ms", "e2el_ms"):
@@ -760,6 +912,7 @@ def test_loadgen_reports_a_server_without_usage_as_failed_requests():
         async def chunks():
             yield 'data: {"choices": [{"text": "hi", "finish_reason": "length"}]}\n\n'
             yield "data: [DONE]\n\n"
+
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
     with ServerThread(app) as server:
@@ -773,8 +926,24 @@ def test_loadgen_cli_prints_json(served, capsys):
     from minieng.cli.main import main
 
     engine, server, _ = served
-    code = main(["loadgen", "--base-url", server.base_url, "--num-requests", "4", "--rate", "50",
-                 "--prompt-tokens", "16", "--output-tokens-per-request", "3", "--slo-ttft-ms", "5000", "--json"])
+    code = main(
+        [
+            "loadgen",
+            "--base-url",
+            server.base_url,
+            "--num-requests",
+            "4",
+            "--rate",
+            "50",
+            "--prompt-tokens",
+            "16",
+            "--output-tokens-per-request",
+            "3",
+            "--slo-ttft-ms",
+            "5000",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["errors"] == []
     assert report["metrics"]["completed"] == 4 and report["metrics"]["total_output_tokens"] == 12
@@ -798,8 +967,14 @@ def test_loadgen_times_reasoning_as_tokens():
     reasoning chunk (TTFT 2 s here), not the first content (4 s), as vLLM's bench client counts."""
     from minieng.serve.loadgen import stream_figures
 
-    chunks = _timed(_delta(role="assistant", content=""), _delta(reasoning_content="Let me"),
-                    _delta(reasoning_content=" think."), _delta(content="Blue."), _delta("stop"), USAGE_3)
+    chunks = _timed(
+        _delta(role="assistant", content=""),
+        _delta(reasoning_content="Let me"),
+        _delta(reasoning_content=" think."),
+        _delta(content="Blue."),
+        _delta("stop"),
+        USAGE_3,
+    )
     m = stream_figures(0.0, chunks, chat=True)
     assert m.ttft_s == pytest.approx(2.0) and m.e2el_s == pytest.approx(5.0), "E2EL: the finishing chunk"
     assert m.itl_s == pytest.approx([1.0, 1.0]) and m.tpot_s == pytest.approx(1.5) and m.ok
@@ -817,11 +992,13 @@ def test_loadgen_counts_tokens_seen_in_usage_or_logprobs():
     def text(t, usage=None, logprobs=None, finish=None):
         return {"choices": [{"text": t, "logprobs": logprobs, "finish_reason": finish}], "usage": usage}
 
-    held_back = _timed(text("", usage={"prompt_tokens": 5, "completion_tokens": 1}), text("ab"),
-                       text("", finish="length"), USAGE_3)
+    held_back = _timed(
+        text("", usage={"prompt_tokens": 5, "completion_tokens": 1}), text("ab"), text("", finish="length"), USAGE_3
+    )
     assert stream_figures(0.0, held_back, chat=False).ttft_s == pytest.approx(1.0)
-    logprobs = _timed(text("", logprobs={"tokens": ["\ufffd"], "token_logprobs": [-0.1]}), text("é", finish="length"),
-                      USAGE_3)
+    logprobs = _timed(
+        text("", logprobs={"tokens": ["\ufffd"], "token_logprobs": [-0.1]}), text("é", finish="length"), USAGE_3
+    )
     assert stream_figures(0.0, logprobs, chat=False).ttft_s == pytest.approx(1.0)
 
 
@@ -834,8 +1011,15 @@ def test_loadgen_times_a_request_whose_only_token_hit_a_stop(served, text_model)
 
     engine, server, finished = served
     first = text_model.tokenizer.decode(_greedy_ids(text_model, "completions", "Hello", 1))
-    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 8, "temperature": 0, "stop": [first], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "Hello",
+        "max_tokens": 8,
+        "temperature": 0,
+        "stop": [first],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     send, chunks = time.perf_counter(), []
     with httpx.stream("POST", f"{server.base_url}/completions", json=body) as r:
         for line in r.iter_lines():
@@ -872,6 +1056,7 @@ def test_loadgen_fails_a_request_on_an_error_in_its_stream():
             yield 'data: {"choices": [{"text": "hi", "finish_reason": null}]}\n\n'
             yield f"data: {json.dumps(error)}\n\n"
             yield "data: [DONE]\n\n"
+
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
     with ServerThread(app) as server:
