@@ -1,17 +1,19 @@
-"""The course's figures (matplotlib), split by the course's arc: the two phases (``phases``), the levers
-(``levers``), serving (``serving``). Each returns a ``Figure``; notebooks display it, the bench saves it
+"""The course's figures (matplotlib), split by the course's arc: the two phases (``phases``), the KV cache
+and batching (``batching``), the scheduling levers (``levers``), serving (``serving``). Each returns a ``Figure``; notebooks display it, the bench saves it
 (``bench_figures``, ``--plot DIR``).
 """
 
-from minieng.viz.levers import (
+from minieng.viz.batching import (
     batch_scaling,
     batching_timeline,
     block_tables,
-    chunked_itl_traces,
-    chunked_prefill_tradeoff,
     compared_cdfs,
     kv_concurrency,
     recompute_vs_cache_figure,
+)
+from minieng.viz.levers import (
+    chunked_itl_traces,
+    chunked_prefill_tradeoff,
     speculative_sweep,
     ttft_vs_hit_rate_figure,
 )

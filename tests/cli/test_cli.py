@@ -1,7 +1,7 @@
 """The command line: bad input is exit code 2 with "error:", and the bench end to end on the real model.
 
 The first bench test is end to end (it loads the default model itself). The others reuse the
-session's loaded model (``cli._engine`` patched to pass ``loaded=``) and measure the ceilings on
+session's loaded model (``cli.args.engine_from_args`` patched to pass ``loaded=``) and measure the ceilings on
 small sizes, to keep the suite short; everything else in the command runs as it is.
 """
 
@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from minieng import EngineConfig, LLMEngine
+from minieng.cli import args as cli_args
+from minieng.cli import bench as cli_bench
 from minieng.cli import main as cli
 from minieng.lab import bench
 from minieng.lab.report import format_table
@@ -22,6 +24,12 @@ from minieng.measure import peaks as hardware
 from minieng.viz import bench_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def patch_engine(monkeypatch, engine) -> None:
+    """Every command that builds an engine from its options builds ``engine(args, **overrides)`` instead."""
+    monkeypatch.setattr(cli, "engine_from_args", engine)
+    monkeypatch.setattr(cli_bench, "engine_from_args", engine)
 
 
 @pytest.fixture(autouse=True)
@@ -77,12 +85,12 @@ def test_help_reads_as_plain_text(capsys):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """``cli._engine`` failing the test: the command must refuse its input before loading a model."""
+    """``cli.args.engine_from_args`` failing the test: the command must refuse its input before loading a model."""
 
     def engine(args, **overrides):
         raise AssertionError("the model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(cli, "_engine", engine)
+    patch_engine(monkeypatch, engine)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +132,7 @@ def test_trace_workload_without_a_csv_is_sampled_from_the_quantiles(capsys):
         max_prompt_tokens=600,
         max_output_tokens=20,
     )
-    specs = cli._workload_specs(args)
+    specs = cli_args.workload_specs(args)
     assert specs == scale_workload(sampled_trace_workload(7, "code", seed=3), 2.0, 0.5, 600, 20)
     err = capsys.readouterr().err
     assert "7 requests sampled from the Azure 2023 code trace's quantiles" in err and "not the trace itself" in err
@@ -135,10 +143,10 @@ def test_errors_use_the_command_line_words(capsys):
     assert code == 2 and "omit --model" in err and "model=None" not in err and "--model=" in err
     flags = {"model": "--model", "max_tokens": "--max-tokens"}
     assert (
-        cli.cli_wording("use the default (model=None); max_tokens=0 is invalid; draft_max_tokens=1", flags)
+        cli_args.cli_wording("use the default (model=None); max_tokens=0 is invalid; draft_max_tokens=1", flags)
         == "use the default (omit --model); --max-tokens=0 is invalid; draft_max_tokens=1"
     )
-    assert cli.cli_wording("point model= at a directory", flags) == "point --model at a directory"
+    assert cli_args.cli_wording("point model= at a directory", flags) == "point --model at a directory"
 
 
 def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, tiny_llama):
@@ -154,7 +162,7 @@ def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, ti
         engines.append(make_engine(LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, {2}, None)))
         return engines[-1]
 
-    monkeypatch.setattr(cli, "_engine", engine)
+    patch_engine(monkeypatch, engine)
     code, out, err = run_cli(capsys, "generate", "w7 w8", "--max-tokens", "3")
     assert code == 0 and "3 tokens" in err
     prompt = engines[0].output("cli").prompt_token_ids
@@ -168,7 +176,7 @@ def test_generate_sends_the_chat_template_tokenized_once(capsys, monkeypatch, ti
 
 @pytest.fixture
 def shared_model_cli(monkeypatch, default_model):
-    """``cli._engine`` building its engine on the session's loaded model; small ceiling runs."""
+    """``cli.args.engine_from_args`` building its engine on the session's loaded model; small ceiling runs."""
 
     def engine(args, **overrides):
         return LLMEngine(
@@ -183,7 +191,7 @@ def shared_model_cli(monkeypatch, default_model):
         cp = hardware.measure_copy(device, nbytes=16 * 1024**2, repeats=2)
         return hardware.Peak(f"measured {device.type}", mm.p90 / 1e12, cp.p90 / 1e9, "measured"), mm, cp
 
-    monkeypatch.setattr(cli, "_engine", engine)
+    patch_engine(monkeypatch, engine)
     monkeypatch.setattr(bench, "measure_ceilings", small_ceilings)
 
 
