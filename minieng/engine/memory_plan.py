@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minieng import device as host  # host.host_memory_bytes, read at call time (tests patch it)
 from minieng.config import ModelConfig
-from minieng.device import host_memory_bytes
 from minieng.model.attention import build_metadata
 from minieng.model.kv_cache import KVCache
 from minieng.model.weight_bytes import MatmulBytes, weight_bytes
@@ -108,7 +108,7 @@ def plan_memory(
         block_size,
         device.type,
         gpu,
-        host_memory_bytes()[1],
+        host.host_memory_bytes()[1],
     )
 
 

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from minieng.device import select_device, select_dtype
-from minieng.measure.harness import Measurement, environment, smoke_mode
+from minieng.measure import harness  # harness.environment, read at call time (tests patch it)
+from minieng.measure.harness import Measurement, smoke_mode
 from minieng.measure.peaks import Peak, ceiling_sizes, measure_ceilings, measure_copy, measure_matmul
 
 # Rounds x runs of a first measurement (smoke mode: one round of 3), and runs of the repeat that
@@ -246,7 +247,7 @@ def ceilings_dir() -> Path:
 
 
 def _key(device: torch.device, dtype: torch.dtype, method: str) -> tuple[str, dict]:
-    where = environment(device, dtype) | {"smoke": smoke_mode(), "method": method}
+    where = harness.environment(device, dtype) | {"smoke": smoke_mode(), "method": method}
     return hashlib.sha256(json.dumps(where, sort_keys=True, default=str).encode()).hexdigest()[:16], where
 
 
