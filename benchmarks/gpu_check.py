@@ -47,38 +47,17 @@ from minieng.measure.workloads import text_prompts
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
+# A table: one shape a row reads better than one field a line.
+# fmt: off
 SHAPES = {  # transformers LlamaConfig fields; max_position_embeddings raised for 16k prompts
-    "smollm2-135m": dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-        rope_theta=100000.0,
-    ),
-    "smollm2-1.7b": dict(
-        vocab_size=49152,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=24,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        tie_word_embeddings=True,
-        rope_theta=130000.0,
-    ),
-    "llama-7b-hd64": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=64,
-        num_key_value_heads=16,
-        tie_word_embeddings=False,
-        rope_theta=500000.0,
-    ),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0),
+    "smollm2-1.7b": dict(vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+                         num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=True, rope_theta=130000.0),
+    "llama-7b-hd64": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                          num_attention_heads=64, num_key_value_heads=16, tie_word_embeddings=False, rope_theta=500000.0),
 }
+# fmt: on
 TINY = dict(
     vocab_size=512,
     hidden_size=64,
