@@ -10,6 +10,7 @@ special tokens, and the engine receives token ids, which it never tokenizes agai
 from __future__ import annotations
 
 Message = dict[str, str]  # {"role": "user", "content": "..."}
+Prompt = str | list[int]  # text, tokenized as is, or token ids
 
 EMPTY_PROMPT = "prompt is empty (0 tokens): give at least one token"
 

@@ -20,10 +20,12 @@ from dataclasses import replace
 from minieng.config import EngineConfig, SamplingParams
 from minieng.device import select_device, select_dtype, synchronize
 from minieng.engine.block_manager import BlockManager
-from minieng.engine.chat_template import EMPTY_PROMPT, Message, chat_token_ids, check_text
+from minieng.engine.chat_template import EMPTY_PROMPT, Message, Prompt, chat_token_ids, check_text
 from minieng.engine.detokenizer import IncrementalDetokenizer
 from minieng.engine.memory_plan import plan_memory
+from minieng.engine import offline
 from minieng.engine.model_runner import ModelRunner
+from minieng.engine.output_processor import RequestState, append_tokens, make_output
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
 from minieng.engine.scheduler import Scheduler
@@ -43,16 +45,6 @@ from minieng.engine.setup import (
 )
 from minieng.model.kv_cache import KVCache
 from minieng.model.loader import LoadedModel, load_config, load_model
-
-Prompt = str | list[int]
-
-
-class _Request:
-    def __init__(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None):
-        self.seq = seq
-        self.detokenizer = detokenizer
-        self.new_token_ids: list[int] = []
-        self.delta = ""
 
 
 class LLMEngine:
@@ -118,7 +110,7 @@ class LLMEngine:
         self.drafter = (
             make_drafter(config, draft_model, num_blocks, self.max_model_len) if config.num_speculative_tokens else None
         )
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, RequestState] = {}
         # The time source of every timestamp the engine records (arrivals by default, steps,
         # emissions). A model of several devices on one machine gives each engine a clock of its
         # own (``disagg_model.VirtualClock``); durations are always real.
@@ -208,7 +200,7 @@ class LLMEngine:
             rng = KeyedRandom(seed, self.device)
         seq = Sequence(request_id, ids, params, self.clock() if arrival_s is None else arrival_s, rng)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
-        self.requests[request_id] = _Request(seq, detok)
+        self.requests[request_id] = RequestState(seq, detok)
         self.scheduler.add(seq)
         return request_id
 
@@ -371,57 +363,24 @@ class LLMEngine:
         if self.drafter is not None:
             self.drafter.free(seq.request_id)
 
-    def _append(self, req: _Request, token_ids: list[int], now: float) -> RequestOutput:
-        """Add emitted tokens to a request, stream their text, and finish it if it should stop.
-
-        A step can emit several tokens (accepted drafts); a stop among them drops the rest.
-        """
-        seq, params = req.seq, req.seq.params
-        accepted = []
-        status = None
-        delta = ""
-        for tok in token_ids:  # token by token: a stop among accepted drafts drops the rest
-            seq.output_token_ids.append(tok)
-            accepted.append(tok)
-            if req.detokenizer is not None:
-                delta += req.detokenizer.add([tok])
-            if tok in params.stop_token_ids or (not params.ignore_eos and tok in self.loaded.eos_token_ids):
-                status = SequenceStatus.FINISHED_STOPPED
-            elif req.detokenizer is not None and req.detokenizer.stopped:
-                status = SequenceStatus.FINISHED_STOPPED  # a stop string
-            elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-                status = SequenceStatus.FINISHED_LENGTH
-            if status:
-                break
-        seq.times.emissions.append((now, len(accepted)))
-        if status and req.detokenizer is not None:
-            delta += req.detokenizer.finish()
+    def _append(self, req: RequestState, token_ids: list[int], now: float) -> RequestOutput:
+        """Add a step's emitted tokens to a request (``output_processor.append_tokens``) and
+        finish it if it stops: only tokens it kept count as computed (drafts accepted past a stop
+        are dropped), and its full blocks are cached before they are freed."""
+        seq = req.seq
+        kept, delta, status = append_tokens(req, token_ids, self.loaded.eos_token_ids, self.max_model_len)
+        seq.times.emissions.append((now, len(kept)))
         if status:
-            # Drafts accepted past a stop were dropped: only tokens the sequence kept count as
-            # computed, and its full blocks are cached before they are freed.
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             self.block_manager.cache_full_blocks(seq)
             self.scheduler.finish(seq, status)
             self._forget_draft(seq)
             seq.times.finished_s = now
-        return self.output(seq.request_id, accepted, delta)
+        return make_output(req, kept, delta)
 
     def output(self, request_id: str, new_token_ids: list[int] | None = None, delta: str = "") -> RequestOutput:
-        """The current state of a request."""
-        seq = self.requests[request_id].seq
-        detok = self.requests[request_id].detokenizer
-        return RequestOutput(
-            request_id,
-            seq.prompt_token_ids,
-            list(seq.output_token_ids),
-            list(new_token_ids or []),
-            detok.output_text if detok else "",
-            delta,
-            seq.is_finished,
-            seq.status.value if seq.is_finished else None,
-            seq.times,
-            seq.num_cached_tokens,
-        )
+        """The current state of a request. Raises ``KeyError`` for an unknown id."""
+        return make_output(self.requests[request_id], new_token_ids, delta)
 
     # -- conveniences ---------------------------------------------------------------------------
 
@@ -442,35 +401,7 @@ class LLMEngine:
                 fill (``batch_timeout_s=inf`` and fewer prompts than ``max_num_seqs``): its
                 requests are aborted and released before it raises.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        checked = []
-        for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            try:
-                checked.append(self._check_request(prompt, sp, None))
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e} (nothing was queued)") from None
-        ids = [self._queue(tokens, sp, None, None) for tokens, sp in checked]
-        pending = set(ids)
-        progress = None
-        if use_tqdm:
-            from tqdm.auto import tqdm
-
-            progress = tqdm(total=len(ids), desc="generate", unit="req")
-        while pending:
-            self._wait_until_runnable(pending)
-            for out in self.step():
-                if out.finished and out.request_id in pending:
-                    pending.discard(out.request_id)
-                    if progress:
-                        progress.update(1)
-        if progress:
-            progress.close()
-        return [self.output(i) for i in ids]
+        return offline.generate(self, prompts, params, use_tqdm)
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
@@ -484,36 +415,7 @@ class LLMEngine:
                 from ``next``, for a static batch that can never fill (as ``generate``).
         """
         request_id = self.add_request(prompt, params, request_id)
-        return self._deltas(request_id)
-
-    def _deltas(self, request_id: str) -> Iterator[str]:
-        while not self.requests[request_id].seq.is_finished:
-            self._wait_until_runnable({request_id})
-            for out in self.step():
-                if out.request_id == request_id and out.delta:
-                    yield out.delta
-
-    def _wait_until_runnable(self, request_ids: set[str]) -> None:
-        """Sleep while a static batch fills (``idle_wait_s``), instead of stepping for nothing.
-
-        Raises:
-            ValueError: the batch can never fill (an infinite ``batch_timeout_s``, and nothing
-                else can arrive while a caller waits here); ``request_ids`` are aborted and
-                released first, so the engine is left without them.
-        """
-        wait_s = self.idle_wait_s()
-        if math.isinf(wait_s):
-            num_waiting = len(self.scheduler.waiting)
-            for request_id in request_ids:
-                self.abort_request(request_id)
-                self.release_request(request_id)
-            raise ValueError(
-                f"static batching with batch_timeout_s=inf starts a batch only when "
-                f"max_num_seqs={self.config.max_num_seqs} requests wait, and only {num_waiting} "
-                "do: queue more prompts, or give a finite batch_timeout_s (the requests were aborted)"
-            )
-        if wait_s > 0:
-            time.sleep(wait_s)
+        return offline.stream_deltas(self, request_id)
 
 
 def _stable_seed(engine_seed: int, request_id: str) -> int:
