@@ -487,6 +487,24 @@ def targets(result: dict) -> list[dict]:
     return out
 
 
+COURSE_ON_DEVICE = ["00", "01", "02", "03", "04"]  # the notebooks --notebooks runs: hardware to utilization
+
+
+def course_on_device(output_dir: Path) -> dict:
+    """Notebooks 00-04 in smoke mode on this device, each with the model it picks here: their
+    status, time and the articles' claims as they read on this device."""
+    from minieng.course.runner import run_course  # lazy: nbclient is the notebooks extra's
+
+    summary = run_course(output_dir=output_dir, only=COURSE_ON_DEVICE, smoke=True, progress=False)
+    keep = ("name", "status", "wall_s", "error")
+    return {
+        "wall_s": summary["wall_s"],
+        "notebooks": [{k: r.get(k) for k in keep} for r in summary["notebooks"]],
+        "seed_claims": summary["seed_claims"],
+        "output_dir": str(output_dir),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "results"), help="folder for gpu_check.json")
@@ -496,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
         "--sections",
         default="parity,speed,prefix,spec,nvml,quant",
         help="comma-separated subset of parity,speed,prefix,spec,nvml,quant",
+    )
+    parser.add_argument(
+        "--notebooks",
+        action="store_true",
+        help="also run notebooks 00-04 in smoke mode on this device (the course runner; needs the notebooks extra)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -547,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         section("nvml", lambda: nvml_during_decode(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
     section("quant", lambda: quantization(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
+    if args.notebooks:
+        sections.add("notebooks")
+        section("notebooks", lambda: course_on_device(Path(args.out) / "course"))
     result["quantization"] = result.pop("quant", None)
     result["prefix_cache"] = result.pop("prefix", None)
     result["speculative"] = result.pop("spec", None)
@@ -597,6 +623,13 @@ def print_summary(result: dict) -> None:
             f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
             f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses"
         )
+    course = result.get("notebooks") or {}
+    for r in course.get("notebooks", []):
+        print(
+            f"notebook {r['name']}: {r['status']} in {r['wall_s']:.0f} s" + (f" ({r['error']})" if r["error"] else "")
+        )
+    for c in course.get("seed_claims", []):
+        print(f"claim {c['id']} ({c['notebook'] or '-'}): {c['here']} -> {c['holds']}")
     for t in result.get("targets", []):
         print(f"{'PASS' if t['pass'] else 'MISS'}  {t['target']}: {t['value']:.3g} (goal {t['goal']})")
 

@@ -142,13 +142,22 @@ PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
                                 max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
 # fmt: on
+# Where each shape's real weights are published on the Hugging Face Hub (the instruct variants; the
+# Llama 3 repositories are gated: the Hub asks for a login and the licence's acceptance).
+PUBLISHED_CHECKPOINTS = {
+    "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "SmolLM2-1.7B": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "Llama-3-8B": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "Llama-3-70B": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
+}
 
 
 def published_config(name: str) -> ModelConfig:
     """The ``ModelConfig`` of a published shape (``PUBLISHED_SHAPES``), built through transformers'
     config class of its architecture, as from a downloaded config.json, without any weights.
     Raises ``ValueError`` for a name not in the table."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: config.py is a leaf that imports no heavy package at import
 
     _require(name in PUBLISHED_SHAPES, "name", name, f"use one of {', '.join(PUBLISHED_SHAPES)}")
     fields = dict(PUBLISHED_SHAPES[name])

@@ -95,3 +95,21 @@ def test_greedy_parity_runs_the_reference_through_eos(tiny_llama):
     assert script.greedy_agreement(tokens, tokens[:3] + [t + 1 for t in tokens[3:]]) == 3
     with pytest.raises(ValueError, match="same length"):
         script.greedy_agreement(tokens, tokens[:1])
+
+
+def test_notebooks_runs_00_to_04_in_smoke_mode_and_keeps_their_claims(monkeypatch, tmp_path):
+    import minieng.course.runner as runner
+
+    calls = []
+
+    def fake_run_course(**kwargs):
+        calls.append(kwargs)
+        row = {"name": "00_your_hardware", "status": "ok", "wall_s": 1.0, "error": None, "rows": []}
+        claim = {"id": "S2", "notebook": "02", "here": "x", "holds": "holds"}
+        return {"wall_s": 1.0, "notebooks": [row], "seed_claims": [claim]}
+
+    monkeypatch.setattr(runner, "run_course", fake_run_course)
+    got = load_script().course_on_device(tmp_path)
+    assert calls == [{"output_dir": tmp_path, "only": ["00", "01", "02", "03", "04"], "smoke": True, "progress": False}]
+    assert got["notebooks"] == [{"name": "00_your_hardware", "status": "ok", "wall_s": 1.0, "error": None}]
+    assert got["seed_claims"][0]["holds"] == "holds"

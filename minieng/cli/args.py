@@ -7,6 +7,10 @@ import re
 import sys
 
 from minieng.config import DEFAULT_MODEL_NAME, EngineConfig
+from minieng.engine.llm_engine import LLMEngine
+from minieng.measure import workloads as w
+from minieng.measure.metrics import SLO
+from minieng.measure.workloads import TRACE_SERVICES
 
 
 def int_list(text: str) -> list[int]:
@@ -31,16 +35,12 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_from_args(args, **overrides):
-    from minieng.engine.llm_engine import LLMEngine
-
     return LLMEngine(
         EngineConfig(model=args.model, load_format=args.load_format, dtype=args.dtype, device=args.device, **overrides)
     )
 
 
 def workload_specs(args):
-    from minieng.measure import workloads as w
-
     if args.workload == "fixed":
         return w.fixed_workload(
             args.num_requests, args.prompt_tokens, args.output_tokens_per_request, 1 / args.rate if args.rate else 0.0
@@ -77,8 +77,6 @@ def cli_wording(message: str, flags: dict[str, str]) -> str:
 
 def workload_args(s, choices: list[str], default: str | None) -> None:
     """The workload and SLO options shared by ``bench --workload`` and ``loadgen``."""
-    from minieng.measure.workloads import TRACE_SERVICES
-
     s.add_argument("--workload", choices=choices, default=default)
     s.add_argument("--num-requests", type=int, default=16)
     s.add_argument(
@@ -111,7 +109,5 @@ def workload_args(s, choices: list[str], default: str | None) -> None:
 
 
 def slo_from_args(args):
-    from minieng.measure.metrics import SLO
-
     slos = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2el_ms": args.slo_e2el_ms}
     return SLO(**slos) if any(v is not None for v in slos.values()) else None

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
 
 from minieng.cli.args import engine_args, engine_from_args, int_list, slo_from_args, workload_args, workload_specs
+from minieng.config import QUANTIZATION_SCHEMES
+from minieng.lab.bench import BenchConfig, run_bench
+from minieng.lab.prefix_caching import multi_turn, ttft_vs_hit_rate, zero_hit_overhead
+from minieng.lab.quantization_lab import QuantBenchConfig, run_quantization
+from minieng.lab.replay import serving_bench
+from minieng.lab.report import check_targets, format_table
+from minieng.lab.speculative import speculative_bench
+from minieng.measure.peaks import Peak
+
+# The options' defaults are the experiments' own: read once from their dataclass and signature.
+SWEEPS, QUANT = BenchConfig(), QuantBenchConfig()
+PREFIX = {k: v.default for k, v in inspect.signature(ttft_vs_hit_rate).parameters.items()}
 
 
 def cmd_bench(args) -> int:
-    from minieng.lab.bench import BenchConfig, run_bench
-    from minieng.lab.report import check_targets, format_table
-
     if args.output_tokens < 2:
         raise ValueError(f"--output-tokens={args.output_tokens}: TPOT needs at least 2 output tokens")
     specs = workload_specs(args) if args.workload else None  # checked before the model loads
     if args.quantization:
-        from minieng.config import QUANTIZATION_SCHEMES
-
         unknown = [q for q in args.quant_schemes or [] if q not in QUANTIZATION_SCHEMES]
         if unknown:
             raise ValueError(f"--quant-schemes: {', '.join(unknown)} unknown; use {', '.join(QUANTIZATION_SCHEMES)}")
@@ -57,15 +65,10 @@ def cmd_bench(args) -> int:
     run = None
     if args.workload:
         log(f"serving: {args.workload} workload")
-        from minieng.lab.replay import serving_bench
-        from minieng.measure.peaks import Peak
-
         result["serving"], run = serving_bench(
             engine, specs, [Peak.from_dict(p) for p in result["peaks"]], slo_from_args(args), args.workload
         )
     if args.prefix_cache:
-        from minieng.lab.prefix_caching import multi_turn, ttft_vs_hit_rate, zero_hit_overhead
-
         log("prefix cache: TTFT against hit rate")
         result["prefix_cache"] = ttft_vs_hit_rate(
             engine, args.prefix_prompt_tokens, requests=args.prefix_requests, progress=log
@@ -73,8 +76,6 @@ def cmd_bench(args) -> int:
         result["prefix_cache"]["multi_turn"] = multi_turn(engine)
         result["prefix_cache"]["zero_hit_overhead"] = zero_hit_overhead(engine)
     if args.speculative:
-        from minieng.lab.speculative import speculative_bench
-
         result["speculative"] = speculative_bench(
             engine,
             args.spec_method,
@@ -86,9 +87,6 @@ def cmd_bench(args) -> int:
             log,
         )
     if args.quantization:
-        from minieng.lab.quantization_lab import QuantBenchConfig, run_quantization
-        from minieng.measure.peaks import Peak
-
         qcfg = QuantBenchConfig(
             schemes=args.quant_schemes,
             group_size=args.quant_group_size,
@@ -99,7 +97,7 @@ def cmd_bench(args) -> int:
         result["quantization"] = run_quantization(engine, qcfg, [Peak.from_dict(p) for p in result["peaks"]], log)
     result["wall_s"] = time.perf_counter() - start
     if args.plot:
-        from minieng.viz.bench_figures import save_figures
+        from minieng.viz.bench_figures import save_figures  # lazy: matplotlib loads only when asked to plot
 
         result["figures"] = save_figures(result, args.plot, engine, run)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
@@ -110,11 +108,11 @@ def add_bench_parser(sub):
     """The ``bench`` command and its options; returns its parser."""
     b = sub.add_parser("bench", help="prefill and decode sweeps, against transformers' generate")
     engine_args(b)
-    b.add_argument("--prompt-lens", type=int_list, default=[32, 128, 512, 1024])
-    b.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32])
-    b.add_argument("--output-tokens", type=int, default=32)
-    b.add_argument("--decode-prompt-len", type=int, default=64)
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--prompt-lens", type=int_list, default=SWEEPS.prompt_lens)
+    b.add_argument("--batch-sizes", type=int_list, default=SWEEPS.batch_sizes)
+    b.add_argument("--output-tokens", type=int, default=SWEEPS.output_tokens)
+    b.add_argument("--decode-prompt-len", type=int, default=SWEEPS.decode_prompt_len)
+    b.add_argument("--repeats", type=int, default=SWEEPS.repeats)
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     b.add_argument(
@@ -125,8 +123,8 @@ def add_bench_parser(sub):
     b.add_argument("--plot", metavar="DIR", help="save the figures (roofline, latency CDFs, step timeline) as PNG")
     pc = b.add_argument_group("prefix caching: TTFT against hit rate, shared system prompt + user turn")
     pc.add_argument("--prefix-cache", action="store_true", help="run the prefix-cache experiment")
-    pc.add_argument("--prefix-prompt-tokens", type=int, default=1024)
-    pc.add_argument("--prefix-requests", type=int, default=4, help="warm requests per hit-rate point")
+    pc.add_argument("--prefix-prompt-tokens", type=int, default=PREFIX["prompt_tokens"])
+    pc.add_argument("--prefix-requests", type=int, default=PREFIX["requests"], help="warm requests per hit-rate point")
     sp = b.add_argument_group("speculative decoding: the k sweep and the batch sweep")
     sp.add_argument("--speculative", action="store_true", help="run the speculative-decoding experiment")
     sp.add_argument("--spec-method", choices=["draft", "ngram"], default="draft")
@@ -143,9 +141,9 @@ def add_bench_parser(sub):
         default=None,
         help="comma-separated schemes (default: every scheme that runs on the device)",
     )
-    q.add_argument("--quant-group-size", type=int, default=64, help="int4's inputs per scale and zero")
-    q.add_argument("--quant-prompt-tokens", type=int, default=512, help="the TTFT prompt's length")
-    q.add_argument("--quant-batch-sizes", type=int_list, default=[1, 16])
+    q.add_argument("--quant-group-size", type=int, default=QUANT.group_size, help="int4's inputs per scale and zero")
+    q.add_argument("--quant-prompt-tokens", type=int, default=QUANT.prompt_tokens, help="the TTFT prompt's length")
+    q.add_argument("--quant-batch-sizes", type=int_list, default=QUANT.batch_sizes)
     workload_args(
         b.add_argument_group("serving run (real-time arrivals; figures per vLLM's benchmark definitions)"),
         choices=["fixed", "poisson", "trace"],

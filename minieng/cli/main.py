@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from minieng.cli.args import cli_wording, engine_args, engine_from_args, slo_from_args, workload_args, workload_specs
 from minieng.cli.bench import add_bench_parser
 from minieng.config import DEFAULT_MODEL_NAME, EngineConfig, SamplingParams
+from minieng.engine.chat_template import EMPTY_PROMPT
+from minieng.lab.report import format_serving
+from minieng.measure.metrics import request_metrics
+from minieng.model.loader import resolve_model_dir
+from minieng.package_data import copy_notebooks
+from minieng.serve.loadgen import load_requests, run_load, served_models
 
 
 def cmd_generate(args) -> int:
-    from minieng.engine.chat_template import EMPTY_PROMPT
-    from minieng.measure.metrics import request_metrics
-
     # Everything that can be checked is checked before the model loads (seconds).
     if not args.prompt.strip():
         raise ValueError(EMPTY_PROMPT)
@@ -49,7 +53,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from minieng.serve.server import serve
+    from minieng.serve.server import serve  # lazy: FastAPI and uvicorn load only for this command
 
     engine = engine_from_args(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     print(
@@ -62,11 +66,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_loadgen(args) -> int:
-    from transformers import AutoTokenizer
-
-    from minieng.lab.report import format_serving
-    from minieng.model.loader import resolve_model_dir
-    from minieng.serve.loadgen import load_requests, run_load, served_models
+    from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
 
     models = served_models(args.base_url)
     model = args.model or (models[0] if models else None)
@@ -106,12 +106,8 @@ def cmd_loadgen(args) -> int:
 
 
 def cmd_notebooks(args) -> int:
-    from minieng.package_data import copy_notebooks
-
     copied, kept = copy_notebooks(args.dest)
     print(f"copied {len(copied)} notebooks into {args.dest}" + (f"; kept {len(kept)} already there" if kept else ""))
-    import os
-
     as_root = (
         " --allow-root" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
     )  # JupyterLab refuses root otherwise
@@ -121,7 +117,7 @@ def cmd_notebooks(args) -> int:
 
 def cmd_course(args) -> int:
     try:
-        from minieng.course.runner import report, run_course
+        from minieng.course.runner import report, run_course  # lazy: nbclient is the notebooks extra's
     except ImportError as e:
         raise ValueError(
             f"the course needs {e.name or e}: pip install 'minieng[notebooks]' "
@@ -133,7 +129,14 @@ def cmd_course(args) -> int:
         raise ValueError(f"--timeout={args.timeout}: seconds a notebook may run, > 0")
     kwargs = {"notebooks_dir": args.notebooks} if args.notebooks else {}
     summary = run_course(
-        output_dir=args.output, only=only, smoke=args.smoke, timeout_s=args.timeout, jobs=args.jobs, **kwargs
+        output_dir=args.output,
+        only=only,
+        smoke=args.smoke,
+        timeout_s=args.timeout,
+        jobs=args.jobs,
+        model=args.model,
+        model_only=[x for x in args.model_only.split(",") if x.strip()] if args.model_only else None,
+        **kwargs,
     )
     print(report(summary))
     failed = sum(r["status"] != "ok" for r in summary["notebooks"])
@@ -219,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="notebooks run at once (default 1; more share the machine's "
         "cores, so their timings do too: for smoke runs)",
+    )
+    c.add_argument(
+        "--model",
+        default=None,
+        help="the model the notebooks measure (sets MINIENG_MODEL): a published shape's name (random weights, "
+        "e.g. SmolLM2-135M), a local directory or a Hub id (default: each notebook's choice for this device)",
+    )
+    c.add_argument(
+        "--model-only", default=None, help="comma-separated notebook numbers --model applies to (default: all)"
     )
     c.set_defaults(func=cmd_course)
     args = parser.parse_args(argv)

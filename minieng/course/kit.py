@@ -93,7 +93,7 @@ def _fit(control, description_ch: int, body_px: int) -> None:
 
 def int_slider(description: str, value: int, min: int, max: int, step: int = 1):
     """An ``IntSlider`` that fires on release, sized so its track stays usable beside any description."""
-    import ipywidgets as w
+    import ipywidgets as w  # lazy: the notebooks extra's; the kit's other helpers run without it
 
     slider = w.IntSlider(value=value, min=min, max=max, step=step, description=description, continuous_update=False)
     _fit(slider, len(description), SLIDER_BODY_PX)
@@ -102,7 +102,7 @@ def int_slider(description: str, value: int, min: int, max: int, step: int = 1):
 
 def dropdown(description: str, options, value):
     """A ``Dropdown`` sized like ``int_slider``: its option box keeps its width beside any description."""
-    import ipywidgets as w
+    import ipywidgets as w  # lazy: the notebooks extra's; the kit's other helpers run without it
 
     menu = w.Dropdown(options=options, value=value, description=description)
     _fit(menu, len(description), DROPDOWN_BODY_PX)
@@ -111,7 +111,7 @@ def dropdown(description: str, options, value):
 
 def _body_px(control) -> int | None:
     """The body width ``int_slider``/``dropdown`` give ``control``; None for other widgets."""
-    import ipywidgets as w
+    import ipywidgets as w  # lazy: the notebooks extra's; the kit's other helpers run without it
 
     if isinstance(control, w.Dropdown):
         return DROPDOWN_BODY_PX
@@ -126,8 +126,8 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
     ``callback(**{name: control.value})`` is called on each click, and once at build time with the
     defaults when ``run_now``. Returns the ipywidgets box (display it, or let it be a cell's value).
     """
-    import ipywidgets as w
-    from IPython.display import clear_output
+    import ipywidgets as w  # lazy: the notebooks extra's; the kit's other helpers run without it
+    from IPython.display import clear_output  # lazy: IPython is there only in a kernel
 
     out = w.Output()
     run = w.Button(description=button, button_style="primary")
@@ -153,7 +153,7 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
 def show(fig, dpi: int = 100) -> None:
     """Display a matplotlib ``Figure`` as a PNG: works in JupyterLab, Colab, an ``Output`` and
     headless runs alike, with no pyplot backend involved."""
-    from IPython.display import Image, display
+    from IPython.display import Image, display  # lazy: IPython is there only in a kernel
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -169,7 +169,7 @@ def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     Markdown and carries the rows as JSON too (mimetype ``claims.CLAIMS_MIMETYPE``), which
     ``python -m minieng course`` reads from the executed notebook.
     """
-    from IPython.display import Markdown
+    from IPython.display import Markdown  # lazy: IPython is there only in a kernel
 
     rows = [[str(x) for x in row] for row in rows]
     if any(len(row) != 4 for row in rows):

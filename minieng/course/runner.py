@@ -26,12 +26,16 @@ from pathlib import Path
 
 import nbformat
 import torch
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from minieng.course.claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
+from minieng.lab.course_model import MODEL_ENV
 from minieng.measure.harness import SMOKE_ENV, environment
 from minieng.model.loader import convert_gguf, default_gguf_path
 from minieng.package_data import notebooks_path
@@ -120,15 +124,11 @@ def write_kernelspec(kernels_dir: Path) -> None:
     """Write, into ``kernels_dir``, the kernelspec of a kernel of the interpreter running the
     course (``sys.executable``): a notebook's "python3" could name another Python's kernel (one
     registered with ``ipykernel install --user``, or conda's), with another torch and minieng."""
-    from ipykernel.kernelspec import write_kernel_spec
-
     write_kernel_spec(Path(kernels_dir) / KERNEL_NAME)  # argv: this sys.executable -m ipykernel_launcher
 
 
 def _kernel_manager(kernels_dir: Path):
     """nbclient's kind of kernel manager, for ``write_kernelspec``'s kernel."""
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
 
     return AsyncKernelManager(
         kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels_dir)])
@@ -242,6 +242,8 @@ def run_course(
     timeout_s: float = 3600,
     progress: bool = True,
     jobs: int = 1,
+    model: str | None = None,
+    model_only: list[str] | None = None,
 ) -> dict:
     """Run the course's notebooks (those in ``notebooks_dir``, default the installed or checked-out
     course's, ``package_data.notebooks_path``; or ``only`` those numbers) into ``output_dir``.
@@ -251,7 +253,9 @@ def run_course(
     one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
     mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order) and
     seed_claims (``claims.seed_claims_table``). ``jobs`` notebooks run at once, each in a thread of
-    this process driving its own kernel (with one, in this thread).
+    this process driving its own kernel (with one, in this thread). ``model`` names the model the
+    notebooks measure (``MINIENG_MODEL``, read by ``lab.course_model`` where a notebook's ``MODEL`` is
+    None): for every notebook, or only those numbered in ``model_only``.
     """
     if jobs < 1:
         raise ValueError(f"--jobs={jobs}: how many notebooks run at once, >= 1")
@@ -273,6 +277,7 @@ def run_course(
     env.pop(SMOKE_ENV, None)
     if smoke:
         env[SMOKE_ENV] = "1"
+    with_model = set(select_notebooks(notebooks_dir, model_only)) if model else set()
     start = time.perf_counter()
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     with (
@@ -283,7 +288,8 @@ def run_course(
 
         def run(path: Path) -> dict:
             bar.set_postfix_str(path.stem)
-            return run_notebook(path, output_dir, env, timeout_s, bar, Path(kernels_dir))
+            own = env | {MODEL_ENV: model} if path in with_model else env
+            return run_notebook(path, output_dir, own, timeout_s, bar, Path(kernels_dir))
 
         def finished(r: dict) -> None:
             bar.update()

@@ -7,6 +7,7 @@ from minieng.lab.batching import (
     compare_batching,
     compute_bound_batch,
     decode_point,
+    format_batch_sweep,
     limiting_factor,
     near_linear_batch,
     sustainable_rate,
@@ -25,7 +26,14 @@ from minieng.lab.chunked_prefill import (
 )
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
-from minieng.lab.gpu_utilization import decode_for, decode_utilization, profile_decode, trace_series, utilization_rows
+from minieng.lab.gpu_utilization import (
+    decode_for,
+    decode_utilization,
+    format_utilization,
+    profile_decode,
+    trace_series,
+    utilization_rows,
+)
 from minieng.lab.kv_cache_lab import (
     concurrency_run,
     live_block_tables,
@@ -39,12 +47,15 @@ from minieng.lab.quant_quality import activation_outliers, quality, reference_se
 from minieng.lab.quantization_lab import (
     QuantBenchConfig,
     device_schemes,
+    format_predicted,
     layer_decode_times,
     predicted_table,
     run_quantization,
 )
 from minieng.lab.report import format_quantization
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
+from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
+from minieng.lab.course_model import CourseModel, course_model, downloads_allowed
 
 __all__ = [
     "activation_outliers",
@@ -59,16 +70,25 @@ __all__ = [
     "compare_disaggregation",
     "compute_bound_batch",
     "concurrency_run",
+    "course_model",
+    "CourseModel",
     "decode_for",
     "decode_point",
     "decode_utilization",
+    "downloads_allowed",
     "device_schemes",
     "estimate_comparison_s",
     "estimate_s",
     "estimate_sweep_s",
+    "format_batch_sweep",
     "format_comparison",
+    "format_kv_bytes",
+    "format_predicted",
+    "format_prefill_work",
     "format_quantization",
+    "format_step_work",
     "format_sweep",
+    "format_utilization",
     "k_sweep",
     "layer_decode_times",
     "limiting_factor",

@@ -23,7 +23,7 @@ from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.bench import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
 from minieng.measure.metrics import request_metrics, serving_metrics
-from minieng.measure.roofline import phase_utilization
+from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
 from minieng.measure.work import decode_work, step_work
 from minieng.measure.workloads import RequestSpec, text_prompts
@@ -122,6 +122,24 @@ def limiting_factor(row: dict, ridge_flop_per_byte: float, share: float = BOUND_
     if row["intensity_flop_per_byte"] >= ridge_flop_per_byte:
         return "compute"
     return "bandwidth" if row["mbu_percent"] >= 100 * share else "overhead"
+
+
+def format_batch_sweep(rows: list[dict], ridge_flop_per_byte: float) -> list[str]:
+    """``batch_sweep``'s rows as a table: TPOT, tok/s and both against batch 1, MFU, MBU, FLOP per
+    byte, the K/V's share of the bytes, and ``limiting_factor``."""
+    b1 = rows[0]
+    lines = [
+        f"{'batch':>5} {'TPOT ms':>8} {'tok/s':>8} {'tok/s x':>8} {'TPOT x':>7} {'MFU':>7} {'MBU':>7} "
+        f"{'FLOP/B':>7} {'KV bytes':>9}  bound"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['batch_size']:>5} {r['tpot_s'] * 1e3:>8.1f} {r['tok_s']:>8.0f} {r['tok_s'] / b1['tok_s']:>8.1f} "
+            f"{r['tpot_s'] / b1['tpot_s']:>7.2f} {format_percent(r['mfu_percent']):>7} "
+            f"{format_percent(r['mbu_percent']):>7} {r['intensity_flop_per_byte']:>7.1f} "
+            f"{format_percent(100 * r['kv_bytes_share']):>9}  {limiting_factor(r, ridge_flop_per_byte)}"
+        )
+    return lines
 
 
 def compute_bound_batch(

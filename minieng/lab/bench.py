@@ -103,7 +103,9 @@ def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
 
 
 def load_transformers(engine: LLMEngine):
-    from transformers import AutoModelForCausalLM
+    from transformers import (
+        AutoModelForCausalLM,
+    )  # lazy: transformers takes seconds to import; `import minieng` does not pay it
 
     return AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=engine.dtype).to(engine.device).eval()
 
@@ -195,7 +197,7 @@ def phase_ratio(result: dict) -> dict:
 
 def bench_environment(engine: LLMEngine) -> dict:
     """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
-    import transformers
+    import transformers  # lazy: transformers takes seconds to import; `import minieng` does not pay it
 
     graphs = engine.runner.graphs
     return fingerprint(engine.device, engine.dtype) | {

@@ -23,6 +23,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
@@ -150,6 +153,13 @@ def decode_utilization(
     }
 
 
+def format_utilization(result: dict, source: str = "measured") -> list[str]:
+    """``utilization_rows`` as a table: figure, its value here, and what it measures."""
+    lines = [f"{'figure':<24} {'here':<32} what it measures"]
+    lines += [f"{name:<24} {value:<32} {meaning}" for name, value, meaning in utilization_rows(result, source)]
+    return lines
+
+
 def utilization_rows(result: dict, source: str = "measured") -> list[tuple[str, str, str]]:
     """``decode_utilization``'s figures as table rows: (figure, value here, what it measures).
 
@@ -246,8 +256,6 @@ def op_times(events) -> tuple[dict[str, float], dict[str, float]]:
     Device: the self time of every GPU-side event (kernels, memcpys), keyed by kernel name; with
     no GPU-side rows (older profilers attach kernels to their op), the ops' self device time.
     """
-    from torch.autograd import DeviceType
-
     cpu_us: dict[str, float] = {}
     device_us: dict[str, float] = {}
     op_device_us: dict[str, float] = {}
@@ -276,8 +284,6 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
         See ``op_times``.
     Raises ``ValueError`` for ``steps`` < 1 or no prompts.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     if steps < 1 or not prompts:
         raise ValueError(f"need steps >= 1 and at least one prompt; got steps={steps}, {len(prompts)} prompts")
     params = SamplingParams.fixed_length(steps + 2)

@@ -37,7 +37,7 @@ from minieng.measure.peaks import Peak
 from minieng.measure.roofline import phase_utilization, tpot_floor_s
 from minieng.measure.work import decode_work
 from minieng.measure.workloads import text_prompts
-from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear, matmul_bytes
+from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear, matmul_bytes, quantize_model
 
 
 @dataclass
@@ -106,6 +106,18 @@ def predicted_table(
     return rows
 
 
+def format_predicted(rows: list[dict]) -> list[str]:
+    """``predicted_table``'s rows as a table: bytes per weight, a step's MB, the TPOT floor and its
+    ratio to the float model's."""
+    lines = [f"{'scheme':>7} {'bytes/weight':>12} {'step MB':>8} {'TPOT floor ms':>13} {'vs float':>8}"]
+    for r in rows:
+        lines.append(
+            f"{r['scheme']:>7} {r['bytes_per_weight']:>12.3f} {r['step_bytes'] / 1e6:>8.1f} "
+            f"{r['tpot_floor_ms']:>13.2f} {r['tpot_ratio_predicted']:>7.2f}x"
+        )
+    return lines
+
+
 @torch.inference_mode()
 def layer_decode_times(engine: LLMEngine, schemes=SCHEMES, group_size: int = 64, repeats: int = 20) -> dict:
     """Seconds of one batch-1 product through the LM head ([vocab, hidden], the largest matrix),
@@ -129,8 +141,14 @@ def _best_s(layer, x: torch.Tensor, repeats: int) -> float:
     return min(measure(lambda: layer(x), x.device, warmup=1, repeats=repeats).values)
 
 
-def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak], progress=None) -> dict:
+def run_quantization(
+    engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak], progress=None, text_engine: LLMEngine | None = None
+) -> dict:
     """The experiment on a float ``engine`` (its weights shared by one engine per scheme).
+
+    Accuracy is measured on ``text_engine``'s model and its quantized copies when given (an engine
+    with real weights, for an ``engine`` whose weights are random: their agreement means nothing),
+    else on ``engine``'s.
 
     Returns a JSON-serializable dict: ``config``, ``rows`` (one per scheme, the float model
     first: weight bytes, TTFT and TPOTs with their ratios and predictions, accuracy, and the
@@ -171,10 +189,16 @@ def run_quantization(engine: LLMEngine, cfg: QuantBenchConfig, peaks: list[Peak]
                     steps[s]["decode"] += st
     say("quantization: kernel FLOP rates and accuracy")
     rates = kernel_rates(engine, schemes, cfg.prompt_tokens, cfg.group_size)
+    talker = text_engine or engine
     sequences = reference_sequences(
-        engine, text_prompts(tok, cfg.quality_prompt_len, cfg.quality_prompts), cfg.quality_tokens
+        talker, text_prompts(talker.tokenizer, cfg.quality_prompt_len, cfg.quality_prompts), cfg.quality_tokens
     )
-    acc = quality(engine.model, {s: engines[s].model for s in schemes}, sequences, cfg.quality_prompt_len)
+    copies = (
+        {s: engines[s].model for s in schemes}
+        if talker is engine
+        else {s: quantize_model(talker.model, s, cfg.group_size) for s in schemes}
+    )
+    acc = quality(talker.model, copies, sequences, cfg.quality_prompt_len)
     context = cfg.decode_prompt_len + cfg.output_tokens // 2  # the decode steps' mean context
     dtype_bytes = engine.dtype.itemsize
     base = {b: decode_work(engine.model_config, b, context, dtype_bytes).total_bytes for b in cfg.batch_sizes}

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tqdm.auto import tqdm
+
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
@@ -63,11 +65,7 @@ def run_workload(
     order = sorted(range(len(specs)), key=lambda i: specs[i].arrival_s)
     ids: list[str | None] = [None] * len(specs)
     first_step = len(engine.step_records)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(specs), desc="requests", unit="req")
+    bar = tqdm(total=len(specs), desc="requests", unit="req", disable=not progress)
     ctx = sampler if sampler is not None else _Null()
     with ctx:
         start = time.perf_counter()
@@ -87,8 +85,7 @@ def run_workload(
             if idle_s == 0:
                 finished = sum(out.finished for out in engine.step())
                 done += finished
-                if bar:
-                    bar.update(finished)
+                bar.update(finished)
             else:  # nothing to run before the next arrival, or a static batch's deadline: sleep until then
                 wake = start + specs[order[nxt]].arrival_s if nxt < len(order) else math.inf
                 wake = min(wake, time.perf_counter() + idle_s)
@@ -104,8 +101,7 @@ def run_workload(
                     )
                 time.sleep(max(0.0, wake - time.perf_counter()))
         duration = time.perf_counter() - start
-    if bar:
-        bar.close()
+    bar.close()
     outputs = [engine.output(rid) for rid in ids if rid is not None]
     return WorkloadResult(
         start,

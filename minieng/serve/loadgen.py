@@ -29,7 +29,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
 
 from minieng.measure.metrics import SLO, RequestMetrics, ServingMetrics, serving_metrics
 from minieng.measure.workloads import RequestSpec, workload_prompts
@@ -200,8 +203,7 @@ async def run_load_async(
     of fixed sizes need; a server that ignores the field answers shorter. Raises ``ValueError``
     for an empty request list.
     """
-    import httpx
-    from tqdm.auto import tqdm
+    import httpx  # lazy: the serve extra's; the rest of loadgen runs without it
 
     if not requests:
         raise ValueError("no requests to send")
@@ -249,15 +251,13 @@ def run_load(base_url: str, model: str, requests: list[LoadRequest], **kwargs) -
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(run_load_async(base_url, model, requests, **kwargs))
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, run_load_async(base_url, model, requests, **kwargs)).result()
 
 
 def served_models(base_url: str) -> list[str]:
     """The model ids of ``GET {base_url}/models``. Raises ``ValueError`` when the server cannot be reached."""
-    import httpx
+    import httpx  # lazy: the serve extra's
 
     try:
         response = httpx.get(f"{base_url.rstrip('/')}/models", timeout=10)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -344,8 +345,6 @@ class ServerThread:
     """
 
     def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0):
-        import socket
-
         if port == 0:
             with socket.socket() as s:
                 s.bind((host, 0))

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import ScalarFormatter
 
 from minieng.units import cdiv
@@ -57,8 +58,6 @@ def block_tables(
     """``kv_cache_lab.block_table_snapshot``: the pool's blocks in id order, coloured by the
     sequence holding them (white: free; hatched: a sequence's last, partly filled block), and
     below, each running sequence's block table: its blocks in token order, by physical id."""
-    from matplotlib.patches import Rectangle
-
     seqs = snapshot["sequences"]
     bs, num_blocks = snapshot["block_size"], snapshot["num_blocks"]
     columns = max(1, min(columns, num_blocks))

@@ -252,3 +252,19 @@ def test_make_test_notebooks_fails_when_a_notebook_fails(tmp_path):
 def test_course_refuses_zero_jobs(notebooks, tmp_path, capsys):
     assert cli.main(["course", "--notebooks", str(notebooks), "--output", str(tmp_path / "o"), "--jobs", "0"]) == 2
     assert "--jobs=0" in capsys.readouterr().err
+
+
+def test_model_reaches_only_the_notebooks_it_names(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINIENG_MODEL", raising=False)
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    for name in ("00_a.ipynb", "01_b.ipynb"):
+        write_notebook(folder, name, "import os\nprint('model:', os.environ.get('MINIENG_MODEL'))")
+    out = tmp_path / "out"
+    argv = ["course", "--notebooks", str(folder), "--output", str(out), "--smoke"]
+    assert cli.main(argv + ["--model", "SmolLM2-135M", "--model-only", "1"]) == 0
+    printed = {
+        name: nbformat.read(out / f"{name}.ipynb", as_version=4).cells[0].outputs[0]["text"]
+        for name in ("00_a", "01_b")
+    }
+    assert printed == {"00_a": "model: None\n", "01_b": "model: SmolLM2-135M\n"}
