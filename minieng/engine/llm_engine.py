@@ -71,7 +71,7 @@ class LLMEngine:
         else:
             param = next(loaded.model.parameters())
             self.device, self.dtype = param.device, param.dtype
-            model_config, max_position = loaded.model.config, loaded.model.rope.cos.shape[0]
+            model_config, max_position = loaded.model.config, loaded.model.rope.max_position
         self.model_config = model_config
         self.max_model_len = check_max_model_len(config.max_model_len, max_position)
         num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)

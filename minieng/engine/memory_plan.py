@@ -161,7 +161,7 @@ def throwaway_forward(
     table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
     after it. Returns the logits at ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
     device = input_ids.device
-    slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.cos.shape[0], block_size)
+    slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.max_position, block_size)
     cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
     meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
     logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices)

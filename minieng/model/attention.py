@@ -2,7 +2,8 @@
 
 It runs everywhere (CPU, any CUDA GPU). The batch of a step is flattened to ``num_tokens`` rows,
 decodes first. Decodes are attended together: their K/V blocks are gathered (one
-``index_select`` over whole blocks per layer, ~3x faster on CPU than indexing single slots)
+``index_select`` over whole blocks per layer, K and V together as the pool keeps them side by
+side, ~3x faster on CPU than indexing single slots)
 into a padded ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor, and a mask hides
 the padding. Prefill chunks (and decodes verifying draft tokens) are attended one by one, each
 over its cached context plus itself, causally: plain ``is_causal`` when nothing was cached
@@ -81,6 +82,8 @@ class AttentionMetadata:
         decode_query_len: query tokens per decode sequence.
         decode_group_size: decodes gathered and attended at once; None: all of them. Smaller
             when the whole batch's gathered K/V would exceed the step's gather budget.
+        decode_block_ids: ``decode_block_tables`` flattened [num_decodes * max_blocks], once per
+            step (every layer gathers through it).
     """
 
     slot_mapping: torch.Tensor
@@ -90,6 +93,11 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_query_len: int = 1
     decode_group_size: int | None = None
+    decode_block_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.decode_block_tables is not None and self.decode_block_ids is None:
+            self.decode_block_ids = self.decode_block_tables.reshape(-1)
 
 
 def decode_mask(context_lens: torch.Tensor, num_slots: int, query_len: int = 1) -> torch.Tensor:
@@ -197,67 +205,76 @@ def offset_causal_mask(q_len: int, context_len: int, device: torch.device):
 
 
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """Keys (or values) of the blocks in ``block_table``, in order.
+    """Keys and values of the blocks in ``block_table`` [n], in order.
 
-    cache: [num_blocks, block_size, kv_heads, head_dim]; block_table: [..., n] ->
-    [..., n * block_size, kv_heads, head_dim].
+    cache: one layer's pool [num_blocks, block_size, 2 * kv_heads, head_dim] -> [n * block_size,
+    2 * kv_heads, head_dim], K heads first.
     """
-    blocks = torch.index_select(cache, 0, block_table.reshape(-1))
-    return blocks.view(*block_table.shape[:-1], -1, *cache.shape[2:])
+    return torch.index_select(cache, 0, block_table).view(-1, *cache.shape[2:])
+
+
+def gather_decode_kv(cache: torch.Tensor, block_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V of ``batch`` decodes in one gather: ``block_ids`` [batch * width] (their block
+    tables, flattened) -> k, v [batch, kv_heads, width * block_size, head_dim] each (views)."""
+    kv = torch.index_select(cache, 0, block_ids).view(batch, -1, *cache.shape[2:]).transpose(1, 2)
+    return kv.split(cache.shape[2] // 2, dim=1)
 
 
 def _decode_attention(
-    qd: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, mask: torch.Tensor
+    qd: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """Decodes' queries qd [B, kv_heads, rows, D] over the K/V of ``block_tables`` [B, width],
-    gathered into [B, kv_heads, width * block_size, D]; ``mask`` [B, 1, rows, width * block_size]."""
-    k = gather_blocks(k_cache, block_tables).transpose(1, 2)
-    v = gather_blocks(v_cache, block_tables).transpose(1, 2)
+    """Decodes' queries qd [B, kv_heads, rows, D] over the K/V of their blocks ``block_ids``
+    [B * width]; ``mask`` [B, 1, rows, width * block_size]."""
+    k, v = gather_decode_kv(cache, block_ids, qd.shape[0])
     return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
 
 
-def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """Attention of this step's queries over the cached keys and values.
 
     Args:
-        q: [num_tokens, num_heads, head_dim], RoPE applied.
-        k_cache, v_cache: one layer, [num_blocks, block_size, kv_heads, head_dim], with this
-            step's K/V already written.
+        q: [num_tokens, num_heads, head_dim / 2, 2], RoPE applied (``llama.apply_rope``'s pairs:
+            a view of [num_tokens, num_heads, head_dim]).
+        cache: one layer's pool [num_blocks, block_size, 2 * kv_heads, head_dim] (K heads, then
+            V heads), with this step's K/V already written.
     Returns:
         [num_tokens, num_heads * head_dim].
     """
-    num_tokens, num_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
+    num_tokens, num_heads = q.shape[:2]
+    kv_heads, head_dim = cache.shape[2] // 2, cache.shape[3]
     group = num_heads // kv_heads
     b, n = meta.num_decodes, meta.decode_query_len
     decoded = None
     if b:
-        # Rows [B * n, heads, D], sequence by sequence -> [B, kv_heads, group * n, D]: each KV
-        # head meets its group's query heads at every query position (a view when n == 1).
-        qd = q[: b * n].view(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
+        qd = q if b * n == num_tokens else q[: b * n]
+        if n == 1:  # [B, heads, D] -> [B, kv_heads, group, D]: each KV head meets its group (a view)
+            qd = qd.view(b, kv_heads, group, head_dim)
+        else:  # rows sequence by sequence -> [B, kv_heads, group * n, D], group-major
+            qd = qd.reshape(b, n, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, head_dim)
         mask = meta.decode_mask  # [B, 1, n, L]: rows of query position; one per (head, position) below
         if n > 1 and group > 1:
             mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
-        g = meta.decode_group_size
+        g, ids = meta.decode_group_size, meta.decode_block_ids
         if g is None:
-            od = _decode_attention(qd, k_cache, v_cache, meta.decode_block_tables, mask)  # [B, kv_heads, group * n, D]
+            od = _decode_attention(qd, cache, ids, mask)  # [B, kv_heads, group * n, D]
         else:  # the batch's gathered K/V would exceed the step's budget: g sequences at a time
+            width = ids.shape[0] // b
             od = torch.cat(
                 [
-                    _decode_attention(
-                        qd[i : i + g], k_cache, v_cache, meta.decode_block_tables[i : i + g], mask[i : i + g]
-                    )
+                    _decode_attention(qd[i : i + g], cache, ids[i * width : (i + g) * width], mask[i : i + g])
                     for i in range(0, b, g)
                 ]
             )
         # reshape, not view: some backends (fp32 on CUDA) return a non-contiguous output.
-        decoded = (
-            od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
-        )
-        if not meta.prefills:  # a decode-only step: no output buffer to fill (views when n == 1)
+        if n == 1:
+            decoded = od.reshape(b, num_heads * head_dim)
+        else:
+            decoded = (
+                od.reshape(b, kv_heads, group, n, head_dim).permute(0, 3, 1, 2, 4).reshape(b * n, num_heads * head_dim)
+            )
+        if not meta.prefills:  # a decode-only step: no output buffer to fill
             return decoded
+    q = q.reshape(num_tokens, num_heads, head_dim)
     out = torch.empty_like(q)
     if decoded is not None:
         out[: b * n] = decoded.view(b * n, num_heads, head_dim)
@@ -267,8 +284,7 @@ def paged_attention(
         # 3-D inputs or enable_gqa it falls back to the math path, which is much slower than
         # repeating K/V per query head.
         qp = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, D]
-        k = gather_blocks(k_cache, chunk.block_table)[: chunk.context_len]
-        v = gather_blocks(v_cache, chunk.block_table)[: chunk.context_len]
+        k, v = gather_blocks(cache, chunk.block_table)[: chunk.context_len].split(kv_heads, dim=1)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)  # [1, heads, context, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
         if chunk.context_len == chunk.q_len:  # nothing cached before the chunk: plain causal

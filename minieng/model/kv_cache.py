@@ -1,8 +1,11 @@
 """The paged KV cache: per-layer K and V tensors cut into fixed-size blocks.
 
-Layout, per layer: ``k[layer]`` and ``v[layer]`` are ``[num_blocks + 2, block_size, num_kv_heads,
-head_dim]``. A token's K/V row lives at one flat *slot* (``block_id * block_size + offset``);
-which blocks a sequence owns is the block manager's business, not this module's.
+Layout: one tensor ``kv`` of ``[layers, num_blocks + 2, block_size, 2 * num_kv_heads, head_dim]``,
+a token's K heads then its V heads side by side, so that a layer writes a step's K and V with one
+``index_copy_`` and a decode gathers them with one ``index_select`` (vLLM keeps K and V of a block
+together too). ``k`` and ``v`` are views of its two halves. A token's K/V row lives at one flat
+*slot* (``block_id * block_size + offset``); which blocks a sequence owns is the block manager's
+business, not this module's.
 
 Two extra blocks are never handed to a sequence, one read and never written, one written and
 never read:
@@ -37,12 +40,26 @@ def num_blocks_for_budget(model_config: ModelConfig, dtype: torch.dtype, block_s
     return int(budget_gib * GIB) // (kv_bytes_per_token(model_config, dtype) * block_size)
 
 
+class LayerKV:
+    """One layer's views of the pool, made once: ``blocks`` [num_blocks + 2, block_size,
+    2 * kv_heads, head_dim] to gather whole blocks, ``slots`` [slots, 2 * kv_heads, head_dim // 2, 2]
+    to write rows in the pair layout ``llama.apply_rope`` returns (head_dim's values as RoPE's
+    rotated pairs)."""
+
+    __slots__ = ("blocks", "slots")
+
+    def __init__(self, blocks: torch.Tensor):
+        self.blocks = blocks
+        self.slots = blocks.view(-1, blocks.shape[2], blocks.shape[3] // 2, 2)
+
+
 class KVCache:
     """K and V for every layer, allocated once.
 
-    ``k``/``v``: [layers, num_blocks + 2, block_size, kv_heads, head_dim]; the last two blocks,
-    outside the ``num_blocks`` the block manager hands out, are the null block (padding reads)
-    and the scratch block (padding writes).
+    ``kv``: [layers, num_blocks + 2, block_size, 2 * kv_heads, head_dim], K heads first; ``k`` and
+    ``v`` are its halves, each [layers, num_blocks + 2, block_size, kv_heads, head_dim]. The last
+    two blocks, outside the ``num_blocks`` the block manager hands out, are the null block
+    (padding reads) and the scratch block (padding writes).
     """
 
     def __init__(
@@ -53,17 +70,12 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ):
-        shape = (
-            model_config.num_hidden_layers,
-            num_blocks + 2,
-            block_size,
-            model_config.num_key_value_heads,
-            model_config.head_dim,
-        )
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # Each layer's (k, v) views, made once: indexing k[i] anew costs a dispatch per layer and step.
-        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))
+        kv_heads = model_config.num_key_value_heads
+        shape = (model_config.num_hidden_layers, num_blocks + 2, block_size, 2 * kv_heads, model_config.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.k, self.v = self.kv[..., :kv_heads, :], self.kv[..., kv_heads:, :]
+        # Each layer's views, made once: indexing kv[i] anew costs a dispatch per layer and step.
+        self.layers = [LayerKV(blocks) for blocks in self.kv.unbind(0)]
         self.num_blocks = num_blocks
         self.block_size = block_size
 
@@ -86,9 +98,7 @@ class KVCache:
         """Zero the K/V of ``blocks`` in every layer (blocks just allocated: stale or
         uninitialised values must not reach a masked product)."""
         if blocks:
-            index = torch.tensor(blocks, dtype=torch.long, device=self.k.device)
-            self.k.index_fill_(1, index, 0)
-            self.v.index_fill_(1, index, 0)
+            self.kv.index_fill_(1, torch.tensor(blocks, dtype=torch.long, device=self.kv.device), 0)
 
     def read_blocks(self, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the K and V of ``blocks``, every layer: each [layers, len(blocks), block_size,
@@ -112,24 +122,16 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s K and V: views of ``k`` and ``v``, each [num_blocks + 2, block_size,
-        kv_heads, head_dim]."""
-        return self.layers[i]
+        return self.kv.nbytes
 
 
-def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store new K/V rows in their slots.
+def write_kv(layer: LayerKV, kv: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store a step's new K/V rows in their slots, K and V in one op.
 
     Args:
-        k_cache, v_cache: one layer's cache, [num_blocks, block_size, kv_heads, head_dim].
-        k, v: [num_tokens, kv_heads, head_dim] for the tokens of this step.
+        layer: one layer's views of the pool.
+        kv: [num_tokens, 2 * kv_heads, head_dim // 2, 2], each token's K heads then V heads (RoPE
+            applied to K), in ``apply_rope``'s pair layout.
         slot_mapping: [num_tokens] int64 flat slot of each token.
     """
-    kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    layer.slots.index_copy_(0, slot_mapping, kv)

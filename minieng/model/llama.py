@@ -21,7 +21,7 @@ from torch import nn
 
 from minieng.config import ModelConfig
 from minieng.model.attention import AttentionMetadata, paged_attention, sdpa_backends
-from minieng.model.kv_cache import KVCache, write_kv
+from minieng.model.kv_cache import KVCache, LayerKV, write_kv
 
 
 def _onednn_linear_available() -> bool:
@@ -83,34 +83,57 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE (Su et al. 2021), rotate-half layout as in transformers' Llama.
+    """RoPE (Su et al. 2021) as one complex product per layer.
 
+    transformers' Llama rotates dimension i with dimension i + head_dim / 2 (rotate-half). minieng
+    stores each head's query and key dimensions interleaved instead, i next to i + head_dim / 2
+    (``interleave_rope_rows``, applied to q_proj and k_proj's rows at load; q·k is unchanged, as
+    both are permuted alike), so each rotated pair is one complex number and RoPE is
+    ``x * e^(i·position·freq)``: one multiplication where rotate-half takes four ops.
     The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
     "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
-    Tables: ``cos`` [max_position, head_dim] and ``sin_signed``, the sine with its first half
-    negated, so that rotate_half(x) * sin == roll(x, head_dim / 2) * sin_signed.
+    Table: ``freqs_cis`` [max_position, head_dim / 2] complex64, scaling * e^(i·position·inv_freq):
+    a plain attribute, not a buffer, so that casting the model (``.to(torch.bfloat16)``) leaves it
+    complex; it follows the positions' device (``tables``).
     """
 
-    def __init__(self, config: ModelConfig, max_position: int):
+    def __init__(self, config: ModelConfig, max_position: int, device: torch.device | str = "cpu"):
         super().__init__()
         with torch.device("cpu"):  # computed, never loaded: not on the meta device of a lazy build
             inv_freq, scaling = _rope_inv_freq(config)
-            freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-            sin = emb.sin() * scaling
-            sin[:, : emb.shape[1] // 2] *= -1
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin_signed", sin, persistent=False)
+            angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+            self.freqs_cis = torch.polar(torch.full_like(angles, scaling), angles).to(device)
+        self.max_position = max_position
+        self.num_qk_heads = config.num_attention_heads + config.num_key_value_heads
+        self.num_v_heads = config.num_key_value_heads
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin at ``positions`` [num_tokens]: [num_tokens, 1, head_dim] each.
-        Looked up once per step and shared by every layer."""
-        return (self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype))
+    def tables(self, positions: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, q + k + v heads, head_dim / 2] complex64: each token's rotation for every
+        head of the qkv product, 1 for the V heads (not rotated: the product then keeps K and V
+        side by side, for one write into the pool). Built once per step, shared by every layer."""
+        if self.freqs_cis.device != positions.device:  # a model moved after it was built: once
+            self.freqs_cis = self.freqs_cis.to(positions.device)
+        f = self.freqs_cis[positions][:, None]  # [n, 1, D / 2]
+        n, half = f.shape[0], f.shape[-1]
+        one = torch.ones((), dtype=f.dtype, device=f.device)
+        return torch.cat((f.expand(n, self.num_qk_heads, half), one.expand(n, self.num_v_heads, half)), dim=1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim] rotated: x * cos + rotate_half(x) * sin."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim / 2, 2] (each head's dimensions as interleaved pairs)
+    rotated by ``table`` [num_tokens, heads, head_dim / 2] complex; same shape and dtype as x.
+    fp32 in one op; other dtypes through fp32 (as transformers computes RoPE's tables)."""
+    if x.dtype == torch.float32:
+        return torch.view_as_real(torch.view_as_complex(x) * table)
+    return torch.view_as_real(torch.view_as_complex(x.float()) * table).to(x.dtype)
+
+
+def interleave_rope_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q_proj/k_proj rows (or biases) reordered per head from rotate-half's layout (dimension i
+    pairs with i + head_dim / 2) to interleaved pairs (2i, 2i + 1): rows [heads * head_dim, ...]."""
+    half = head_dim // 2
+    order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()
+    return weight.view(-1, head_dim, *weight.shape[1:])[:, order].reshape(weight.shape)
 
 
 def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -138,22 +161,14 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
         n = x.shape[0]
-        qkv = self.qkv_proj(x)  # [n, (heads + 2 kv_heads) * head_dim]
-        # q and k side by side, rotated in one pass: [n, heads + kv_heads, head_dim]
-        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(n, -1, self.head_dim), *rope)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        return self.o_proj(paged_attention(q, k_cache, v_cache, meta))
+        # [n, heads + 2 kv_heads, head_dim / 2, 2]: q, k and v heads, each head's dimensions as
+        # RoPE's pairs; q and k rotated, v by 1, in one product.
+        qkv = apply_rope(self.qkv_proj(x).view(n, -1, self.head_dim // 2, 2), rope)
+        q, kv = qkv.split([self.num_heads, 2 * self.num_kv_heads], dim=1)
+        write_kv(kv_cache, kv, meta.slot_mapping)
+        return self.o_proj(paged_attention(q, kv_cache.blocks, meta))
 
 
 class MLP(nn.Module):
@@ -178,8 +193,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, mlp_bias)
 
-    def forward(self, x, rope, k_cache, v_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, k_cache, v_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -230,10 +245,10 @@ class LlamaForCausalLM(nn.Module):
             [num_logits, vocab_size] logits in float32.
         """
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        rope = self.rope.tables(positions, x.dtype)
+        rope = self.rope.tables(positions)
         with sdpa_backends(x.device):
-            for layer, (k_cache, v_cache) in zip(self.layers, kv_cache.layers):
-                x = layer(x, rope, k_cache, v_cache, meta)
+            for layer, layer_kv in zip(self.layers, kv_cache.layers):
+                x = layer(x, rope, layer_kv, meta)
         if logits_indices.numel() == 0:
             # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
             # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration
@@ -272,6 +287,8 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
             dest = params[target].data
+            if proj in ("q_proj", "k_proj"):  # RoPE's pairs interleaved (RotaryEmbedding)
+                tensor = interleave_rope_rows(tensor, self.config.head_dim)
             if proj in stacked:  # a shard of the output dimension (the first one)
                 dest = dest[offset : offset + tensor.shape[0]]
             if dest.shape != tensor.shape:

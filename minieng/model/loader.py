@@ -215,7 +215,7 @@ def build_model(
         model = LlamaForCausalLM(model_config, max_position)
     model = model.to_empty(device=device).to(dtype).eval()
     model.tie_weights()  # to_empty gave the shared tensor two storages: share it again
-    model.rope = RotaryEmbedding(model_config, max_position).to(device)  # computed, not loaded
+    model.rope = RotaryEmbedding(model_config, max_position, device)  # computed, not loaded
     return model
 
 

@@ -159,15 +159,9 @@ def test_what_padding_rows_write_never_reaches_a_later_step(tiny_llama, monkeypa
     real_slots = engine.kv_cache.num_blocks * engine.kv_cache.block_size  # slots of allocatable blocks
     write_kv = model_module.write_kv
 
-    def padding_writes_poison(k_cache, v_cache, k, v, slot_mapping):
+    def padding_writes_poison(layer, kv, slot_mapping):
         pad = slot_mapping >= real_slots  # rows writing outside every allocatable block: padding
-        write_kv(
-            k_cache,
-            v_cache,
-            torch.where(pad[:, None, None], poison, k),
-            torch.where(pad[:, None, None], poison, v),
-            slot_mapping,
-        )
+        write_kv(layer, torch.where(pad[:, None, None, None], poison, kv), slot_mapping)
 
     monkeypatch.setattr(model_module, "write_kv", padding_writes_poison)
     for p in prompts:
@@ -275,15 +269,14 @@ def test_an_eager_decode_batch_gathers_no_more_than_its_budget(tiny_llama, monke
     bs = engine.kv_cache.block_size
     budget = 2 * -(-(30 + GREEDY.max_tokens) // bs) * bs  # two of the widest sequence's block tables
     engine.runner.max_gather_tokens = budget
-    gathered = []  # keys per decode gather (block tables [batch, width])
-    gather = attention.gather_blocks
+    gathered = []  # keys per decode gather (the batch's block tables, flattened)
+    gather = attention.gather_decode_kv
 
-    def spy(cache, block_table):
-        if block_table.dim() == 2:
-            gathered.append(block_table.numel() * bs)
-        return gather(cache, block_table)
+    def spy(cache, block_ids, batch):
+        gathered.append(block_ids.numel() * bs)
+        return gather(cache, block_ids, batch)
 
-    monkeypatch.setattr(attention, "gather_blocks", spy)
+    monkeypatch.setattr(attention, "gather_decode_kv", spy)
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
     assert gathered and max(gathered) <= budget
@@ -432,7 +425,7 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
     from minieng.model.kv_cache import KVCache
 
     model = tiny_llama[1].model
-    longest = model.rope.cos.shape[0]  # 256
+    longest = model.rope.max_position  # 256
     slots, chunks, positions, num_blocks = profile_step(600, longest, 16)
     assert [n for n, _, _ in chunks] == [256, 256, 88] and max(positions) == longest - 1
     assert len(slots) == len(set(slots)) == 600 and max(slots) < num_blocks * 16
@@ -450,14 +443,14 @@ def test_multi_query_decode_attention_equals_the_chunk_path(query_len):
 
     gen = torch.Generator().manual_seed(query_len)
     blocks, bs, kv_heads, heads, dim = 24, 4, 2, 6, 8
-    k_cache, v_cache = torch.randn(2, blocks + 1, bs, kv_heads, dim, generator=gen)
+    cache = torch.randn(blocks + 1, bs, 2 * kv_heads, dim, generator=gen)  # K heads, then V heads
     tables, ctx = [[3, 7, 1], [5, 2], [9, 11, 0, 4]], [11, 6, 15]
-    q = torch.randn(len(tables) * query_len, heads, dim, generator=gen)
+    q = torch.randn(len(tables) * query_len, heads, dim // 2, 2, generator=gen)  # RoPE's pair layout
     slots = [0] * len(q)  # unused by attention itself
     as_decodes = build_metadata(slots, list(zip(tables, ctx)), [], bs, blocks, torch.device("cpu"), query_len)
     as_chunks = build_metadata(
         slots, [], [(query_len, t, c) for t, c in zip(tables, ctx)], bs, blocks, torch.device("cpu")
     )
-    a = paged_attention(q, k_cache, v_cache, as_decodes)
-    b = paged_attention(q, k_cache, v_cache, as_chunks)
+    a = paged_attention(q, cache, as_decodes)
+    b = paged_attention(q, cache, as_chunks)
     assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()

@@ -149,10 +149,9 @@ def test_build_model_supports_llama3_rope_scaling():
     model = build_model(ModelConfig.from_hf(config), torch.float32, torch.device("cpu"), 256)
     inv_freq, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, device="cpu")
     angles = torch.outer(torch.arange(256, dtype=torch.float32), inv_freq.float())
-    assert torch.allclose(model.rope.cos, torch.cat((angles, angles), -1).cos() * scaling, atol=1e-6)
-    sin = torch.cat((angles, angles), -1).sin() * scaling
-    half = sin.shape[1] // 2
-    assert torch.allclose(model.rope.sin_signed, torch.cat((-sin[:, :half], sin[:, half:]), -1), atol=1e-6)
+    table = model.rope.freqs_cis  # [positions, head_dim / 2]: one rotation per pair of dimensions
+    assert torch.allclose(table.real, angles.cos() * scaling, atol=1e-6)
+    assert torch.allclose(table.imag, angles.sin() * scaling, atol=1e-6)
 
 
 def test_llama3_rope_scaling_logits_match_transformers():
