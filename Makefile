@@ -36,12 +36,14 @@ run bench: setup
 # The linters (ruff; lint-imports: the layers and no import cycles), the test suite, then every
 # notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them) by
 # the course runner: each notebook in a kernel of its own, two at a time, its replies awaited in 1 s
-# slices (under nbmake, a missed ZeroMQ wake-up left a kernel idle for minutes). Executed copies
-# and cached results go to a temporary folder, never into notebooks/; a notebook that fails or
-# runs past NOTEBOOK_TIMEOUT seconds fails the command, and the rest still run.
+# slices (under nbmake, a missed ZeroMQ wake-up left a kernel idle for minutes). Executed copies,
+# their index.html and cached results go to TEST_NOTEBOOKS_OUT (replaced at each run), never into
+# notebooks/; a notebook that fails or runs past NOTEBOOK_TIMEOUT seconds fails the command, and
+# the rest still run.
 NOTEBOOKS ?= notebooks
 NOTEBOOK_JOBS ?= 2
 NOTEBOOK_TIMEOUT ?= 600
+TEST_NOTEBOOKS_OUT ?= build/test-notebooks
 # The notebooks' GPU branch, run here on the CPU: these notebooks measure a published shape with random
 # weights (load_format="dummy", text from the embedded model) instead of the embedded model itself.
 GPU_BRANCH_MODEL ?= SmolLM2-135M
@@ -55,9 +57,9 @@ test: setup
 	$(MAKE) --no-print-directory test-notebooks
 
 test-notebooks: setup
-	out=$$(mktemp -d) && $(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output "$$out" \
-	  --jobs $(NOTEBOOK_JOBS) --timeout $(NOTEBOOK_TIMEOUT) --model $(GPU_BRANCH_MODEL) --model-only $(GPU_BRANCH_NOTEBOOKS); \
-	  status=$$?; rm -rf "$$out"; exit $$status
+	rm -rf $(TEST_NOTEBOOKS_OUT)
+	$(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output $(TEST_NOTEBOOKS_OUT) \
+	  --jobs $(NOTEBOOK_JOBS) --timeout $(NOTEBOOK_TIMEOUT) --model $(GPU_BRANCH_MODEL) --model-only $(GPU_BRANCH_NOTEBOOKS)
 
 # The whole course in full mode: every notebook executed, as HTML in course-output/ with an index
 # page, and the articles' claims tabled (COURSE_ARGS, e.g. --only 01,07 or --smoke, passes options).

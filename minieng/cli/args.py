@@ -30,8 +30,13 @@ def engine_args(p: argparse.ArgumentParser) -> None:
         choices=["auto", "dummy"],
         help="dummy = random weights of the real shape",
     )
-    p.add_argument("--dtype", default=EngineConfig.dtype, choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=EngineConfig.device)
+    p.add_argument(
+        "--dtype",
+        default=EngineConfig.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: float32 on a CPU, bfloat16 on a GPU with native bf16, else float16 (default: %(default)s)",
+    )
+    p.add_argument("--device", default=EngineConfig.device, help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
 
 
 def engine_from_args(args, **overrides):

@@ -108,11 +108,33 @@ def add_bench_parser(sub):
     """The ``bench`` command and its options; returns its parser."""
     b = sub.add_parser("bench", help="prefill and decode sweeps, against transformers' generate")
     engine_args(b)
-    b.add_argument("--prompt-lens", type=int_list, default=SWEEPS.prompt_lens)
-    b.add_argument("--batch-sizes", type=int_list, default=SWEEPS.batch_sizes)
-    b.add_argument("--output-tokens", type=int, default=SWEEPS.output_tokens)
-    b.add_argument("--decode-prompt-len", type=int, default=SWEEPS.decode_prompt_len)
-    b.add_argument("--repeats", type=int, default=SWEEPS.repeats)
+    b.add_argument(
+        "--prompt-lens",
+        type=int_list,
+        default=SWEEPS.prompt_lens,
+        help="prefill sweep: prompt lengths (default: %(default)s)",
+    )
+    b.add_argument(
+        "--batch-sizes",
+        type=int_list,
+        default=SWEEPS.batch_sizes,
+        help="decode sweep: batch sizes (default: %(default)s)",
+    )
+    b.add_argument(
+        "--output-tokens",
+        type=int,
+        default=SWEEPS.output_tokens,
+        help="decode sweep: tokens per request (default: %(default)s)",
+    )
+    b.add_argument(
+        "--decode-prompt-len",
+        type=int,
+        default=SWEEPS.decode_prompt_len,
+        help="decode sweep: each sequence's prompt (default: %(default)s)",
+    )
+    b.add_argument(
+        "--repeats", type=int, default=SWEEPS.repeats, help="runs per point, median reported (default: %(default)s)"
+    )
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     b.add_argument(

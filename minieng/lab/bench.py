@@ -130,6 +130,8 @@ def run_bench(
         "load_s": load_s,
         "peaks": [p.to_dict() for p in peaks],
         "ceilings": ceilings.to_dict(),
+        "noise": ceilings.noise.to_dict() if ceilings.noise else None,
+        "noise_lines": ceilings.noise.lines() if ceilings.noise else [],
         "prefill": [],
         "decode": [],
     }

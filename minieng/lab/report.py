@@ -38,6 +38,7 @@ def format_table(result: dict) -> str:
     ]
     if result.get("load_s") is not None:
         lines.append(f"model load: {result['load_s']:.2f} s")
+    lines += result.get("noise_lines", [])
     if env.get("cuda_graphs"):
         lines.append(
             f"decode steps replay CUDA graphs: {env['cuda_graphs']} batch/width buckets captured in "
@@ -56,7 +57,13 @@ def format_table(result: dict) -> str:
     if result.get("figures"):
         lines += ["", "Figures: " + ", ".join(result["figures"])]
     if result.get("targets"):
+        noise = result.get("noise") or {}
         lines += ["", "Targets, measured in this run:"]
+        if noise.get("level") in ("noisy", "busy"):
+            lines.append(
+                f"  (the machine was {noise['level']}: timings may be off by about {100 * noise['relative']:.0f}%, and so "
+                "may these ratios; rerun on a quiet machine before reading a MISS as the engine's)"
+            )
         for t in result["targets"]:
             lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.3f}x (goal {t['goal']})")
     return "\n".join(lines)

@@ -59,6 +59,20 @@ def test_small_mfu_and_mbu_keep_two_significant_digits():
     assert "2.5%" in next(line for line in table.splitlines() if "prefill 1024 tok" in line)
 
 
+def test_the_noise_read_at_the_start_is_printed_and_qualifies_the_targets():
+    result = bench_result() | {
+        "noise_lines": ["noise now: 3 more runs of each ...", "=> a timing here may be off by about 40% (busy)"],
+        "noise": {"level": "busy", "relative": 0.4},
+        "targets": [{"target": "batch-1 TPOT vs transformers", "measured_x": 1.3, "goal": "<= 0.8x", "met": False}],
+    }
+    lines = format_table(result).splitlines()
+    assert lines[1] == "noise now: 3 more runs of each ..."
+    caveat = lines.index("Targets, measured in this run:") + 1
+    assert "busy" in lines[caveat] and "40%" in lines[caveat] and lines[caveat + 1].startswith("  MISS")
+    quiet = format_table(result | {"noise": {"level": "quiet", "relative": 0.05}})
+    assert "rerun on a quiet machine" not in quiet
+
+
 def test_serving_section_prints_utilization_and_na():
     report = {
         "workload": {
