@@ -29,6 +29,11 @@ atexit.register(shutil.rmtree, _RESULTS, ignore_errors=True)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Triton kernels run on CPU tensors only under Triton's interpreter, which must be switched on
+# before triton is first imported (torch._dynamo imports it; tests/helpers.py imports that).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def default_model_missing() -> str | None:
     """Why the embedded default model cannot be used here, or None when it can."""

@@ -48,10 +48,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.
     """
     if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+        if torch.compiler.is_compiling():  # inductor lowers the oneDNN op only for frozen weights
+            return onednn_linear(x, weight, bias)
         # The op itself rather than its packet, whose call checks its arguments in Python first
         # (121 calls a decode step).
         return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
+
+
+@torch.library.custom_op("minieng::onednn_linear", mutates_args=())
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``linear``'s oneDNN product as an opaque op, for compiled regions: inductor calls it as it is
+    (its own lowering wants the weights frozen into constants) and fuses what lies around it."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 class Linear(nn.Module):
@@ -161,14 +175,13 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [n, heads, head_dim / 2, 2] and kv [n, 2 kv_heads, head_dim / 2, 2]: the qkv product,
+        each head's dimensions as RoPE's pairs, q and k rotated (v by 1) in one product."""
         n = x.shape[0]
-        # [n, heads + 2 kv_heads, head_dim / 2, 2]: q, k and v heads, each head's dimensions as
-        # RoPE's pairs; q and k rotated, v by 1, in one product.
         qkv = apply_rope(self.qkv_proj(x).view(n, -1, self.head_dim // 2, 2), rope)
         q, kv = qkv.split([self.num_heads, 2 * self.num_kv_heads], dim=1)
-        write_kv(kv_cache, kv, meta.slot_mapping)
-        return self.o_proj(paged_attention(q, kv_cache.blocks, meta))
+        return q, kv
 
 
 class MLP(nn.Module):
@@ -193,9 +206,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, mlp_bias)
 
-    def forward(self, x, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
+    # The layer in three parts: attention's paged K/V write and read in the middle, and the dense
+    # parts around it, which ``engine.compilation`` compiles (vLLM's piecewise compilation:
+    # attention splits the graph).
+
+    def before_attention(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm, the qkv product and RoPE: q and kv (``Attention.project``)."""
+        return self.self_attn.project(self.input_layernorm(x), rope)
+
+    def after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The output product and the residual, RMSNorm, the MLP and its residual."""
+        x = x + self.self_attn.o_proj(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
+        q, kv = self.before_attention(x, rope)
+        write_kv(kv_cache, kv, meta.slot_mapping)
+        return self.after_attention(x, paged_attention(q, kv_cache.blocks, meta))
 
 
 class LlamaForCausalLM(nn.Module):
