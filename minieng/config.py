@@ -216,6 +216,10 @@ class EngineConfig:
         enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
             captured as CUDA graphs by default, one per (tokens per sequence, batch, block-table
             width) bucket (``cuda_graph``); a CPU always runs eager.
+        compile: compile the decoder layers' dense parts with ``torch.compile`` (the norms,
+            products, RoPE, residuals and MLP around attention: vLLM's piecewise compilation;
+            ``engine.compilation``). Costs seconds to a minute at start-up; needs a C++ compiler
+            on a CPU (without one, a warning and eager).
     """
 
     model: str | None = None
@@ -242,6 +246,7 @@ class EngineConfig:
     ngram_max: int = 3
     seed: int = 0
     enforce_eager: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")

@@ -37,11 +37,23 @@ def engine_args(p: argparse.ArgumentParser) -> None:
         help="auto: float32 on a CPU, bfloat16 on a GPU with native bf16, else float16 (default: %(default)s)",
     )
     p.add_argument("--device", default=EngineConfig.device, help="auto (CUDA when available), cpu, cuda, cuda:1, ...")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the layers' dense parts with torch.compile (start-up cost; a C++ compiler on a CPU)",
+    )
 
 
 def engine_from_args(args, **overrides):
     return LLMEngine(
-        EngineConfig(model=args.model, load_format=args.load_format, dtype=args.dtype, device=args.device, **overrides)
+        EngineConfig(
+            model=args.model,
+            load_format=args.load_format,
+            dtype=args.dtype,
+            device=args.device,
+            compile=args.compile,
+            **overrides,
+        )
     )
 
 

@@ -95,8 +95,10 @@ class DecodeGraphs:
         max_gather_tokens: int,
         query_lens: tuple[int, ...] = (1,),
         capture: bool = True,
+        regions=None,
     ):
         self.model = model
+        self.regions = regions  # compiled layer parts, captured inside the graphs
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.batch_sizes = capture_batch_sizes(max_num_seqs)
@@ -160,7 +162,12 @@ class DecodeGraphs:
             q,
         )
         return self.model(
-            self.input_ids[: b * q], self.positions[: b * q], self.kv_cache, meta, self.logits_indices[: b * q]
+            self.input_ids[: b * q],
+            self.positions[: b * q],
+            self.kv_cache,
+            meta,
+            self.logits_indices[: b * q],
+            self.regions,
         )
 
     @torch.inference_mode()

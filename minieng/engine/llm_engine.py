@@ -33,6 +33,7 @@ from minieng.engine.sequence import Sequence, SequenceStatus
 from minieng.engine.setup import (
     check_engine_quantization,
     check_max_model_len,
+    compiled_regions,
     configured_kv_blocks,
     decode_graphs,
     device_sized_kv_blocks,
@@ -99,14 +100,17 @@ class LLMEngine:
         self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
+        regions, compile_s = compiled_regions(config, self.model, self.device)
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
             self.block_manager,
             self.device,
-            decode_graphs(config, self.model, self.kv_cache, self.max_model_len),
+            decode_graphs(config, self.model, self.kv_cache, self.max_model_len, regions=regions),
             gather_budget_tokens(self.kv_cache),
+            regions,
         )
+        self.runner.compile_s = compile_s  # seconds compile=True took at start-up (None: eager)
         self.drafter = (
             make_drafter(config, draft_model, num_blocks, self.max_model_len) if config.num_speculative_tokens else None
         )

@@ -155,16 +155,17 @@ def profile_step(
 
 @torch.inference_mode()
 def throwaway_forward(
-    model, input_ids: torch.Tensor, logits_indices: torch.Tensor, block_size: int = 16
+    model, input_ids: torch.Tensor, logits_indices: torch.Tensor, block_size: int = 16, regions=None
 ) -> tuple[torch.Tensor, int]:
     """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
     table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
-    after it. Returns the logits at ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
+    after it (``regions``: the layers' compiled parts, or None). Returns the logits at
+    ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
     device = input_ids.device
     slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.max_position, block_size)
     cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
     meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
-    logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices)
+    logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices, regions)
     return logits, cache.nbytes
 
 

@@ -77,8 +77,10 @@ class ModelRunner:
         device: torch.device,
         graphs=None,
         max_gather_tokens: int | None = None,
+        regions=None,
     ):
         self.model = model
+        self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
@@ -156,7 +158,7 @@ class ModelRunner:
                     logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
                 return self._check(logits), lay.sampling
         input_ids, positions, meta, logits_indices, sampling = self._tensors(lay)
-        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
+        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
         return self._check(logits), sampling
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 
 from minieng.config import EngineConfig, ModelConfig
+from minieng.engine import compilation
 from minieng.engine.cuda_graph import DecodeGraphs
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.memory_plan import device_kv_blocks
@@ -183,8 +184,29 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
     return drafter
 
 
+def compiled_regions(config: EngineConfig, model, device: torch.device) -> tuple[tuple | None, float | None]:
+    """With ``config.compile``: the layers' compiled regions, compiled now, and the seconds it took
+    (``compilation``); ``(None, None)`` otherwise, or, with a warning, where it cannot compile."""
+    if not config.compile:
+        return None, None
+    why = compilation.compiler_missing(device)
+    if why is None:
+        try:
+            regions = compilation.regions()
+            return regions, compilation.warm_up(model, device, regions)
+        except Exception as e:  # noqa: BLE001 (any compiler failure: the engine still runs, eagerly)
+            why = f"torch.compile failed ({type(e).__name__}: {str(e)[:300]})"
+    warnings.warn(f"compile=True: {why}; the engine runs eagerly", stacklevel=3)
+    return None, None
+
+
 def decode_graphs(
-    config: EngineConfig, model, kv_cache: KVCache, max_model_len: int, query_lens: tuple[int, ...] | None = None
+    config: EngineConfig,
+    model,
+    kv_cache: KVCache,
+    max_model_len: int,
+    query_lens: tuple[int, ...] | None = None,
+    regions=None,
 ):
     """CUDA graphs of the decode step over ``kv_cache`` (None on a CPU or with ``enforce_eager``).
 
@@ -200,7 +222,13 @@ def decode_graphs(
     # memory the KV sizing left out.
     try:
         return DecodeGraphs(
-            model, kv_cache, config.max_num_seqs, max_model_len, gather_budget_tokens(kv_cache), query_lens=query_lens
+            model,
+            kv_cache,
+            config.max_num_seqs,
+            max_model_len,
+            gather_budget_tokens(kv_cache),
+            query_lens=query_lens,
+            regions=regions,
         )
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
         warnings.warn(

@@ -29,6 +29,7 @@ from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
 from minieng.device import synchronize
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
+from minieng.lab.gpu_utilization import decode_ops, profile_decode
 from minieng.measure.ceilings import machine_ceilings
 from minieng.measure.harness import fingerprint
 from minieng.measure.metrics import request_metrics
@@ -173,6 +174,12 @@ def run_bench(
             row["transformers_decode_tok_s"] = b / (row["transformers_tpot_ms"] / 1e3)
             row["decode_speedup_x"] = row["minieng_decode_tok_s"] / row["transformers_decode_tok_s"]
         result["decode"].append(row)
+    if cfg.batch_sizes:
+        progress("decode step: ops dispatched and where its host time goes")
+        one = text_prompts(tok, cfg.decode_prompt_len, 1)
+        result["decode_ops"] = decode_ops(engine, one)
+        shares = profile_decode(engine, one, steps=4)
+        result["decode_profile"] = {"step_ms": shares["step_ms"], "cpu": shares["cpu"], "device": shares["device"]}
     result["phase_ratio"] = phase_ratio(result)
     return result
 
@@ -210,6 +217,7 @@ def bench_environment(engine: LLMEngine) -> dict:
         "max_model_len": engine.max_model_len,
         "cuda_graphs": graphs.num_graphs if graphs else 0,  # decode buckets captured (0: eager)
         "cuda_graph_capture_s": graphs.capture_s if graphs else None,
+        "compile_s": engine.runner.compile_s,  # compile=True's start-up compilation (None: eager)
     }
 
 

@@ -30,6 +30,7 @@ from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
 from minieng.measure.nvml import VALUE_FIELDS, TelemetrySampler, summarize
+from minieng.measure.op_count import OpCounter, count_layer_ops
 from minieng.measure.roofline import format_percent, phase_utilization
 
 # The matrix-product ops of torch's dispatcher. ``aten::linear`` and ``aten::matmul`` are
@@ -269,6 +270,30 @@ def op_times(events) -> tuple[dict[str, float], dict[str, float]]:
         elif device:
             device_us[e.key] = device_us.get(e.key, 0.0) + device
     return cpu_us, device_us or op_device_us
+
+
+def decode_ops(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> dict:
+    """The ops one decode step of ``len(prompts)`` sequences dispatches (``measure.op_count``),
+    counted after the prefill: ``step_ops`` in all, and per decoder layer ``computing_per_layer``
+    and ``ops_per_layer`` (views included). On a GPU each computing op is a kernel launch."""
+    params = SamplingParams.fixed_length(4)
+    ids = [engine.add_request(list(p), params) for p in prompts]
+    engine.step()  # the prefills (whole, within the step budget the caller set)
+    layers = engine.model.layers
+    with OpCounter() as whole:
+        with count_layer_ops(layers) as inside:
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i in ids:
+        engine.release_request(i)
+    per_layer = inside.result()
+    return {
+        "batch_size": len(prompts),
+        "step_ops": whole.result().total,
+        "computing_per_layer": per_layer.computing / len(layers),
+        "ops_per_layer": per_layer.total / len(layers),
+    }
 
 
 def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: int = 8) -> dict:

@@ -44,8 +44,10 @@ def format_table(result: dict) -> str:
             f"decode steps replay CUDA graphs: {env['cuda_graphs']} batch/width buckets captured in "
             f"{env['cuda_graph_capture_s']:.1f} s at start-up (enforce_eager=True to compare)"
         )
+    if env.get("compile_s") is not None:
+        lines.append(f"the layers' dense parts compiled (torch.compile) in {env['compile_s']:.1f} s at start-up")
     if result["prefill"] or result["decode"]:
-        lines += _sweeps(result) + _utilization(result) + _phase_ratio(result["phase_ratio"])
+        lines += _sweeps(result) + _utilization(result) + _decode_step(result) + _phase_ratio(result["phase_ratio"])
     if result.get("serving"):
         lines += [""] + format_serving(result["serving"])
     if result.get("prefix_cache"):
@@ -67,6 +69,27 @@ def format_table(result: dict) -> str:
         for t in result["targets"]:
             lines.append(f"  {'met ' if t['met'] else 'MISS'} {t['target']}: {t['measured_x']:.3f}x (goal {t['goal']})")
     return "\n".join(lines)
+
+
+def _decode_step(result: dict) -> list[str]:
+    """One batch-1 decode step: the ops it dispatches, and the share of its time in the products."""
+    ops, prof = result.get("decode_ops"), result.get("decode_profile")
+    if not ops:
+        return []
+    lines = [
+        "",
+        f"A batch-1 decode step dispatches {ops['step_ops']} ops: {ops['computing_per_layer']:.0f} computing "
+        f"(a kernel each on a GPU) and {ops['ops_per_layer']:.0f} in all per layer",
+    ]
+    if prof:
+        view = prof["device"] or prof["cpu"]
+        where = "GPU kernel time" if prof["device"] else "host time"
+        lines.append(
+            f"  profiled ({prof['step_ms']:.1f} ms a step, the profiler's cost included): matrix products "
+            f"{100 * view['matmul_share']:.0f}% of its {where}, other ops {100 * view['other_ops_share']:.0f}%, "
+            f"outside any op {100 * view.get('outside_ops_share', 0):.0f}%"
+        )
+    return lines
 
 
 def _sweeps(result: dict) -> list[str]:

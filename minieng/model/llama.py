@@ -135,8 +135,13 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """x: [num_tokens, heads, head_dim / 2, 2] (each head's dimensions as interleaved pairs)
-    rotated by ``table`` [num_tokens, heads, head_dim / 2] complex; same shape and dtype as x.
+    rotated by ``table`` [num_tokens, heads, head_dim / 2] complex (or its ``view_as_real``, which
+    compiled regions take: inductor generates no code for complex ops); same shape and dtype as x.
     fp32 in one op; other dtypes through fp32 (as transformers computes RoPE's tables)."""
+    if not table.is_complex():  # its (cos, sin) pairs [..., 2], for compiled regions: the same product in reals
+        cos, sin = table.unbind(-1)
+        x0, x1 = x.float().unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
     if x.dtype == torch.float32:
         return torch.view_as_real(torch.view_as_complex(x) * table)
     return torch.view_as_real(torch.view_as_complex(x.float()) * table).to(x.dtype)
@@ -219,10 +224,15 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn.o_proj(attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata) -> torch.Tensor:
-        q, kv = self.before_attention(x, rope)
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata, regions=None
+    ) -> torch.Tensor:
+        """``regions``: compiled ``(before_attention, after_attention)`` functions (called with the
+        layer as their first argument), or None for the eager methods."""
+        before, after = regions or (DecoderLayer.before_attention, DecoderLayer.after_attention)
+        q, kv = before(self, x, rope)
         write_kv(kv_cache, kv, meta.slot_mapping)
-        return self.after_attention(x, paged_attention(q, kv_cache.blocks, meta))
+        return after(self, x, paged_attention(q, kv_cache.blocks, meta))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -259,6 +269,7 @@ class LlamaForCausalLM(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
         logits_indices: torch.Tensor,
+        regions=None,
     ) -> torch.Tensor:
         """One step.
 
@@ -268,14 +279,17 @@ class LlamaForCausalLM(nn.Module):
             meta: the batch layout (``attention.build_metadata``).
             logits_indices: [num_logits] rows whose next-token logits are needed (each decode,
                 and the last row of a prefill chunk that completes its prompt).
+            regions: the layers' compiled parts (``engine.compilation``), or None: eager.
         Returns:
             [num_logits, vocab_size] logits in float32.
         """
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rope = self.rope.tables(positions)
+        if regions is not None:
+            rope = torch.view_as_real(rope)  # compiled regions rotate in reals (apply_rope)
         with sdpa_backends(x.device):
             for layer, layer_kv in zip(self.layers, kv_cache.layers):
-                x = layer(x, rope, layer_kv, meta)
+                x = layer(x, rope, layer_kv, meta, regions)
         if logits_indices.numel() == 0:
             # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
             # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration

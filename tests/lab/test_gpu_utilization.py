@@ -184,3 +184,13 @@ def test_profile_decode_finds_the_matrix_products(tiny_engine, tiny_llama):
     assert not engine.has_unfinished_requests()
     with pytest.raises(ValueError):
         profile_decode(engine, prompts(tiny_llama, 1), steps=0)
+
+
+def test_decode_ops_counts_one_decode_step_and_leaves_the_engine_idle(tiny_engine, tiny_llama):
+    from minieng.lab.gpu_utilization import decode_ops
+
+    engine = tiny_engine()
+    got = decode_ops(engine, random_prompts([6, 9], tiny_llama[1].model.config.vocab_size, seed=1))
+    assert got["batch_size"] == 2 and got["computing_per_layer"] == 14 and got["ops_per_layer"] == 24
+    assert got["step_ops"] > 24 * len(engine.model.layers)  # the step's own ops beside the layers'
+    assert not engine.has_unfinished_requests() and not engine.requests

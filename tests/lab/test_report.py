@@ -73,6 +73,20 @@ def test_the_noise_read_at_the_start_is_printed_and_qualifies_the_targets():
     assert "rerun on a quiet machine" not in quiet
 
 
+def test_the_decode_step_section_prints_its_ops_and_where_its_time_went():
+    result = bench_result() | {
+        "decode_ops": {"batch_size": 1, "step_ops": 763, "computing_per_layer": 14.0, "ops_per_layer": 24.0},
+        "decode_profile": {
+            "step_ms": 41.0,
+            "cpu": {"matmul_share": 0.71, "other_ops_share": 0.2, "outside_ops_share": 0.09},
+            "device": None,
+        },
+    }
+    table = format_table(result)
+    assert "dispatches 763 ops: 14 computing (a kernel each on a GPU) and 24 in all per layer" in table
+    assert "matrix products 71% of its host time, other ops 20%, outside any op 9%" in table
+
+
 def test_serving_section_prints_utilization_and_na():
     report = {
         "workload": {
