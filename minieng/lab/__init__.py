@@ -28,6 +28,7 @@ from minieng.lab.disaggregation import compare_disaggregation, estimate_comparis
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
 from minieng.lab.gpu_utilization import (
     decode_for,
+    decode_ops,
     decode_utilization,
     format_utilization,
     profile_decode,
@@ -73,6 +74,7 @@ __all__ = [
     "course_model",
     "CourseModel",
     "decode_for",
+    "decode_ops",
     "decode_point",
     "decode_utilization",
     "downloads_allowed",
