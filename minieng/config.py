@@ -216,6 +216,9 @@ class EngineConfig:
         enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
             captured as CUDA graphs by default, one per (tokens per sequence, batch, block-table
             width) bucket (``cuda_graph``); a CPU always runs eager.
+        attention_backend: how decodes attend: "sdpa" gathers each sequence's K/V blocks and runs
+            SDPA (the reference, every device); "triton" reads them in place in the pool
+            (``triton_attention``: needs triton; on a CPU only under its interpreter, for tests).
         compile: compile the decoder layers' dense parts with ``torch.compile`` (the norms,
             products, RoPE, residuals and MLP around attention: vLLM's piecewise compilation;
             ``engine.compilation``). Costs seconds to a minute at start-up; needs a C++ compiler
@@ -246,10 +249,17 @@ class EngineConfig:
     ngram_max: int = 3
     seed: int = 0
     enforce_eager: bool = False
+    attention_backend: str = "sdpa"
     compile: bool = False
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
+        _require(
+            self.attention_backend in ("sdpa", "triton"),
+            "attention_backend",
+            self.attention_backend,
+            "use 'sdpa' or 'triton'",
+        )
         _require(
             self.dtype in ("auto", "float32", "bfloat16", "float16"),
             "dtype",

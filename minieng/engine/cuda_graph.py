@@ -96,9 +96,11 @@ class DecodeGraphs:
         query_lens: tuple[int, ...] = (1,),
         capture: bool = True,
         regions=None,
+        attention_backend: str = "sdpa",
     ):
         self.model = model
         self.regions = regions  # compiled layer parts, captured inside the graphs
+        self.attention_backend = attention_backend
         self.kv_cache = kv_cache
         self.block_size = kv_cache.block_size
         self.batch_sizes = capture_batch_sizes(max_num_seqs)
@@ -154,12 +156,14 @@ class DecodeGraphs:
     def _forward(self, q: int, b: int, w: int) -> torch.Tensor:
         """The forward of bucket (q, b, w) on the static buffers: logits [b * q, vocab]."""
         meta = AttentionMetadata(
-            self.slot_mapping[: b * q],
-            b,
-            self.block_tables[:b, :w],
-            decode_mask(self.context_lens[:b], w * self.block_size, q),
-            [],
-            q,
+            slot_mapping=self.slot_mapping[: b * q],
+            num_decodes=b,
+            decode_block_tables=self.block_tables[:b, :w],
+            decode_mask=decode_mask(self.context_lens[:b], w * self.block_size, q),
+            prefills=[],
+            decode_query_len=q,
+            decode_context_lens=self.context_lens[:b],
+            backend=self.attention_backend,
         )
         return self.model(
             self.input_ids[: b * q],

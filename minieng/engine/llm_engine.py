@@ -32,6 +32,7 @@ from minieng.engine.scheduler import Scheduler
 from minieng.engine.sequence import Sequence, SequenceStatus
 from minieng.engine.setup import (
     check_engine_quantization,
+    check_attention_backend,
     check_max_model_len,
     compiled_regions,
     configured_kv_blocks,
@@ -77,6 +78,7 @@ class LLMEngine:
         self.max_model_len = check_max_model_len(config.max_model_len, max_position)
         num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
         check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
+        check_attention_backend(config, model_config, self.device)
         loaded_here = loaded is None
         if loaded_here:
             # refuse with advice before allocating anything
@@ -109,6 +111,7 @@ class LLMEngine:
             decode_graphs(config, self.model, self.kv_cache, self.max_model_len, regions=regions),
             gather_budget_tokens(self.kv_cache),
             regions,
+            config.attention_backend,
         )
         self.runner.compile_s = compile_s  # seconds compile=True took at start-up (None: eager)
         self.drafter = (

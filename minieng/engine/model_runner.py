@@ -78,9 +78,11 @@ class ModelRunner:
         graphs=None,
         max_gather_tokens: int | None = None,
         regions=None,
+        attention_backend: str = "sdpa",
     ):
         self.model = model
         self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
+        self.attention_backend = attention_backend  # the decodes' attention: "sdpa" or "triton"
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.device = device
@@ -132,6 +134,7 @@ class ModelRunner:
             dev,
             lay.query_len,
             self.max_gather_tokens,
+            self.attention_backend,
         )
         return (
             torch.tensor(lay.input_ids, dtype=torch.long, device=dev),

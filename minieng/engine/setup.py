@@ -117,6 +117,27 @@ def fit_max_model_len(
     return tokens
 
 
+def check_attention_backend(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
+    """Refuse ``attention_backend="triton"`` where its kernel cannot run (``ValueError`` saying why):
+    no triton, a CPU without Triton's interpreter, or a head_dim the kernel does not take."""
+    if config.attention_backend != "triton":
+        return
+    from minieng.model import triton_attention as ta  # lazy: triton is optional and slow to import
+
+    d = model_config.head_dim
+    why = (
+        "triton is not installed (pip install triton)"
+        if not ta.TRITON_AVAILABLE
+        else "a CPU runs Triton kernels only under its interpreter (TRITON_INTERPRET=1 before triton is imported)"
+        if device.type == "cpu" and not ta.INTERPRETED
+        else f"the kernel takes a head_dim that is a power of two >= 16, not {d}"
+        if d < 16 or d & (d - 1)
+        else None
+    )
+    if why:
+        raise ValueError(f"attention_backend='triton': {why}; use attention_backend='sdpa'")
+
+
 def check_engine_quantization(
     config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -229,6 +250,7 @@ def decode_graphs(
             gather_budget_tokens(kv_cache),
             query_lens=query_lens,
             regions=regions,
+            attention_backend=config.attention_backend,
         )
     except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
         warnings.warn(

@@ -84,6 +84,8 @@ class AttentionMetadata:
             when the whole batch's gathered K/V would exceed the step's gather budget.
         decode_block_ids: ``decode_block_tables`` flattened [num_decodes * max_blocks], once per
             step (every layer gathers through it).
+        decode_context_lens: [num_decodes] int64, the keys each decode attends (the Triton kernel's).
+        backend: "sdpa" (gather, then SDPA) or "triton" (``triton_attention``, one query per decode).
     """
 
     slot_mapping: torch.Tensor
@@ -94,6 +96,8 @@ class AttentionMetadata:
     decode_query_len: int = 1
     decode_group_size: int | None = None
     decode_block_ids: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
+    backend: str = "sdpa"
 
     def __post_init__(self) -> None:
         if self.decode_block_tables is not None and self.decode_block_ids is None:
@@ -141,6 +145,7 @@ def build_metadata(
     device: torch.device,
     decode_query_len: int = 1,
     max_gather_tokens: int | None = None,
+    backend: str = "sdpa",
 ) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
@@ -153,6 +158,7 @@ def build_metadata(
         null_block: the block that pads decode block tables (``KVCache.null_block``).
         max_gather_tokens: the most keys (per layer, K and V each) the decodes may gather at
             once; None: no limit.
+        backend: the decodes' attention (``AttentionMetadata.backend``).
     """
     decode_tables = mask = group = None
     if decodes:
@@ -168,13 +174,15 @@ def build_metadata(
         chunks.append(PrefillChunk(q_start, q_len, torch.tensor(table, dtype=torch.long, device=device), context_len))
         q_start += q_len
     return AttentionMetadata(
-        torch.tensor(slot_mapping, dtype=torch.long, device=device),
-        len(decodes),
-        decode_tables,
-        mask,
-        chunks,
-        decode_query_len,
-        group,
+        slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+        num_decodes=len(decodes),
+        decode_block_tables=decode_tables,
+        decode_mask=mask,
+        prefills=chunks,
+        decode_query_len=decode_query_len,
+        decode_group_size=group,
+        decode_context_lens=lens if decodes else None,
+        backend=backend,
     )
 
 
@@ -255,7 +263,12 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadat
         if n > 1 and group > 1:
             mask = mask.repeat(1, 1, group, 1)  # [B, 1, group * n, L], group-major as qd
         g, ids = meta.decode_group_size, meta.decode_block_ids
-        if g is None:
+        if meta.backend == "triton" and n == 1:  # K/V read in place: no gather, no budget to keep
+            from minieng.model.triton_attention import paged_decode_attention  # lazy: triton is optional
+
+            qh = qd.view(b, num_heads, head_dim)
+            od = paged_decode_attention(qh, cache, meta.decode_block_tables, meta.decode_context_lens)
+        elif g is None:
             od = _decode_attention(qd, cache, ids, mask)  # [B, kv_heads, group * n, D]
         else:  # the batch's gathered K/V would exceed the step's budget: g sequences at a time
             width = ids.shape[0] // b

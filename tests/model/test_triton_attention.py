@@ -183,3 +183,36 @@ def test_imports_without_triton():
         "    raise AssertionError('no RuntimeError')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_an_engine_with_the_triton_backend_decodes_the_reference_engines_tokens(tiny_llama, monkeypatch):
+    """attention_backend="triton" (interpreted on this CPU): every decode step attends through the
+    kernel, prefill chunks through SDPA, and the greedy tokens are the gather path's."""
+    from helpers import make_engine, random_prompts
+
+    import minieng.model.triton_attention as ta
+    from minieng import SamplingParams
+
+    calls = []
+    kernel = ta.paged_decode_attention
+    monkeypatch.setattr(ta, "paged_decode_attention", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = random_prompts([3, 12, 21, 7], tiny_llama[1].model.config.vocab_size, seed=8)
+    reference = make_engine(tiny_llama[1], max_num_seqs=4).generate(prompts, params)
+    engine = make_engine(tiny_llama[1], max_num_seqs=4, attention_backend="triton")
+    assert [o.token_ids for o in engine.generate(prompts, params)] == [o.token_ids for o in reference]
+    layers = tiny_llama[1].model.config.num_hidden_layers
+    assert len(calls) >= 9 * layers and max(calls) == 4  # every decode step, the four sequences at once
+
+
+def test_the_triton_backend_is_refused_where_it_cannot_run(tiny_llama, monkeypatch):
+    from helpers import make_engine
+
+    import minieng.model.triton_attention as ta
+
+    monkeypatch.setattr(ta, "INTERPRETED", False)
+    with pytest.raises(ValueError, match="attention_backend='triton': a CPU runs Triton kernels only under"):
+        make_engine(tiny_llama[1], attention_backend="triton")
+    with pytest.raises(ValueError, match="use 'sdpa' or 'triton'"):
+        make_engine(tiny_llama[1], attention_backend="flash")
