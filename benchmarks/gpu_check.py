@@ -311,6 +311,79 @@ def shape_speed(name: str, path: Path, device: torch.device, peaks, p: dict, loa
     return out
 
 
+def kernels_per_step(engine: LLMEngine, prompts: list[list[int]]) -> int | None:
+    """CUDA kernels one decode step of ``prompts`` launches (a graph replay's kernels included), from
+    torch.profiler's device events; None off CUDA."""
+    if engine.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile  # lazy: a CUDA-only measurement
+
+    ids = [engine.add_request(p, SamplingParams(max_tokens=4, **GREEDY)) for p in prompts]
+    engine.step()  # the prefills
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize(engine.device)
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i in ids:
+        engine.release_request(i)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def decode_paths(path: Path, device: torch.device, peaks, p: dict, load_format: str) -> dict:
+    """One shape's decode through each path the engine has, on one copy of the weights, each row
+    labelled by what ran: eager; the default (CUDA graphs on a GPU); compile=True (inside the graphs);
+    attention_backend="triton" (the paged kernel, graphs too). Ops per layer of an eager step, and
+    kernels per step (CUDA)."""
+    from minieng.lab.gpu_utilization import decode_ops
+    from minieng.model import triton_attention
+
+    base = dict(
+        model=str(path),
+        load_format=load_format,
+        device=str(device),
+        max_num_seqs=max(p["batches"]),
+        enable_prefix_caching=False,
+    )
+    if device.type == "cpu":
+        base["kv_cache_memory_gib"] = 0.25
+    paths = {
+        "eager": dict(enforce_eager=True),
+        "default": {},
+        "compiled": dict(compile=True),
+        "triton": dict(attention_backend="triton"),
+    }
+    out: dict = {"rows": {}}
+    loaded = None
+    one = None
+    for label, extra in paths.items():
+        if label == "triton" and not (
+            triton_attention.TRITON_AVAILABLE and (device.type == "cuda" or triton_attention.INTERPRETED)
+        ):
+            out["rows"][label] = {"skipped": "triton cannot run here"}
+            continue
+        engine = LLMEngine(EngineConfig(**base, **extra), loaded=loaded)
+        loaded = engine.loaded
+        one = one or text_prompts(engine.tokenizer, 16, 1)
+        engine.generate(text_prompts(engine.tokenizer, 16, 2), SamplingParams(max_tokens=4, **GREEDY))  # warm-up
+        graphs = engine.runner.graphs
+        out["rows"][label] = {
+            "ran": ", ".join(
+                [f"graphs ({graphs.num_graphs})" if graphs else "eager"]
+                + (["compiled"] if engine.runner.regions is not None else [])
+                + (["triton attention"] if engine.config.attention_backend == "triton" else ["gather + SDPA"])
+            ),
+            "compile_s": engine.runner.compile_s,
+            "kernels_per_step": kernels_per_step(engine, one),
+            "decode": decode(engine, peaks, p),
+        }
+        if label == "eager":
+            out["eager_ops"] = decode_ops(engine, one)
+        del engine, graphs
+        release()
+    return out
+
+
 def prefix_cache(path: Path, device: torch.device, p: dict, load_format: str) -> dict:
     from minieng.lab.prefix_caching import measure_point
 
@@ -512,8 +585,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument(
         "--sections",
-        default="parity,speed,prefix,spec,nvml,quant",
-        help="comma-separated subset of parity,speed,prefix,spec,nvml,quant",
+        default="parity,speed,paths,prefix,spec,nvml,quant",
+        help="comma-separated subset of parity,speed,paths,prefix,spec,nvml,quant",
     )
     parser.add_argument(
         "--notebooks",
@@ -565,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                 n, pth, device, peaks, p, "dummy" if n == "llama-7b-hd64" or args.smoke else "auto"
             ),
         )
+    section("paths", lambda: decode_paths(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
     section("prefix", lambda: prefix_cache(ckpt["smollm2-1.7b"], device, p, fmt))
     section("spec", lambda: speculative(ckpt["smollm2-1.7b"], ckpt["smollm2-135m"], device, p))
     if device.type == "cuda":
@@ -623,6 +697,19 @@ def print_summary(result: dict) -> None:
             f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
             f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses"
         )
+    paths = result.get("paths") or {}
+    if paths.get("eager_ops"):
+        ops = paths["eager_ops"]
+        print(
+            f"decode ops (eager, batch 1): {ops['computing_per_layer']:.0f} computing, {ops['ops_per_layer']:.0f} in all per layer"
+        )
+    for label, row in (paths.get("rows") or {}).items():
+        if "decode" not in row:
+            print(f"decode path {label}: {row.get('skipped') or row}")
+            continue
+        tpots = ", ".join(f"b{r['batch_size']} {r['tpot_ms']:.2f} ms" for r in row["decode"])
+        kernels = f", {row['kernels_per_step']} kernels a step" if row["kernels_per_step"] is not None else ""
+        print(f"decode path {label} ({row['ran']}{kernels}): {tpots}")
     course = result.get("notebooks") or {}
     for r in course.get("notebooks", []):
         print(

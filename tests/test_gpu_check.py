@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
 
 
@@ -26,6 +28,8 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
             *result["parity"],
             *result["speed"],
             result["prefix_cache"],
+            result["paths"],
+            *result["paths"]["rows"].values(),
             result["speculative"],
             result["quantization"],
         ]
@@ -43,6 +47,13 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
             == [r["batch_size"] for r in shape["decode_eager"]]
         )
         assert all(r["tpot_ms"] > 0 for r in shape["decode_graphs"])
+    rows = result["paths"]["rows"]
+    from minieng.engine.compilation import compiler_missing
+
+    compiled = "eager, compiled" if compiler_missing(torch.device("cpu")) is None else "eager, gather"
+    assert rows["eager"]["ran"] == "eager, gather + SDPA" and rows["compiled"]["ran"].startswith(compiled)
+    assert [r["batch_size"] for r in rows["compiled"]["decode"]] == [1, 2]
+    assert result["paths"]["eager_ops"]["computing_per_layer"] == 14
     assert result["prefix_cache"]["points"][1]["hit_rate"] > 0.4
     assert [r["k"] for r in result["speculative"]["rows"]] == [1, 2]
     quant = {r["scheme"]: r for r in result["quantization"]["rows"]}
