@@ -19,6 +19,7 @@ import functools
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minieng.model.quant_codes import quantize_int4_grouped, quantize_per_channel_int8
@@ -155,7 +156,10 @@ class FbgemmLinear(nn.Module):
 class Int8WeightOnlyLinear(nn.Module):
     """int8 weights per output channel, activations as they are: ``torch._weight_int8pack_mm``
     reads the int8 weights and scales them inside the product (CUDA; on a CPU it runs too, for
-    tests, far slower than fp32). Scales in the activations' dtype, as the op asks.
+    tests, far slower than fp32). Scales in the activations' dtype, as the op asks. Inside a
+    compiled region (``LLMEngine(compile=True)``) the layer is written as dequantize-then-matmul
+    instead, which inductor fuses into one kernel that reads the int8 weights once (gpt-fast's
+    int8 path); eager, that form would write the whole float matrix first.
 
     Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype.
     """
@@ -172,6 +176,8 @@ class Int8WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (empty := _no_rows(x, self.out_features)) is not None:
             return empty
+        if torch.compiler.is_compiling():
+            return F.linear(x, self.qweight.to(x.dtype) * self.scale[:, None], self.bias)
         y = torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
         return y if self.bias is None else y + self.bias
 

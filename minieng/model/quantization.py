@@ -60,7 +60,7 @@ DEFAULT_GROUP_SIZE = 64  # divides 576 and 1,536 (the default model), 2,048 and 
 KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
     ("int8", "cpu"): "fbgemm int8 GEMM, activations in two int8 digits per token",
     ("w8a8", "cpu"): "fbgemm int8 GEMM, 8-bit activations per token (7-bit on CPUs without AVX-512 VNNI)",
-    ("int8", "cuda"): "torch._weight_int8pack_mm",
+    ("int8", "cuda"): "torch._weight_int8pack_mm (compile=True: dequantize-then-matmul, fused by inductor)",
     ("int4", "cuda"): "torch._weight_int4pack_mm (tinygemm; bfloat16)",
     ("w8a8", "cuda"): "torch._int_mm (cuBLASLt int8), 8-bit activations per token",
 }

@@ -515,3 +515,18 @@ def test_steps_that_sample_nothing_run_no_product_on_zero_rows(tiny_engine):
     assert min(n for _, n in rows) > 0, [where for where, n in rows if n == 0][:5]
     plain = tiny_engine(quantization="int8").generate(prompts, greedy(10))
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+
+
+def test_int8_weight_only_compiled_is_dequantize_then_matmul_with_the_same_output():
+    """Under torch.compile the int8 layer is written as dequantize-then-matmul (inductor fuses it,
+    gpt-fast's int8 path); its output is the eager kernel's."""
+    from minieng.engine.compilation import compiler_missing
+    from minieng.model.quant_kernels import Int8WeightOnlyLinear
+
+    if compiler_missing(torch.device("cpu")) is not None:
+        pytest.skip("torch.compile on a CPU needs a C++ compiler")
+    gen = torch.Generator().manual_seed(0)
+    layer = Int8WeightOnlyLinear(torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen))
+    x = torch.randn(3, 64, generator=gen)
+    compiled = torch.compile(layer.forward, dynamic=False)
+    assert torch.allclose(compiled(x), layer(x), atol=1e-4, rtol=1e-4)
