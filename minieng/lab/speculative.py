@@ -185,3 +185,38 @@ def speculative_bench(
     result["batches"] = speculative_batch_sweep(spec, sets, batch_k, output_tokens, progress=progress)
     result["machinery"] = [machinery_overhead(spec, prompts[0], k, output_tokens) for k in ks]
     return result
+
+
+def format_speculative(result: dict) -> list[str]:
+    """The ``--speculative`` section: the k sweep with measured and expected figures, then batches."""
+    b = result["baseline"]
+    lines = [
+        f"Speculative decoding ({result['drafter']}), greedy, batch {b['batch_size']}: "
+        f"plain TPOT {b['tpot_ms']:.1f} ms, plain target step {b['target_step_ms']:.1f} ms",
+        f"  {'k':>2} {'accept':>7} {'tok/step':>8} {'expected':>8} {'c':>6} {'v':>6} {'predicted':>9} "
+        f"{'measured':>9} {'break-even a':>12}",
+    ]
+    for r in result["rows"]:
+        be = r["break_even_acceptance"]
+        lines.append(
+            f"  {r['k']:>2} {r.get('acceptance_rate', 0):>7.2f} {r['tokens_per_step']:>8.2f} "
+            f"{r.get('expected_tokens_per_step', 1):>8.2f} {r['c']:>6.2f} {r['v']:>6.2f} "
+            f"{r['predicted_speedup_x']:>8.2f}x {r['measured_speedup_x']:>8.2f}x "
+            f"{'never' if be is None else f'{be:.2f}':>12}"
+        )
+    lines.append(
+        "  c = draft time per draft token / plain target step; v = target part of a verification step / "
+        "plain target step; predicted = E / (k c + v), E = (1 - a^(k+1)) / (1 - a)"
+    )
+    for m in result.get("machinery", []):
+        lines.append(
+            f"  machinery at k = {m['k']}: verification forward {m['verify_forward_ms']:.1f} ms vs a plain "
+            f"{m['k'] + 1}-token forward {m['plain_chunk_forward_ms']:.1f} ms ({m['verify_over_plain_x']:.2f}x, "
+            f"target <= 1.10x); bookkeeping {m['bookkeeping_percent']:.1f}% of the step (target < 5%)"
+        )
+    for r in result.get("batches", []):
+        lines.append(
+            f"  batch {r['batch_size']:>3}, k = {r['k']}: TPOT {r['tpot_ms']:.1f} -> {r['spec_tpot_ms']:.1f} ms "
+            f"({r['measured_speedup_x']:.2f}x), acceptance {r['acceptance_rate'] or 0:.2f}, v {r['v']:.2f}"
+        )
+    return lines
