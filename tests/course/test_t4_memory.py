@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from minieng.config import published_config
+from minieng.lab.course_model import PROBE_KV_GIB
+from minieng.measure.model_choice import choose_model
 from minieng.engine.memory_plan import HEADROOM, plan_memory
 from minieng.engine.setup import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
 from minieng.measure import peaks as hardware
@@ -33,6 +35,10 @@ BLOCK = 16
 # Engines a notebook's package calls build beside its own, from its engine's config (so with its
 # budget): 08's run_quantization, one per scheme a T4 runs (int8, int4, w8a8 at most).
 HIDDEN_ENGINES = {"08": 3}
+# The model course_model picks for a T4 (datasheet 320 GB/s, a graph replay's ~20 us per layer):
+# the engines built from ``**lesson_model.engine_args`` load it; beside them, the embedded model's
+# probe engine (``PROBE_KV_GIB``) serves real text (``talker``).
+T4_CHOICE = choose_model(320e9, T4_TOTAL - CUDA_CONTEXT, 2, 20e-6).name
 
 
 def code_of(path: Path) -> tuple[dict, str]:
@@ -73,7 +79,8 @@ def t4(monkeypatch):
 
 @pytest.fixture(scope="module")
 def shapes():
-    return {"SmolLM2-135M": published_config("SmolLM2-135M"), "SmolLM2-1.7B": published_config("SmolLM2-1.7B")}
+    names = {"SmolLM2-135M", "SmolLM2-1.7B", T4_CHOICE}
+    return {name: published_config(name) for name in names}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -93,15 +100,26 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
     params, source = code_of(path)
     calls = engine_calls(source)
     main_gib, total_kv, weights, longest = None, 0, 0, []
+    if "course_model(" in source:  # on a GPU it times the embedded model first, and keeps that engine
+        small = shapes["SmolLM2-135M"]
+        weights += small.num_params * FP16.itemsize
+        total_kv += num_blocks_for_budget(small, FP16, BLOCK, PROBE_KV_GIB) * BLOCK * small.kv_bytes_per_token(2)
     for _, args in calls:
-        inherits = args.startswith("replace(engine.config")
+        inherits = args.startswith(("replace(engine.config", "replace(talker.config"))
         gib = argument(args, "kv_cache_memory_gib", params)
         blocks = argument(args, "num_kv_blocks", params)
         assert inherits or gib is not None or blocks is not None, (
             f"{path.name}: LLMEngine({args[:60]}...) has no KV budget: on a GPU it takes 90% of the device"
         )
         gpu_pair = "GPU_TARGET" in args
-        models = [shapes["SmolLM2-1.7B"], shapes["SmolLM2-135M"]] if gpu_pair else [shapes["SmolLM2-135M"]]
+        lesson = "lesson_model.engine_args" in args or ("loaded=engine.loaded" in args and "lesson_model" in source)
+        models = (
+            [shapes["SmolLM2-1.7B"], shapes["SmolLM2-135M"]]
+            if gpu_pair
+            else [shapes[T4_CHOICE]]
+            if lesson or args.startswith("replace(engine.config")
+            else [shapes["SmolLM2-135M"]]
+        )
         if "loaded=" not in args:  # an engine of its own weights, not another's
             weights += sum(m.num_params * FP16.itemsize for m in models)
         if gib is None and blocks is None:
@@ -110,18 +128,23 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
             blocks = num_blocks_for_budget(models[0], FP16, BLOCK, gib)
             main_gib = main_gib if main_gib is not None else gib
             max_model_len = argument(args, "max_model_len", params) or models[0].max_position_embeddings
-            longest.append((blocks * BLOCK, max_model_len))
+            longest.append((blocks * BLOCK, max_model_len, models[0] is shapes[T4_CHOICE] and not gpu_pair))
         total_kv += blocks * BLOCK * sum(m.kv_bytes_per_token(FP16.itemsize) for m in models)
+    hidden = shapes[T4_CHOICE] if "lesson_model" in source else shapes["SmolLM2-135M"]
     total_kv += (
         HIDDEN_ENGINES.get(path.name[:2], 0)
-        * num_blocks_for_budget(shapes["SmolLM2-135M"], FP16, BLOCK, main_gib)
+        * num_blocks_for_budget(hidden, FP16, BLOCK, main_gib)
         * BLOCK
-        * shapes["SmolLM2-135M"].kv_bytes_per_token(2)
+        * hidden.kv_bytes_per_token(2)
     )
 
-    # Each pool holds a whole sequence of its engine's max_model_len: no capping, no refusal.
-    for tokens, max_model_len in longest:
-        assert tokens >= max_model_len, f"{path.name}: a pool of {tokens} tokens for max_model_len={max_model_len}"
+    # Each pool holds a whole sequence of its engine's max_model_len: no capping, no refusal. The
+    # T4's chosen model (the 1.7B, full multi-head KV: 192 KiB a token) holds fewer in the same
+    # budget: its engine caps max_model_len to the pool, with a warning, and the probes and sweeps
+    # stop there; the pool must still hold the longest prompt a lesson asks of it (4,096 tokens).
+    for tokens, max_model_len, capped in longest:
+        need = min(max_model_len, 4096) if capped else max_model_len
+        assert tokens >= need, f"{path.name}: a pool of {tokens} tokens for max_model_len={max_model_len}"
     # The ceilings' buffers, sized on the empty T4 (the notebook reads them before any engine).
     n, copy_bytes = hardware.ceiling_sizes(t4, FP16)
     ceilings = 3 * n * n * FP16.itemsize + 2 * copy_bytes
@@ -135,7 +158,13 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
     )
     # The engine's own check agrees for the first engine (plan_memory reads get_device_properties).
     first = calls[0][1]
-    model = shapes["SmolLM2-1.7B"] if "GPU_TARGET" in first else shapes["SmolLM2-135M"]
+    model = (
+        shapes["SmolLM2-1.7B"]
+        if "GPU_TARGET" in first
+        else shapes[T4_CHOICE]
+        if "lesson_model" in first
+        else shapes["SmolLM2-135M"]
+    )
     plan = plan_memory(model, FP16, num_blocks_for_budget(model, FP16, BLOCK, main_gib), BLOCK, t4)
     assert plan.gpu_memory_bytes == T4_TOTAL and not [p for p in plan.problems() if "GPU" in p]
 
