@@ -35,7 +35,7 @@ from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from minieng.course.claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
-from minieng.lab.course_model import MODEL_ENV
+from minieng.lab.model_for_device import MODEL_ENV
 from minieng.measure.harness import SMOKE_ENV, environment
 from minieng.model.loader import convert_gguf, default_gguf_path
 from minieng.package_data import notebooks_path

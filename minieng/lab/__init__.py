@@ -56,7 +56,7 @@ from minieng.lab.quantization_lab import (
 from minieng.lab.report import format_quantization
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
-from minieng.lab.course_model import CourseModel, course_model, downloads_allowed
+from minieng.lab.model_for_device import CourseModel, course_model, downloads_allowed
 
 __all__ = [
     "activation_outliers",

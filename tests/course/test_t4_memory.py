@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from minieng.config import published_config
-from minieng.lab.course_model import PROBE_KV_GIB
+from minieng.lab.model_for_device import PROBE_KV_GIB
 from minieng.measure.model_choice import choose_model
 from minieng.engine.memory_plan import HEADROOM, plan_memory
 from minieng.engine.setup import GATHER_SCRATCH_FRACTION  # each engine's gather scratch

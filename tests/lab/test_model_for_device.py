@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import minieng.lab.course_model as cm
+import minieng.lab.model_for_device as cm
 from minieng import LLMEngine, SamplingParams
 from minieng.config import DEFAULT_MODEL_NAME
 

@@ -102,12 +102,7 @@ def course_model(model: str | None = None, bandwidth_gbps: float | None = None, 
         return _named(model, "named by the notebook's MODEL")
     if os.environ.get(MODEL_ENV):
         return _named(os.environ[MODEL_ENV], f"named by ${MODEL_ENV}")
-    probe = (
-        LLMEngine(device=device, kv_cache_memory_gib=PROBE_KV_GIB, max_model_len=PROBE_MAX_MODEL_LEN)
-        if _is_cuda(device)
-        else None
-    )
-    if probe is None:
+    if not _is_cuda(device):
         return CourseModel(
             DEFAULT_MODEL_NAME,
             {},
@@ -117,6 +112,7 @@ def course_model(model: str | None = None, bandwidth_gbps: float | None = None, 
         )
     if bandwidth_gbps is None:
         raise ValueError("course_model on a GPU needs bandwidth_gbps: pass machine_ceilings().peak.bandwidth_gbps")
+    probe = LLMEngine(device=device, kv_cache_memory_gib=PROBE_KV_GIB, max_model_len=PROBE_MAX_MODEL_LEN)
     choice = _choose(probe, bandwidth_gbps)
     chosen = _named(choice.name, choice.reason())
     chosen.choice, chosen.probe_engine = choice, probe
