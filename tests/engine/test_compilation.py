@@ -5,6 +5,7 @@ and fall back to eager, saying why, where no compiler is found."""
 from __future__ import annotations
 
 import pytest
+import torch
 from helpers import make_engine, random_prompts
 from torch._dynamo.utils import counters
 
@@ -13,8 +14,7 @@ from minieng import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 pytestmark = pytest.mark.skipif(
-    compilation.compiler_missing(__import__("torch").device("cpu")) is not None,
-    reason="torch.compile on a CPU needs a C++ compiler",
+    compilation.compiler_missing(torch.device("cpu")) is not None, reason="torch.compile on a CPU needs a C++ compiler"
 )
 
 
