@@ -318,15 +318,11 @@ def kernels_per_step(engine: LLMEngine, prompts: list[list[int]]) -> int | None:
         return None
     from torch.profiler import ProfilerActivity, profile  # lazy: a CUDA-only measurement
 
-    ids = [engine.add_request(p, SamplingParams(max_tokens=4, **GREEDY)) for p in prompts]
-    engine.step()  # the prefills
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    from minieng.lab.gpu_utilization import decoding
+
+    with decoding(engine, prompts, 4), profile(activities=[ProfilerActivity.CUDA]) as prof:
         engine.step()
         torch.cuda.synchronize(engine.device)
-    while engine.has_unfinished_requests():
-        engine.step()
-    for i in ids:
-        engine.release_request(i)
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 

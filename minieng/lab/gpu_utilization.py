@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -272,21 +273,31 @@ def op_times(events) -> tuple[dict[str, float], dict[str, float]]:
     return cpu_us, device_us or op_device_us
 
 
+@contextmanager
+def decoding(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_tokens: int, warm_steps: int = 0):
+    """A batch of ``prompts`` ready to decode: queued, prefilled, ``warm_steps`` decode steps run;
+    the block steps its decodes (``max_tokens`` each at most). Afterwards the requests are
+    aborted and released, leaving the engine as it was. Yields their request ids."""
+    params = SamplingParams.fixed_length(max_tokens)
+    ids = [engine.add_request(list(p), params) for p in prompts]
+    seqs = [engine.requests[i].seq for i in ids]
+    try:
+        while any(len(s.output_token_ids) <= warm_steps for s in seqs):
+            engine.step()  # the prefills (each emits a first token), then the warm decode steps
+        yield ids
+    finally:
+        for i in ids:
+            engine.abort_request(i)
+            engine.release_request(i)
+
+
 def decode_ops(engine: LLMEngine, prompts: Sequence[Sequence[int]]) -> dict:
     """The ops one decode step of ``len(prompts)`` sequences dispatches (``measure.op_count``),
     counted after the prefill: ``step_ops`` in all, and per decoder layer ``computing_per_layer``
     and ``ops_per_layer`` (views included). On a GPU each computing op is a kernel launch."""
-    params = SamplingParams.fixed_length(4)
-    ids = [engine.add_request(list(p), params) for p in prompts]
-    engine.step()  # the prefills (whole, within the step budget the caller set)
     layers = engine.model.layers
-    with OpCounter() as whole:
-        with count_layer_ops(layers) as inside:
-            engine.step()
-    while engine.has_unfinished_requests():
+    with decoding(engine, prompts, 4), OpCounter() as whole, count_layer_ops(layers) as inside:
         engine.step()
-    for i in ids:
-        engine.release_request(i)
     per_layer = inside.result()
     return {
         "batch_size": len(prompts),
@@ -311,20 +322,13 @@ def profile_decode(engine: LLMEngine, prompts: Sequence[Sequence[int]], steps: i
     """
     if steps < 1 or not prompts:
         raise ValueError(f"need steps >= 1 and at least one prompt; got steps={steps}, {len(prompts)} prompts")
-    params = SamplingParams.fixed_length(steps + 2)
-    ids = [engine.add_request(list(p), params) for p in prompts]
-    first = len(engine.step_records)
-    while not any(s.num_prefill_tokens == 0 for s in engine.step_records[first:]):
-        engine.step()  # prefill, then one decode step: warm
     cuda = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with decoding(engine, prompts, steps + 2, warm_steps=1), profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             engine.step()
         wall_us = (time.perf_counter() - start) * 1e6
-    for request_id in ids:
-        engine.abort_request(request_id)
     cpu_us, device_us = op_times(prof.key_averages())
     return {
         "batch_size": len(prompts),
