@@ -239,3 +239,52 @@ class DirectRunner:
         for seq, tok in zip(seqs, tokens):
             seq.output_token_ids.append(tok)
         return self.step([(seq, 1) for seq in seqs])
+
+
+# -- invariance: outputs that must not depend on how the engine runs a request ---------------------
+
+REAL_TEXTS = [
+    "Hi!",
+    "What is 2 + 2?",
+    "Name a color.",
+    "Write one sentence about cats.",
+    "Why do leaves change color in autumn? Explain it to a ten-year-old.",
+    "Translate 'good morning' into French, Spanish and German.",
+    "Summarize the plot of Romeo and Juliet in three sentences, without spoilers about the ending if you can.",
+    "Give me three tips for writing clear Python code.",
+    "What is the difference between a list and a tuple in Python? Please give a short example of each, "
+    "and mention when you would prefer one over the other.",
+    "Tell me a joke about computers.",
+    "How many legs does a spider have?",
+    "Describe the water cycle: evaporation, condensation, precipitation and collection. Keep it short but "
+    "make sure every stage is mentioned, and say where the energy that drives the cycle comes from.",
+    "Suggest a name for a small bakery.",
+    "What does a CPU do?",
+    "Write a limerick about a cat who learned to program in Rust and never had a memory bug again.",
+    "List the planets of the solar system in order from the sun.",
+    "Is a tomato a fruit or a vegetable?",
+]
+
+
+def check_all(prompts, references, outputs, next_logits, what):
+    assert len(outputs) == len(prompts)
+    for i, (prompt, ref, out) in enumerate(zip(prompts, references, outputs)):
+        assert out.prompt_token_ids == list(prompt), f"{what}: outputs out of order"
+        assert out.finished
+        assert_same_or_near_tie(ref, out.token_ids, prompt, next_logits, what=f"{what}, request {i}")
+
+
+def check_budget(engine: LLMEngine):
+    """Every step within max_num_seqs and the token budget (a prompt longer than the budget may
+    run alone when chunked prefill is off). The policies themselves are tested in test_scheduler."""
+    cfg = engine.config
+    for rec in engine.step_records:
+        assert len(rec.chunks) <= cfg.max_num_seqs
+        tokens = sum(n for n, _, _ in rec.chunks)
+        alone = not cfg.enable_chunked_prefill and len(rec.chunks) == 1
+        assert tokens <= cfg.max_num_batched_tokens or alone, f"{tokens} tokens in a step: {rec}"
+
+
+def num_split_prompts(engine: LLMEngine) -> int:
+    """Prefill chunks that stopped before the end of their sequence (they sample nothing)."""
+    return sum(1 for rec in engine.step_records for _, _, num_logits_rows in rec.chunks if not num_logits_rows)

@@ -22,24 +22,37 @@ the engine's lifetime), so the p processes never ask for more threads than there
 from __future__ import annotations
 
 import atexit
-import socket
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minieng.config import EngineConfig
-from minieng.engine.model_runner import ModelRunner
 from minieng.device import select_device, select_dtype, usable_cores
+from minieng.engine.model_runner import ModelRunner
 from minieng.model.kv_cache import KVCache
 from minieng.model.loader import load_model
-from minieng.model.parallel import TensorParallel
+from minieng.model.parallel import host_group, host_store, join_group
 
 COLLECTIVE_TIMEOUT_S = 300  # a rank waits this long in a collective (or at start-up) before failing
 JOIN_TIMEOUT_S = 10  # a worker asked to leave gets this long before it is killed
+
+# This process's torch threads before its first open CPU tensor-parallel engine, and how many are
+# open: the last one to close gives the threads back (engines may close in any order).
+_saved_threads: list[int] = []
+
+
+def _share_cores(threads: int) -> None:
+    _saved_threads.append(torch.get_num_threads())
+    torch.set_num_threads(threads)
+
+
+def _give_cores_back() -> None:
+    first = _saved_threads[0]
+    _saved_threads.pop()
+    if not _saved_threads:
+        torch.set_num_threads(first)
 
 
 class WorkerError(RuntimeError):
@@ -75,22 +88,8 @@ class WorkerSpec:
     config: EngineConfig
     max_model_len: int
     size: int
-    port: int
+    port: int  # rank 0's TCP store (``parallel.host_store``)
     threads: int  # torch threads per rank on a CPU
-
-
-def _init_group(rank: int, spec: WorkerSpec, device: torch.device) -> TensorParallel:
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{spec.port}",
-        rank=rank,
-        world_size=spec.size,
-        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-    )
-    return TensorParallel(rank, spec.size)
 
 
 def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
@@ -101,7 +100,9 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
         device = rank_devices(select_device(config.device), spec.size)[rank]
         if device.type == "cpu":
             torch.set_num_threads(spec.threads)
-        tp = _init_group(rank, spec, device)
+        else:
+            torch.cuda.set_device(device)
+        tp = join_group(rank, spec.size, spec.port, device, COLLECTIVE_TIMEOUT_S)
         dtype = select_dtype(config.dtype, device)
         model = load_model(config, device, dtype, spec.max_model_len, tp=tp).model
         conn.send(("loaded", None))
@@ -124,15 +125,6 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
         except OSError:
             pass
         raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Workers:
@@ -142,17 +134,15 @@ class Workers:
     workers', rank 1 first.
     """
 
-    def __init__(self, spec: WorkerSpec, device: torch.device):
-        if dist.is_initialized():
-            raise ValueError(
-                "another tensor-parallel engine is open in this process: close it (engine.close()) before "
-                "starting one more"
-            )
+    def __init__(self, config: EngineConfig, device: torch.device, max_model_len: int):
+        size = config.tensor_parallel_size
+        store = host_store(size, COLLECTIVE_TIMEOUT_S)
+        spec = WorkerSpec(config, max_model_len, size, store.port, max(1, usable_cores() // size))
         self.spec = spec
         self.closed = False
-        self._threads = torch.get_num_threads()
-        if device.type == "cpu":
-            torch.set_num_threads(spec.threads)
+        self.shares_cores = device.type == "cpu"
+        if self.shares_cores:
+            _share_cores(spec.threads)
         ctx = mp.get_context("spawn")
         self.conns, self.processes = [], []
         for rank in range(1, spec.size):
@@ -164,7 +154,7 @@ class Workers:
             self.processes.append(process)
         atexit.register(self.close)
         try:
-            self.tp = _init_group(0, spec, device)
+            self.tp = host_group(store, size, device, COLLECTIVE_TIMEOUT_S)
         except Exception as e:
             self.close()
             raise WorkerError(f"the tensor-parallel group did not form: {e}") from e
@@ -249,9 +239,9 @@ class Workers:
                 process.join()
         for conn in self.conns:
             conn.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        torch.set_num_threads(self._threads)
+        self.tp = None  # the group and its store go with it
+        if self.shares_cores:
+            _give_cores_back()
 
 
 def start_workers(config: EngineConfig, device: torch.device, max_model_len: int) -> Workers:
@@ -260,7 +250,5 @@ def start_workers(config: EngineConfig, device: torch.device, max_model_len: int
     They start loading their shares at once; call ``wait_loaded`` after rank 0 has loaded its own.
     Raises ``ValueError`` for more ranks than devices, ``WorkerError`` when the group cannot form.
     """
-    size = config.tensor_parallel_size
-    rank_devices(device, size)
-    threads = max(1, usable_cores() // size)
-    return Workers(WorkerSpec(config, max_model_len, size, _free_port(), threads), device)
+    rank_devices(device, config.tensor_parallel_size)
+    return Workers(config, device, max_model_len)

@@ -23,16 +23,21 @@ all-gather of the vocabulary shards: ``2 x layers + 2`` collectives per step. No
 replicated; each rank's KV pool holds its own KV heads. A bias of a row-parallel product is added
 by rank 0 alone (the others load it as zeros), so the sum counts it once.
 
-``TensorParallel`` is one rank's view: its rank, the group's size, and the collectives, timed
-(``comm_s``: seconds this rank spent in them, which the measurement splits from the compute).
-With ``size == 1`` every collective is the identity and nothing of ``torch.distributed`` is touched.
+``TensorParallel`` is one rank's view: its rank, the group's size, its process group, and the
+collectives, timed (``comm_s``: seconds this rank spent in them, which the measurement splits from
+the compute). Each engine's group is a process group of its own (``join_group``: a TCP store and
+a gloo or NCCL group object), not ``torch.distributed``'s global default, so several
+tensor-parallel engines can live in one process (a notebook rebuilding one, a test beside
+another). With ``size == 1`` every collective is the identity and nothing of ``torch.distributed``
+is touched.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -43,26 +48,29 @@ from minieng.units import cdiv
 
 @dataclass
 class TensorParallel:
-    """One rank of a tensor-parallel group (the default process group of ``torch.distributed``).
+    """One rank of a tensor-parallel group.
 
     Attributes:
         rank, size: this rank and how many there are (``size == 1``: no parallelism).
+        group: the ``torch.distributed`` process group of the ranks (``join_group``); None for one.
         comm_s: seconds spent in collectives since the last ``reset``, this rank's wall clock
-            (on CUDA the collective is synchronized, so the time covers the transfer).
+            (on CUDA each collective is synchronized, so the time covers the transfer).
         num_collectives: collectives since the last ``reset``.
     """
 
     rank: int = 0
     size: int = 1
+    group: object = field(default=None, repr=False)
     comm_s: float = 0.0
     num_collectives: int = 0
+    store: object = field(default=None, repr=False)  # the group's TCP store, kept alive with it
 
     def reset(self) -> None:
         self.comm_s, self.num_collectives = 0.0, 0
 
-    def _timed(self, x: torch.Tensor, run) -> None:
+    def _timed(self, x: torch.Tensor, work) -> None:
         start = time.perf_counter()
-        run()
+        work().wait()
         if x.device.type == "cuda":
             torch.cuda.synchronize(x.device)
         self.comm_s += time.perf_counter() - start
@@ -71,8 +79,17 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` summed over the ranks, in place (every rank gets the sum). The identity for one rank."""
         if self.size > 1:
-            self._timed(x, lambda: dist.all_reduce(x))
+            self._timed(x, lambda: self.group.allreduce([x]))
         return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The ranks' ``x`` [n, m] side by side: [n, size * m], rank 0's columns first."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        self._timed(x, lambda: self.group.allgather([parts], [x]))
+        return torch.cat(parts, dim=-1)
 
     def time_all_reduce(
         self, sizes_bytes: list[int], repeats: int, device: torch.device, dtype: torch.dtype
@@ -85,9 +102,9 @@ class TensorParallel:
             x = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype, device=device)
             times = []
             for i in range(3 + repeats):
-                dist.barrier()  # every rank starts together: the time is the collective's, not a wait
+                self.group.barrier().wait()  # every rank starts together: the time is the collective's
                 start = time.perf_counter()
-                dist.all_reduce(x)
+                self.group.allreduce([x]).wait()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 if i >= 3:
@@ -95,13 +112,40 @@ class TensorParallel:
             medians.append(statistics.median(times))
         return medians
 
-    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        """The ranks' ``x`` [n, m] side by side: [n, size * m], rank 0's columns first."""
-        if self.size == 1:
-            return x
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        self._timed(x, lambda: dist.all_gather(parts, x.contiguous()))
-        return torch.cat(parts, dim=-1)
+
+def join_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TensorParallel:
+    """Rank ``rank``'s ``TensorParallel``, its group formed over a TCP store on 127.0.0.1:``port``
+    (rank 0 hosts it: pass the port its ``host_store`` bound), NCCL on CUDA, gloo on a CPU. Every
+    collective and the wait for the other ranks time out after ``timeout_s`` (a dead rank is an
+    error, never a hang). Blocks until all ``size`` ranks have joined."""
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timeout)
+    return _group(rank, size, store, device, timeout)
+
+
+def host_store(size: int, timeout_s: float):
+    """Rank 0's TCP store on a free port of 127.0.0.1 (read it from ``.port``), not waiting for
+    the others: start them with the port, then ``host_group``."""
+    return dist.TCPStore(
+        "127.0.0.1", 0, size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def host_group(store, size: int, device: torch.device, timeout_s: float) -> TensorParallel:
+    """Rank 0's ``TensorParallel`` over ``host_store``'s store; blocks until all ranks have joined."""
+    return _group(0, size, store, device, timedelta(seconds=timeout_s))
+
+
+def _group(rank: int, size: int, store, device: torch.device, timeout: timedelta) -> TensorParallel:
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(store, rank, size, options)
+    else:
+        group = dist.ProcessGroupGloo(store, rank, size, timeout)
+    tp = TensorParallel(rank, size, group, store=store)
+    group.barrier().wait()  # returns once every rank has joined
+    return tp
 
 
 def split(total: int, size: int, rank: int) -> tuple[int, int]:
