@@ -42,6 +42,13 @@ def engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compile the layers' dense parts with torch.compile (start-up cost; a C++ compiler on a CPU)",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=EngineConfig.tensor_parallel_size,
+        help="split the model over this many ranks: one process each, a GPU each or sharing the CPU's cores; "
+        "with bench, measure it against one rank (default: %(default)s)",
+    )
 
 
 def engine_from_args(args, **overrides):
@@ -52,6 +59,7 @@ def engine_from_args(args, **overrides):
             dtype=args.dtype,
             device=args.device,
             compile=args.compile,
+            tensor_parallel_size=args.tensor_parallel_size,
             **overrides,
         )
     )

@@ -6,6 +6,7 @@ import inspect
 import json
 import sys
 import time
+from dataclasses import asdict
 
 from minieng.cli.args import engine_args, engine_from_args, int_list, slo_from_args, workload_args, workload_specs
 from minieng.config import QUANTIZATION_SCHEMES
@@ -15,6 +16,7 @@ from minieng.lab.quantization_lab import QuantBenchConfig, run_quantization
 from minieng.lab.replay import serving_bench
 from minieng.lab.report import check_targets, format_table
 from minieng.lab.speculative import speculative_bench
+from minieng.lab.tensor_parallel import format_tensor_parallel, measure_tensor_parallel
 from minieng.measure.peaks import Peak
 
 # The options' defaults are the experiments' own: read once from their dataclass and signature.
@@ -39,6 +41,8 @@ def cmd_bench(args) -> int:
         compare_transformers=not args.no_transformers,
     )
     log = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda msg: None)
+    if args.tensor_parallel_size > 1:
+        return tensor_parallel_bench(args, log)
     start = time.perf_counter()
     # A budget large enough that each sweep point prefills in one step: the decode figures then
     # time decode steps only, as transformers' batched generate does.
@@ -101,6 +105,25 @@ def cmd_bench(args) -> int:
 
         result["figures"] = save_figures(result, args.plot, engine, run)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
+    return 0
+
+
+def tensor_parallel_bench(args, log) -> int:
+    """``--tensor-parallel-size P``: decode at one rank and at P, the all-reduce swept, the paper
+    model fed the measurements (``lab.tensor_parallel``); the sweeps compare engines on one device
+    and are not run."""
+    run = measure_tensor_parallel(
+        args.tensor_parallel_size,
+        batch_sizes=tuple(b for b in args.batch_sizes if b <= 8) or (1,),
+        prompt_len=args.decode_prompt_len,
+        output_tokens=args.output_tokens,
+        progress=log,
+        model=args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    print(json.dumps(asdict(run), indent=2, default=str) if args.json else format_tensor_parallel(run))
     return 0
 
 

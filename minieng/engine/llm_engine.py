@@ -342,6 +342,7 @@ class LLMEngine:
                 num_evictions=self.block_manager.num_evictions,
                 draft_s=draft_s,
                 forward_s=self.runner.last_forward_s,
+                comm_s=self.runner.last_comm_s,
                 graphed=self.runner.last_step_graphed,
             )
         )

@@ -94,6 +94,7 @@ class ModelRunner:
         self.graphs = graphs
         self.max_gather_tokens = max_gather_tokens
         self.last_forward_s = 0.0
+        self.last_comm_s = 0.0  # of last_forward_s, this rank's time in tensor-parallel collectives
         self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
 
     def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
@@ -199,10 +200,12 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """Run one step; return the tokens each sampling sequence emits, by request id: one token,
         or, for a decode with drafts, the accepted drafts and one more (``verification.py``)."""
-        start = time.perf_counter()
+        tp = self.model.tp
+        start, comm_before = time.perf_counter(), tp.comm_s
         logits, sampling = self.forward(scheduled)
         synchronize(self.device)
         self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
+        self.last_comm_s = tp.comm_s - comm_before
         plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]
         out: dict[str, list[int]] = {}
         if plain:

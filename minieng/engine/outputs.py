@@ -51,4 +51,5 @@ class StepRecord:
     num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
     draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
     forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
+    comm_s: float = 0.0  # of forward_s, rank 0's time in tensor-parallel collectives (0 on one rank)
     graphed: bool = False  # the forward replayed a captured CUDA graph

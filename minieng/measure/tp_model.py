@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Link:
@@ -152,3 +154,28 @@ def tensor_parallel_decode(
         num_allreduces=allreduces,
         allreduce_bytes=message if allreduces else 0.0,
     )
+
+
+def fit_link(sizes_bytes: list[float], times_s: list[float], num_devices: int, name: str) -> tuple[Link, float]:
+    """The link, and each hop's latency (s), that ``allreduce_s`` needs to reproduce measured
+    all-reduce times: a least-squares line ``t = a + b x S`` through ``(sizes_bytes, times_s)``
+    (numpy's ``polyfit``), read through the ring model ``t = 2 (p - 1) (latency + S / (p x bw))``:
+    latency = a / 2 (p - 1), bandwidth = 2 (p - 1) / (p x b). A slope that noise made zero or
+    negative leaves the largest message's own time as its bandwidth.
+
+    Raises ``ValueError`` for fewer than two distinct sizes, a mismatch of lengths, or fewer than
+    two devices.
+    """
+    if len(sizes_bytes) != len(times_s) or len(set(sizes_bytes)) < 2 or num_devices < 2:
+        raise ValueError(
+            f"need two or more distinct sizes, one time each, and two or more devices; got {len(sizes_bytes)} "
+            f"sizes, {len(times_s)} times, {num_devices} devices"
+        )
+    hops = 2 * (num_devices - 1)
+    slope, intercept = np.polyfit(np.asarray(sizes_bytes, float), np.asarray(times_s, float), 1)
+    if slope <= 0:
+        i = int(np.argmax(sizes_bytes))
+        slope = times_s[i] / sizes_bytes[i]
+    latency_s = max(0.0, float(intercept)) / hops
+    bandwidth_gbps = hops / (num_devices * float(slope)) / 1e9
+    return Link(name, bandwidth_gbps, "measured here: all-reduces of the engine's own group"), latency_s

@@ -1,0 +1,173 @@
+"""Tensor parallelism measured (claim S4): a decode step on one rank and on p, the all-reduce's
+toll, and the paper model held against both.
+
+``measure_tensor_parallel`` builds the same model at ``tensor_parallel_size`` 1 and p, in turn
+(one engine alive at a time), and times batch decodes on each: TPOT (vLLM's definition), each
+decode step's forward pass, and, within it, rank 0's time in collectives (``StepRecord.comm_s``:
+the ``2 x layers + 2`` all-reduces and gathers of ``model.parallel``). At p it also sweeps the
+all-reduce over message sizes on the engine's own process group, and fits the ring model's hop
+latency and link bandwidth to it (``tp_model.fit_link``).
+
+The paper model (``tp_model.tensor_parallel_decode``) is then fed what was measured instead of
+what it assumed: the bandwidth one rank reads at (the p = 1 step's bytes over its forward time)
+and the measured link. Two readings of "p devices": the paper's, p devices each with its own
+memory (p times the bandwidth), and this machine's when the ranks are processes on one CPU
+socket, sharing one memory bus (the same bandwidth, split). The measurement says which holds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from minieng.config import SamplingParams
+from minieng.engine.llm_engine import LLMEngine
+from minieng.measure.metrics import request_metrics
+from minieng.measure.tp_model import Link, TensorParallelStep, fit_link, tensor_parallel_decode
+from minieng.measure.work import decode_work
+from minieng.measure.workloads import text_prompts
+
+ALL_REDUCE_SIZES = [64, 1024, 16 * 1024, 256 * 1024, 1024 * 1024]  # bytes: one token's activations and up
+
+
+@dataclass(frozen=True)
+class SplitStep:
+    """Decode at one tensor-parallel size and batch: medians over the decode steps (seconds)."""
+
+    num_ranks: int
+    batch_size: int
+    tpot_s: float
+    forward_s: float  # the forward pass of a decode step, collectives included
+    comm_s: float  # of forward_s, rank 0's time in collectives
+    collectives_per_step: float
+    bytes_per_step: float  # weights and KV a step reads, all ranks together (``work.decode_work``)
+
+    @property
+    def compute_s(self) -> float:
+        """The forward pass less its collectives: reading weights and computing."""
+        return self.forward_s - self.comm_s
+
+
+@dataclass(frozen=True)
+class ModelledStep:
+    """The paper model's step at ``num_ranks`` and ``batch_size``, under one ``reading`` of what p
+    ranks have: "own memory" (p times the bandwidth) or "one shared bus" (the same, split)."""
+
+    reading: str
+    num_ranks: int
+    batch_size: int
+    step: TensorParallelStep
+
+
+@dataclass
+class TensorParallelRun:
+    """What ``measure_tensor_parallel`` measured, and the paper model fed with it."""
+
+    steps: list[SplitStep]
+    sizes_bytes: list[int] = field(default_factory=list)
+    all_reduce_s: list[float] = field(default_factory=list)  # median of each size
+    link: Link | None = None  # fitted to the sweep
+    hop_latency_s: float | None = None
+    modelled: list[ModelledStep] = field(default_factory=list)
+
+    def step(self, num_ranks: int, batch_size: int) -> SplitStep:
+        return next(s for s in self.steps if (s.num_ranks, s.batch_size) == (num_ranks, batch_size))
+
+
+def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tokens: int) -> SplitStep:
+    """Decode ``batch_size`` prompts of ``prompt_len`` tokens together for ``output_tokens`` tokens
+    (after an untimed warm-up of the same shape); medians over the decode-only steps."""
+    prompts = text_prompts(engine.tokenizer, prompt_len, batch_size)
+    params = SamplingParams.fixed_length(output_tokens)
+    engine.generate(prompts, SamplingParams.fixed_length(4))  # warm-up: allocations, first shapes
+    first = len(engine.step_records)
+    tp = engine.model.tp
+    collectives_before = tp.num_collectives
+    outputs = engine.generate(prompts, params)
+    records = engine.step_records[first:]
+    decodes = [r for r in records if r.num_prefill_tokens == 0]
+    context = prompt_len + output_tokens // 2
+    return SplitStep(
+        num_ranks=engine.config.tensor_parallel_size,
+        batch_size=batch_size,
+        tpot_s=statistics.median(request_metrics(o).tpot_s for o in outputs),
+        forward_s=statistics.median(r.forward_s for r in decodes),
+        comm_s=statistics.median(r.comm_s for r in decodes),
+        collectives_per_step=(tp.num_collectives - collectives_before) / len(records),
+        bytes_per_step=decode_work(engine.model_config, batch_size, context, engine.dtype.itemsize).total_bytes,
+    )
+
+
+def measure_tensor_parallel(
+    num_ranks: int = 2,
+    batch_sizes: tuple[int, ...] = (1, 8),
+    prompt_len: int = 64,
+    output_tokens: int = 32,
+    sizes_bytes: list[int] | None = None,
+    repeats: int = 20,
+    progress=None,
+    **engine_args,
+) -> TensorParallelRun:
+    """Decode at ``tensor_parallel_size`` 1 and ``num_ranks`` on this machine, the all-reduce swept
+    at ``num_ranks``, and the paper model fed the measured bandwidth and link.
+
+    ``engine_args`` go to both engines (``model``, ``device``, ``load_format``, ...). Raises what
+    ``LLMEngine`` raises for a size the model or the machine cannot split.
+    """
+    sizes_bytes = sizes_bytes or ALL_REDUCE_SIZES
+    engine_args = {"enable_prefix_caching": False, "max_num_seqs": max(batch_sizes), **engine_args}
+    run = TensorParallelRun(steps=[])
+    for p in (1, num_ranks):
+        if progress:
+            progress(f"tensor parallel: decode at p = {p}")
+        with LLMEngine(tensor_parallel_size=p, **engine_args) as engine:
+            run.steps += [decode_steps(engine, b, prompt_len, output_tokens) for b in batch_sizes]
+            if p > 1:
+                run.sizes_bytes = sizes_bytes
+                run.all_reduce_s = engine.workers.time_all_reduce(sizes_bytes, repeats, engine.device, engine.dtype)
+                run.link, run.hop_latency_s = fit_link(sizes_bytes, run.all_reduce_s, p, f"{engine.device.type} link")
+            config, dtype_bytes = engine.model_config, engine.dtype.itemsize
+    for b in batch_sizes:
+        one = run.step(1, b)
+        bandwidth_gbps = one.bytes_per_step / one.compute_s / 1e9  # what one rank read at, measured
+        shape = dict(
+            weight_bytes=one.bytes_per_step,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            batch_size=b,
+            activation_bytes=dtype_bytes,
+            link=run.link,
+            latency_s=run.hop_latency_s or 0.0,
+        )
+        for reading, per_rank_gbps in (("own memory", bandwidth_gbps), ("one shared bus", bandwidth_gbps / num_ranks)):
+            step = tensor_parallel_decode(num_devices=num_ranks, bandwidth_gbps=per_rank_gbps, **shape)
+            run.modelled.append(ModelledStep(reading, num_ranks, b, step))
+    return run
+
+
+def format_tensor_parallel(run: TensorParallelRun) -> str:
+    """The measured steps, the all-reduce sweep and fit, and the model beside the measurement (ms)."""
+    lines = [
+        "decode step, measured (medians; ms)",
+        f"{'p':>3} {'batch':>5} {'TPOT':>8} {'forward':>8} {'compute':>8} {'all-reduce':>10} {'collectives':>11}",
+    ]
+    for s in run.steps:
+        lines.append(
+            f"{s.num_ranks:>3} {s.batch_size:>5} {s.tpot_s * 1e3:>8.2f} {s.forward_s * 1e3:>8.2f} "
+            f"{s.compute_s * 1e3:>8.2f} {s.comm_s * 1e3:>10.2f} {s.collectives_per_step:>11.0f}"
+        )
+    if run.all_reduce_s:
+        lines += ["", "all-reduce on the engine's group (median per call)"]
+        lines += [f"  {n:>9,} bytes: {t * 1e6:>9.1f} us" for n, t in zip(run.sizes_bytes, run.all_reduce_s)]
+        lines.append(
+            f"  ring-model fit: {run.hop_latency_s * 1e6:.1f} us per hop, {run.link.bandwidth_gbps:.2f} GB/s per link"
+        )
+    if run.modelled:
+        lines += ["", "paper model fed the measured bandwidth and link, against the measured forward pass (ms)"]
+        for m in run.modelled:
+            measured = run.step(m.num_ranks, m.batch_size).forward_s
+            lines.append(
+                f"  p={m.num_ranks} batch={m.batch_size:<3} {m.reading:<15} modelled {m.step.step_s * 1e3:7.2f} "
+                f"(read {m.step.read_s * 1e3:.2f} + link {m.step.link_s * 1e3:.2f})   measured {measured * 1e3:7.2f}"
+            )
+    return "\n".join(lines)
