@@ -55,6 +55,7 @@ from minieng.lab.quantization_lab import (
 )
 from minieng.lab.report import format_quantization
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
+from minieng.lab.tensor_parallel import TensorParallelRun, format_tensor_parallel, measure_tensor_parallel
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
 from minieng.lab.model_for_device import CourseModel, course_model, downloads_allowed
 
@@ -90,6 +91,7 @@ __all__ = [
     "format_quantization",
     "format_step_work",
     "format_sweep",
+    "format_tensor_parallel",
     "format_utilization",
     "k_sweep",
     "layer_decode_times",
@@ -97,6 +99,7 @@ __all__ = [
     "live_block_tables",
     "long_prompt_run",
     "measure_point",
+    "measure_tensor_parallel",
     "minieng_decode",
     "minieng_prefill",
     "multi_turn",
@@ -118,6 +121,7 @@ __all__ = [
     "sequences_that_fit",
     "speculative_batch_sweep",
     "sustainable_rate",
+    "TensorParallelRun",
     "trace_series",
     "ttft_vs_hit_rate",
     "utilization_rows",

@@ -73,6 +73,23 @@ class TensorParallelRun:
     def step(self, num_ranks: int, batch_size: int) -> SplitStep:
         return next(s for s in self.steps if (s.num_ranks, s.batch_size) == (num_ranks, batch_size))
 
+    def modelled_step(self, reading: str, num_ranks: int, batch_size: int) -> TensorParallelStep:
+        return next(
+            m.step for m in self.modelled if (m.reading, m.num_ranks, m.batch_size) == (reading, num_ranks, batch_size)
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TensorParallelRun:
+        """The run back from ``dataclasses.asdict`` (a notebook's cached JSON)."""
+        return cls(
+            steps=[SplitStep(**s) for s in d["steps"]],
+            sizes_bytes=d["sizes_bytes"],
+            all_reduce_s=d["all_reduce_s"],
+            link=Link(**d["link"]) if d["link"] else None,
+            hop_latency_s=d["hop_latency_s"],
+            modelled=[ModelledStep(**{**m, "step": TensorParallelStep(**m["step"])}) for m in d["modelled"]],
+        )
+
 
 def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tokens: int) -> SplitStep:
     """Decode ``batch_size`` prompts of ``prompt_len`` tokens together for ``output_tokens`` tokens

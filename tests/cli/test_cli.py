@@ -8,6 +8,9 @@ small sizes, to keep the suite short; everything else in the command runs as it 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import re
 from pathlib import Path
 
@@ -392,3 +395,22 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     assert {p.name for p in paths} == {"latency_cdf.png", "step_timeline.png", "utilization.png"}
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
     json.dumps(result)
+
+
+@pytest.mark.real_model
+def test_bench_tensor_parallel_from_the_command_line():
+    """``python -m minieng bench --tensor-parallel-size 2`` in a fresh interpreter: the spawned
+    worker re-imports ``minieng.__main__`` without running the command again, and the run reports
+    both sizes, rank 0's collectives, the all-reduce sweep and its fitted link."""
+    argv = [sys.executable, "-m", "minieng", "bench", "--tensor-parallel-size", "2", "--device", "cpu"]
+    argv += ["--batch-sizes", "1", "--output-tokens", "4", "--decode-prompt-len", "16", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout)
+    one, two = run["steps"]
+    assert (one["num_ranks"], two["num_ranks"]) == (1, 2)
+    assert one["comm_s"] == 0 and one["collectives_per_step"] == 0
+    assert 0 < two["comm_s"] < two["forward_s"] and two["collectives_per_step"] == 2 * 30 + 2
+    assert len(run["all_reduce_s"]) == len(run["sizes_bytes"]) and all(t > 0 for t in run["all_reduce_s"])
+    assert run["link"]["bandwidth_gbps"] > 0 and run["hop_latency_s"] >= 0
+    assert {m["reading"] for m in run["modelled"]} == {"own memory", "one shared bus"}

@@ -68,3 +68,34 @@ def test_allreduce_by_hand_and_bad_inputs():
         with pytest.raises(ValueError):
             tensor_parallel_decode(**(SEED | dict(num_devices=2) | bad))
     assert isinstance(LINKS["pcie4_x16"], Link) and LINKS["pcie4_x16"].bandwidth_gbps == 31.5
+
+
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_fit_link_recovers_the_latency_and_bandwidth_that_made_the_times(num_devices):
+    from minieng.measure.tp_model import fit_link
+
+    sizes = [64, 1024, 16384, 262144, 1048576]
+    times = [sum(allreduce_s(n, num_devices, 3.0, 40e-6)) for n in sizes]
+    link, latency_s = fit_link(sizes, times, num_devices, "test link")
+    assert latency_s == pytest.approx(40e-6, rel=1e-6)
+    assert link.bandwidth_gbps == pytest.approx(3.0, rel=1e-6) and link.name == "test link"
+    # Fed back into the model, the fitted link gives the times it was fitted to.
+    assert sum(allreduce_s(4096, num_devices, link.bandwidth_gbps, latency_s)) == pytest.approx(
+        sum(allreduce_s(4096, num_devices, 3.0, 40e-6))
+    )
+
+
+def test_fit_link_keeps_a_positive_bandwidth_when_noise_flattens_the_slope():
+    from minieng.measure.tp_model import fit_link
+
+    link, latency_s = fit_link([64, 1024, 4096], [2e-4, 1.9e-4, 1.95e-4], 2, "noisy")
+    assert link.bandwidth_gbps > 0 and latency_s > 0
+
+
+def test_fit_link_needs_two_sizes_and_two_devices():
+    from minieng.measure.tp_model import fit_link
+
+    with pytest.raises(ValueError, match="two or more distinct sizes"):
+        fit_link([64, 64], [1e-4, 1e-4], 2, "x")
+    with pytest.raises(ValueError, match="two or more devices"):
+        fit_link([64, 128], [1e-4, 2e-4], 1, "x")
