@@ -15,6 +15,8 @@ prompts from the project's text), then prints and writes as JSON (``gpu_check.js
 - NVML util.gpu and GPM SM occupancy / DRAM bandwidth during batch-1 decode, beside MFU and MBU;
 - quantization, the 1.7B shape: per scheme (int8, int4, w8a8) TTFT and TPOT at batch 1 and 16
   as ratios to bf16, beside the bytes and FLOP-rate predictions (``quant_experiment``);
+- tensor parallelism, the 1.7B shape: decode at tensor_parallel_size 1 and 2 with the step split
+  into compute and all-reduces, and the all-reduce swept (needs two GPUs; skipped with one);
 - the GPU path's targets (issue 9), each as PASS or MISS with the figures it compares.
 
 Random weights: speed does not depend on weight values, and greedy agreement on random logits
@@ -34,12 +36,14 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.lab.bench import minieng_decode, minieng_prefill
+from minieng.lab.tensor_parallel import format_tensor_parallel, measure_tensor_parallel
 from minieng.measure.harness import fingerprint
 from minieng.measure.peaks import datasheet_peak, measure_ceilings
 from minieng.measure.roofline import phase_utilization
@@ -500,6 +504,23 @@ def quantization(path: Path, device: torch.device, peaks, p: dict, load_format: 
 # -- targets ---------------------------------------------------------------------------------------
 
 
+def tensor_parallel(path: Path, device: torch.device, p: dict, load_format: str) -> dict:
+    """Decode at tensor_parallel_size 1 and 2 (``lab.tensor_parallel``): over two GPUs where the
+    machine has them (skipped with one), as two processes on a CPU."""
+    if device.type == "cuda" and torch.cuda.device_count() < 2:
+        return {"skipped": f"{torch.cuda.device_count()} GPU here: tensor parallelism needs two"}
+    run = measure_tensor_parallel(
+        2,
+        batch_sizes=tuple(p["batches"][:2]),
+        prompt_len=p["decode_context"],
+        output_tokens=p["output_tokens"],
+        model=str(path),
+        load_format=load_format,
+        device=str(device),
+    )
+    return asdict(run) | {"table": format_tensor_parallel(run)}
+
+
 def targets(result: dict) -> list[dict]:
     """Issue 9's GPU targets, from the figures measured above (absent figures are skipped)."""
     out = []
@@ -581,8 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
     parser.add_argument(
         "--sections",
-        default="parity,speed,paths,prefix,spec,nvml,quant",
-        help="comma-separated subset of parity,speed,paths,prefix,spec,nvml,quant",
+        default="parity,speed,paths,prefix,spec,nvml,quant,tp",
+        help="comma-separated subset of parity,speed,paths,prefix,spec,nvml,quant,tp",
     )
     parser.add_argument(
         "--notebooks",
@@ -640,12 +661,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         section("nvml", lambda: nvml_during_decode(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
     section("quant", lambda: quantization(ckpt["smollm2-1.7b"], device, peaks, p, fmt))
+    section("tp", lambda: tensor_parallel(ckpt["smollm2-1.7b"], device, p, fmt))
     if args.notebooks:
         sections.add("notebooks")
         section("notebooks", lambda: course_on_device(Path(args.out) / "course"))
     result["quantization"] = result.pop("quant", None)
     result["prefix_cache"] = result.pop("prefix", None)
     result["speculative"] = result.pop("spec", None)
+    result["tensor_parallel"] = result.pop("tp", None)
     result["targets"] = targets(result)
     result["environment"] = fingerprint(device, dtype)
     result["wall_s"] = time.perf_counter() - started
@@ -693,6 +716,9 @@ def print_summary(result: dict) -> None:
             f"quantization {r['scheme']:>4}: TTFT {r['ttft_ratio']:.2f}x ({r['ttft_ratio_predicted']:.2f}), TPOT b1 "
             f"{r['tpot_b1_ratio']:.2f}x ({r['tpot_b1_ratio_predicted']:.2f}) of bf16's, predictions in parentheses"
         )
+    tp = result.get("tensor_parallel") or {}
+    if tp.get("table") or tp.get("skipped"):
+        print(f"\ntensor parallelism (p = 1 against p = 2):\n{tp.get('table') or tp['skipped']}")
     paths = result.get("paths") or {}
     if paths.get("eager_ops"):
         ops = paths["eager_ops"]
