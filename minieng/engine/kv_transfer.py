@@ -92,7 +92,7 @@ def export_prefilled(engine: LLMEngine, request_id: str) -> KVHandoff:
         ValueError: a request that is not a finished prefill (``is_prefilled``), or an engine
             with speculative decoding.
     """
-    _refuse_speculation(engine)
+    _refuse_kv_elsewhere(engine)
     req = engine.requests[request_id]
     seq = req.seq
     if not is_prefilled(seq):
@@ -129,7 +129,7 @@ def admit_prefilled(engine: LLMEngine, handoff: KVHandoff) -> str:
             sequence too long for ``engine.max_model_len``; an engine with speculative decoding.
         RuntimeError: no room now (``can_admit`` is False): no blocks or no place in the batch.
     """
-    _refuse_speculation(engine)
+    _refuse_kv_elsewhere(engine)
     seq, bm = handoff.seq, engine.block_manager
     if handoff.model_config != engine.model_config:
         raise ValueError("the hand-off comes from another model shape: both engines must run the same model")
@@ -163,7 +163,13 @@ def admit_prefilled(engine: LLMEngine, handoff: KVHandoff) -> str:
     return seq.request_id
 
 
-def _refuse_speculation(engine: LLMEngine) -> None:
+def _refuse_kv_elsewhere(engine: LLMEngine) -> None:
+    """Refuse the engines whose KV is not all in ``engine.kv_cache``: a drafter's, or other ranks'."""
+    if engine.workers is not None:
+        raise ValueError(
+            "KV hand-off with tensor parallelism is not supported (the other ranks' KV heads would "
+            "stay behind): use engines with tensor_parallel_size=1"
+        )
     if engine.drafter is not None:
         raise ValueError(
             "KV hand-off with speculative decoding is not supported (the drafter's KV would "

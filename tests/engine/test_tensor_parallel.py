@@ -227,3 +227,32 @@ def test_the_all_reduce_is_timed_on_the_engine_s_own_group(tp2):
     # Two steps (the prompt, one decode): each 2 all-reduces per layer, the embedding's and the logits' gather.
     assert tp.num_collectives == 2 * (2 * layers + 2)
     assert tp.comm_s > 0
+
+
+@pytest.mark.real_model
+def test_kv_hand_off_is_refused_where_other_ranks_hold_kv_heads(tp2):
+    from minieng.engine.kv_transfer import export_prefilled
+
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        export_prefilled(tp2, "any")
+
+
+SCRIPT_LEAVING_AN_ENGINE_OPEN = """
+from minieng import LLMEngine
+
+if __name__ == "__main__":
+    engine = LLMEngine(device="cpu", tensor_parallel_size=2, max_model_len=64, num_kv_blocks=8)
+    print(engine.workers.processes[0].pid, flush=True)
+"""
+
+
+@pytest.mark.real_model
+def test_workers_exit_with_the_interpreter_even_when_the_engine_is_never_closed(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "open_engine.py"
+    script.write_text(SCRIPT_LEAVING_AN_ENGINE_OPEN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _wait_gone([int(done.stdout.split()[-1])]), "the worker outlived the interpreter"
