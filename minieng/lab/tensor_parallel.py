@@ -121,7 +121,7 @@ def measure_tensor_parallel(
     prompt_len: int = 64,
     output_tokens: int = 32,
     sizes_bytes: list[int] | None = None,
-    repeats: int = 20,
+    repeats: int = 50,
     progress=None,
     **engine_args,
 ) -> TensorParallelRun:
