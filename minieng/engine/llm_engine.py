@@ -31,26 +31,10 @@ from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
 from minieng.engine.scheduler import Scheduler
 from minieng.engine.sequence import Sequence, SequenceStatus
-from minieng.engine.setup import (
-    check_engine_quantization,
-    check_tensor_parallel_engine,
-    check_attention_backend,
-    check_max_model_len,
-    compiled_regions,
-    configured_kv_blocks,
-    decode_graphs,
-    device_sized_kv_blocks,
-    engine_matmul_bytes,
-    engine_model,
-    fit_max_model_len,
-    gather_budget_tokens,
-    load_draft,
-    make_drafter,
-)
-from minieng.engine.workers import start_workers
+from minieng.engine import setup
 from minieng.model.kv_cache import KVCache
 from minieng.model.parallel import shard_config
-from minieng.model.loader import LoadedModel, load_config, load_model
+from minieng.model.loader import LoadedModel, load_config
 
 
 class LLMEngine:
@@ -60,9 +44,15 @@ class LLMEngine:
         config: an ``EngineConfig``; keyword arguments override its fields
             (``LLMEngine(max_num_seqs=8)``).
         loaded: an already loaded model (tests, or sharing weights between engines).
+    With ``tensor_parallel_size`` p > 1 the engine starts p - 1 worker processes
+    (``engine.workers``); ``close()`` or ``with LLMEngine(...) as engine:`` stops them (so does
+    the interpreter's exit).
+
     Raises:
         ValueError: for a model that cannot be loaded, or a KV budget too small for one sequence
-            of ``max_model_len`` tokens.
+            of ``max_model_len`` tokens; for a tensor-parallel size the model or the machine cannot
+            split (``setup.check_tensor_parallel_engine``).
+        workers.WorkerError: a tensor-parallel worker that failed to start or load.
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, **overrides):
@@ -82,63 +72,53 @@ class LLMEngine:
         # The shape this process's pool holds: the model's, or rank 0's share of its KV heads (the
         # largest: every rank's pool has as many blocks, and rank 0's budget sizes them).
         rank_config = shard_config(model_config, config.tensor_parallel_size)
-        self.max_model_len = check_max_model_len(config.max_model_len, max_position)
-        num_blocks = configured_kv_blocks(config, rank_config, self.dtype, self.device)
-        check_tensor_parallel_engine(config, model_config, self.device, loaded)
-        check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
-        check_attention_backend(config, model_config, self.device)
+        self.max_model_len = setup.check_max_model_len(config.max_model_len, max_position)
+        num_blocks = setup.configured_kv_blocks(config, rank_config, self.dtype, self.device)
+        setup.check_tensor_parallel_engine(config, model_config, self.device, loaded)
+        setup.check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
+        setup.check_attention_backend(config, model_config, self.device)
         self.workers = None  # the other tensor-parallel ranks (engine.workers), when there are any
         loaded_here = loaded is None
         if loaded_here:
             # refuse with advice before allocating anything
             plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
-            if config.tensor_parallel_size > 1:  # they load their shares while this rank loads its own
-                self.workers = start_workers(config, self.device, self.max_model_len)
-                self._finalizer = weakref.finalize(self, self.workers.close)
-            try:
-                tp = self.workers.tp if self.workers else None
-                loaded = load_model(config, self.device, self.dtype, self.max_model_len, resolved, tp=tp)
-                if self.workers:
-                    self.workers.wait_loaded()
-            except BaseException:
-                self.close()
-                raise
-        draft_model = load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
-        config, self.model = engine_model(config, loaded.model)  # the config names a loaded model's scheme
+            loaded, self.workers = setup.load_ranks(config, self.device, self.dtype, self.max_model_len, resolved)
+            if self.workers:  # stopped when the engine is collected, if nobody closed it
+                weakref.finalize(self, self.workers.close)
+        draft_model = setup.load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
+        config, self.model = setup.engine_model(config, loaded.model)  # the config names a loaded model's scheme
         self.config = config
         if loaded_here:  # nobody else holds the float matrices: let them go
             loaded = replace(loaded, model=self.model)
         self.loaded, self.tokenizer = loaded, loaded.tokenizer
         # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
-        self.matmul_bytes = engine_matmul_bytes(config, model_config, self.dtype)
+        self.matmul_bytes = setup.engine_matmul_bytes(config, model_config, self.dtype)
         if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
             models = [self.model] + ([draft_model] if draft_model is not None else [])
-            num_blocks = device_sized_kv_blocks(config, models, self.max_model_len)
-        self.max_model_len = fit_max_model_len(config, rank_config, self.dtype, self.max_model_len, num_blocks)
+            num_blocks = setup.device_sized_kv_blocks(config, models, self.max_model_len)
+        self.max_model_len = setup.fit_max_model_len(config, rank_config, self.dtype, self.max_model_len, num_blocks)
         self.memory_plan = plan_memory(
             model_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
         )
         self.kv_cache = KVCache(rank_config, num_blocks, config.block_size, self.dtype, self.device)
-        if self.workers:
+        if self.workers:  # every rank's pool has as many blocks: the block manager's are every rank's
             self.workers.allocate_kv(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        regions, compile_s = compiled_regions(config, self.model, self.device)
+        regions, compile_s = setup.compiled_regions(config, self.model, self.device)
         self.runner = ModelRunner(
             self.model,
             self.kv_cache,
             self.block_manager,
             self.device,
-            decode_graphs(config, self.model, self.kv_cache, self.max_model_len, regions=regions),
-            gather_budget_tokens(self.kv_cache),
+            setup.decode_graphs(config, self.model, self.kv_cache, self.max_model_len, regions=regions),
+            setup.gather_budget_tokens(self.kv_cache),
             regions,
             config.attention_backend,
             self.workers,
         )
         self.runner.compile_s = compile_s  # seconds compile=True took at start-up (None: eager)
-        self.drafter = (
-            make_drafter(config, draft_model, num_blocks, self.max_model_len) if config.num_speculative_tokens else None
-        )
+        self.drafter = setup.make_drafter(config, draft_model, num_blocks, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
         # The time source of every timestamp the engine records (arrivals by default, steps,
         # emissions). A model of several devices on one machine gives each engine a clock of its

@@ -20,7 +20,7 @@ from minieng.engine import compilation
 from minieng.engine.cuda_graph import DecodeGraphs
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.memory_plan import device_kv_blocks
-from minieng.engine.workers import rank_devices
+from minieng.engine.workers import Workers, rank_devices, start_workers
 from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from minieng.model.loader import LoadedModel, load_model
 from minieng.model.parallel import check_tensor_parallel
@@ -163,6 +163,24 @@ def check_tensor_parallel_engine(
         raise ValueError(f"tensor_parallel_size={size} does not run with {', '.join(refused)}")
 
 
+def load_ranks(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, max_model_len: int, resolved
+) -> tuple[LoadedModel, Workers | None]:
+    """This process's model (``loader.load_model``) and, with ``tensor_parallel_size`` p > 1, the
+    workers of ranks 1 .. p-1 (``workers.start_workers``): they load their shares while this rank
+    loads its own, rank 0's. Workers that start are closed again if any rank fails to load."""
+    workers = start_workers(config, device, max_model_len) if config.tensor_parallel_size > 1 else None
+    try:
+        loaded = load_model(config, device, dtype, max_model_len, resolved, tp=workers.tp if workers else None)
+        if workers:
+            workers.wait_loaded()
+    except BaseException:
+        if workers:
+            workers.close()
+        raise
+    return loaded, workers
+
+
 def check_engine_quantization(
     config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -221,7 +239,9 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
 
 def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_len: int):
     """The drafter: prompt lookup, or the draft model with its own KV pool of ``num_blocks`` (and
-    its own decode graphs on CUDA)."""
+    its own decode graphs on CUDA); None without speculative decoding."""
+    if not config.num_speculative_tokens:
+        return None
     if draft_model is None:
         return PromptLookupDrafter(config.ngram_max)
     drafter = DraftModelDrafter(draft_model, num_blocks, config.block_size)

@@ -159,19 +159,18 @@ class Workers:
             self.close()
             raise WorkerError(f"the tensor-parallel group did not form: {e}") from e
 
-    def _receive(self, expected: str):
-        out = []
+    def _receive(self, expected: str) -> None:
+        """Wait for ``expected`` from every worker; ``WorkerError`` for an error or an exit instead."""
         for rank, conn in enumerate(self.conns, start=1):
             try:
                 message, payload = conn.recv()
             except EOFError:
                 self.raise_if_failed(None)
-            if message == "error":
+            if message != expected:
                 self.close()
-                raise WorkerError(f"tensor-parallel worker {rank} failed:\n{payload}")
-            assert message == expected, (message, expected)
-            out.append(payload)
-        return out
+                raise WorkerError(
+                    f"tensor-parallel worker {rank} sent {message!r} where {expected!r} was due:\n{payload}"
+                )
 
     def wait_loaded(self) -> None:
         """Wait until every worker has loaded its share. Raises ``WorkerError`` if one failed."""
