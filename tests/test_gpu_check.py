@@ -63,7 +63,7 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
     tp_steps = {(r["num_ranks"], r["batch_size"]): r for r in result["tensor_parallel"]["steps"]}
     assert set(tp_steps) == {(1, 1), (1, 2), (2, 1), (2, 2)}  # two processes on this CPU, tiny shape
     assert tp_steps[(2, 1)]["collectives_per_step"] == 2 * 2 + 2 and tp_steps[(1, 1)]["comm_s"] == 0
-    assert "ring-model fit" in result["tensor_parallel"]["table"]
+    assert "ring model fitted" in result["tensor_parallel"]["table"]
     names = {t["target"] for t in result["targets"]}
     assert any("batch-1 TPOT" in n for n in names) and any("speculative c" in n for n in names)
     assert any("quantization int8" in n for n in names)

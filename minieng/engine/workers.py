@@ -184,8 +184,8 @@ class Workers:
         """Send a step's layout (``model_runner.StepLayout`` without its sequences) to every worker."""
         self._send(("step", layout, fresh_blocks))
 
-    def time_all_reduce(self, sizes_bytes: list[int], repeats: int, device, dtype) -> list[float]:
-        """Median seconds of an all-reduce of each size, timed on rank 0 while every worker runs
+    def time_all_reduce(self, sizes_bytes: list[int], repeats: int, device, dtype) -> list[list[float]]:
+        """Seconds of ``repeats`` all-reduces of each size, timed on rank 0 while every worker runs
         the same loop (``TensorParallel.time_all_reduce``)."""
         self._send(("time_all_reduce", sizes_bytes, repeats))
         return self.tp.time_all_reduce(sizes_bytes, repeats, device=device, dtype=dtype)

@@ -34,7 +34,6 @@ is touched.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -93,11 +92,12 @@ class TensorParallel:
 
     def time_all_reduce(
         self, sizes_bytes: list[int], repeats: int, device: torch.device, dtype: torch.dtype
-    ) -> list[float]:
-        """Median seconds of one all-reduce of each of ``sizes_bytes`` (messages of ``dtype``,
-        ``repeats`` timed after 3 untimed), this rank's clock. Every rank of the group must call it
-        with the same arguments (``workers.Workers.time_all_reduce`` has them do so)."""
-        medians = []
+    ) -> list[list[float]]:
+        """Seconds of each of ``repeats`` all-reduces of each of ``sizes_bytes`` (messages of
+        ``dtype``, timed after 3 untimed, each started together after a barrier), this rank's
+        clock: one list of samples per size. Every rank of the group must call it with the same
+        arguments (``workers.Workers.time_all_reduce`` has them do so)."""
+        samples = []
         for nbytes in sizes_bytes:
             x = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype, device=device)
             times = []
@@ -109,8 +109,8 @@ class TensorParallel:
                     torch.cuda.synchronize(device)
                 if i >= 3:
                     times.append(time.perf_counter() - start)
-            medians.append(statistics.median(times))
-        return medians
+            samples.append(times)
+        return samples
 
 
 def join_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TensorParallel:

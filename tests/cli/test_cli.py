@@ -412,5 +412,6 @@ def test_bench_tensor_parallel_from_the_command_line():
     assert one["comm_s"] == 0 and one["collectives_per_step"] == 0
     assert 0 < two["comm_s"] < two["forward_s"] and two["collectives_per_step"] == 2 * 30 + 2
     assert len(run["all_reduce_s"]) == len(run["sizes_bytes"]) and all(t > 0 for t in run["all_reduce_s"])
+    assert all(0 < q <= m for q, m in zip(run["all_reduce_p25_s"], run["all_reduce_s"]))
     assert run["link"]["bandwidth_gbps"] > 0 and run["hop_latency_s"] >= 0
     assert {m["reading"] for m in run["modelled"]} == {"own memory", "one shared bus"}

@@ -23,7 +23,7 @@ def run() -> TensorParallelRun:
         ModelledStep("own memory", 2, 1, tensor_parallel_decode(num_devices=2, bandwidth_gbps=10.8, **shape)),
         ModelledStep("one shared bus", 2, 1, tensor_parallel_decode(num_devices=2, bandwidth_gbps=5.4, **shape)),
     ]
-    return TensorParallelRun(steps, sizes, times, link, latency_s, modelled)
+    return TensorParallelRun(steps, sizes, [2 * t for t in times], times, link, latency_s, modelled)
 
 
 def test_a_run_survives_the_json_cache(run):
@@ -36,6 +36,7 @@ def test_the_table_splits_the_step_and_sets_the_model_beside_the_measurement(run
     assert two.compute_s == pytest.approx(0.057)
     assert "  2     1   150.00   145.00    57.00      88.00          62" in text
     assert f"{run.hop_latency_s * 1e6:.1f} us per hop" in text
+    assert "     1,024     840.0     420.0" in text  # the median, then the 25th percentile the fit read
     own = run.modelled_step("own memory", 2, 1)
     assert f"modelled {own.step_s * 1e3:7.2f}" in text and "measured  145.00" in text
     # Sharing one bus, the model's read takes the one-rank time: the split buys no bandwidth.
