@@ -109,12 +109,12 @@ def cmd_bench(args) -> int:
 
 
 def tensor_parallel_bench(args, log) -> int:
-    """``--tensor-parallel-size P``: decode at one rank and at P, the all-reduce swept, the paper
+    """``--tensor-parallel-size P``: decode at one rank and at P (each of ``--batch-sizes``), the all-reduce swept, the paper
     model fed the measurements (``lab.tensor_parallel``); the sweeps compare engines on one device
     and are not run."""
     run = measure_tensor_parallel(
         args.tensor_parallel_size,
-        batch_sizes=tuple(b for b in args.batch_sizes if b <= 8) or (1,),
+        batch_sizes=tuple(args.batch_sizes),
         prompt_len=args.decode_prompt_len,
         output_tokens=args.output_tokens,
         progress=log,

@@ -19,7 +19,7 @@ from minieng.measure.sweep_plan import (
     predict_ttft_s,
     prefill_sweep_lengths,
 )
-from minieng.measure.tp_model import LINKS, tensor_parallel_decode
+from minieng.measure.tp_model import LINKS, fit_link, tensor_parallel_decode
 from minieng.measure.work import attention_crossover_tokens, decode_ridge_batch, decode_work, prefill_work, step_work
 from minieng.measure.workloads import (
     poisson_workload,
@@ -70,6 +70,7 @@ __all__ = [
     "summarize_ms",
     "TelemetrySampler",
     "tensor_parallel_decode",
+    "fit_link",
     "text_prompts",
     "tpot_floor_s",
     "workload_prompts",
