@@ -109,9 +109,9 @@ def cmd_bench(args) -> int:
 
 
 def tensor_parallel_bench(args, log) -> int:
-    """``--tensor-parallel-size P``: decode at one rank and at P (each of ``--batch-sizes``), the all-reduce swept, the paper
-    model fed the measurements (``lab.tensor_parallel``); the sweeps compare engines on one device
-    and are not run."""
+    """``--tensor-parallel-size P``: decode at one rank and at P (each of ``--batch-sizes``), the
+    all-reduce swept, the paper model fed the measurements (``lab.tensor_parallel``); the sweeps
+    compare engines on one device and are not run."""
     run = measure_tensor_parallel(
         args.tensor_parallel_size,
         batch_sizes=tuple(args.batch_sizes),
