@@ -25,7 +25,6 @@ from minieng.engine.chat_template import EMPTY_PROMPT, Message, Prompt, chat_tok
 from minieng.engine.detokenizer import IncrementalDetokenizer
 from minieng.engine.memory_plan import plan_memory
 from minieng.engine import offline
-from minieng.engine.model_runner import ModelRunner
 from minieng.engine.output_processor import RequestState, append_tokens, make_output
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
@@ -81,44 +80,37 @@ class LLMEngine:
         loaded_here = loaded is None
         if loaded_here:
             # refuse with advice before allocating anything
-            plan_memory(model_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
+            plan_memory(rank_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
             loaded, self.workers = setup.load_ranks(config, self.device, self.dtype, self.max_model_len, resolved)
             if self.workers:  # stopped when the engine is collected, if nobody closed it
                 weakref.finalize(self, self.workers.close)
-        draft_model = setup.load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
-        config, self.model = setup.engine_model(config, loaded.model)  # the config names a loaded model's scheme
-        self.config = config
-        if loaded_here:  # nobody else holds the float matrices: let them go
-            loaded = replace(loaded, model=self.model)
-        self.loaded, self.tokenizer = loaded, loaded.tokenizer
-        # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
-        self.matmul_bytes = setup.engine_matmul_bytes(config, model_config, self.dtype)
-        if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
-            models = [self.model] + ([draft_model] if draft_model is not None else [])
-            num_blocks = setup.device_sized_kv_blocks(config, models, self.max_model_len)
-        self.max_model_len = setup.fit_max_model_len(config, rank_config, self.dtype, self.max_model_len, num_blocks)
-        self.memory_plan = plan_memory(
-            model_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
-        )
-        self.kv_cache = KVCache(rank_config, num_blocks, config.block_size, self.dtype, self.device)
-        if self.workers:  # every rank's pool has as many blocks: the block manager's are every rank's
-            self.workers.allocate_kv(num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.block_manager)
-        regions, compile_s = setup.compiled_regions(config, self.model, self.device)
-        self.runner = ModelRunner(
-            self.model,
-            self.kv_cache,
-            self.block_manager,
-            self.device,
-            setup.decode_graphs(config, self.model, self.kv_cache, self.max_model_len, regions=regions),
-            setup.gather_budget_tokens(self.kv_cache),
-            regions,
-            config.attention_backend,
-            self.workers,
-        )
-        self.runner.compile_s = compile_s  # seconds compile=True took at start-up (None: eager)
-        self.drafter = setup.make_drafter(config, draft_model, num_blocks, self.max_model_len)
+        with setup.closing_workers_on_error(self.workers):  # a failure below leaves no worker behind
+            draft_model = (
+                setup.load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
+            )
+            config, self.model = setup.engine_model(config, loaded.model)  # the config names a loaded model's scheme
+            self.config = config
+            if loaded_here:  # nobody else holds the float matrices: let them go
+                loaded = replace(loaded, model=self.model)
+            self.loaded, self.tokenizer = loaded, loaded.tokenizer
+            # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
+            self.matmul_bytes = setup.engine_matmul_bytes(config, model_config, self.dtype)
+            if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
+                models = [self.model] + ([draft_model] if draft_model is not None else [])
+                num_blocks = setup.device_sized_kv_blocks(config, models, self.max_model_len)
+            self.max_model_len = setup.fit_max_model_len(
+                config, rank_config, self.dtype, self.max_model_len, num_blocks
+            )
+            self.memory_plan = plan_memory(
+                rank_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
+            )
+            self.kv_cache = KVCache(rank_config, num_blocks, config.block_size, self.dtype, self.device)
+            self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+            self.scheduler = Scheduler(config, self.block_manager)
+            self.runner = setup.make_runner(
+                config, self.model, self.kv_cache, self.block_manager, self.max_model_len, self.workers
+            )
+            self.drafter = setup.make_drafter(config, draft_model, num_blocks, self.max_model_len)
         self.requests: dict[str, RequestState] = {}
         # The time source of every timestamp the engine records (arrivals by default, steps,
         # emissions). A model of several devices on one machine gives each engine a clock of its

@@ -163,9 +163,8 @@ class ModelRunner:
         self.workers.step(replace(lay, sampling=[]), fresh)  # plain lists: what a worker runs
         try:
             logits = self.run_layout(lay, fresh)
-        except RuntimeError as e:  # a collective failed: say which worker died, and why
-            self.workers.raise_if_failed(e)
-            raise
+        except BaseException as e:  # the ranks are out of step now: name a dead worker, close them all
+            self.workers.abandon(e)
         return self._check(logits), lay.sampling
 
     def run_layout(self, lay: StepLayout, fresh_blocks: list[int]) -> torch.Tensor:

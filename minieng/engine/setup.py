@@ -11,6 +11,7 @@ model is loaded (``memory_plan.device_kv_blocks``, vLLM's ``gpu_memory_utilizati
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -20,6 +21,7 @@ from minieng.engine import compilation
 from minieng.engine.cuda_graph import DecodeGraphs
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.memory_plan import device_kv_blocks
+from minieng.engine.model_runner import ModelRunner
 from minieng.engine.workers import Workers, rank_devices, start_workers
 from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from minieng.model.loader import LoadedModel, load_model
@@ -147,6 +149,10 @@ def check_tensor_parallel_engine(
     naming the numbers): more ranks than KV heads, or than devices, or a feature the split does
     not run."""
     size = config.tensor_parallel_size
+    if loaded is not None and loaded.model.tp.size > 1:
+        raise ValueError(
+            "this loaded model is one rank's share of a tensor-parallel engine: build the engine from model= instead"
+        )
     if size == 1:
         return
     check_tensor_parallel(model_config, size)
@@ -161,6 +167,22 @@ def check_tensor_parallel_engine(
     refused = [name for name, asked in unsupported.items() if asked]
     if refused:
         raise ValueError(f"tensor_parallel_size={size} does not run with {', '.join(refused)}")
+    if device.type == "cuda" and config.kv_cache_memory_gib is None and config.num_kv_blocks is None:
+        raise ValueError(
+            f"tensor_parallel_size={size} on CUDA needs the KV pool's size (kv_cache_memory_gib per rank, or "
+            "num_kv_blocks): sizing it from a profiled forward of one rank alone is not supported"
+        )
+
+
+@contextmanager
+def closing_workers_on_error(workers: Workers | None):
+    """Close ``workers`` if the block raises: an engine that fails to build leaves no process behind."""
+    try:
+        yield
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
 
 
 def load_ranks(
@@ -169,15 +191,11 @@ def load_ranks(
     """This process's model (``loader.load_model``) and, with ``tensor_parallel_size`` p > 1, the
     workers of ranks 1 .. p-1 (``workers.start_workers``): they load their shares while this rank
     loads its own, rank 0's. Workers that start are closed again if any rank fails to load."""
-    workers = start_workers(config, device, max_model_len) if config.tensor_parallel_size > 1 else None
-    try:
+    workers = start_workers(config, device, max_model_len, resolved) if config.tensor_parallel_size > 1 else None
+    with closing_workers_on_error(workers):
         loaded = load_model(config, device, dtype, max_model_len, resolved, tp=workers.tp if workers else None)
         if workers:
             workers.wait_loaded()
-    except BaseException:
-        if workers:
-            workers.close()
-        raise
     return loaded, workers
 
 
@@ -248,6 +266,24 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
     drafter.runner.graphs = decode_graphs(config, draft_model, drafter.kv_cache, max_model_len, query_lens=(1,))
     drafter.runner.max_gather_tokens = gather_budget_tokens(drafter.kv_cache)
     return drafter
+
+
+def make_runner(config: EngineConfig, model, kv_cache: KVCache, block_manager, max_model_len: int, workers=None):
+    """The model runner over ``kv_cache``: the layers' compiled regions with ``compile=True`` (the
+    seconds they took in ``runner.compile_s``, None when eager), the decode graphs on CUDA, the
+    decodes' gather budget, and the other tensor-parallel ranks, whose pools it allocates alike
+    (every rank's pool has as many blocks: the block manager's blocks are every rank's)."""
+    device = kv_cache.kv.device
+    gather_tokens = gather_budget_tokens(kv_cache)
+    if workers is not None:
+        workers.allocate_kv(kv_cache.num_blocks, gather_tokens)
+    regions, compile_s = compiled_regions(config, model, device)
+    graphs = decode_graphs(config, model, kv_cache, max_model_len, regions=regions)
+    runner = ModelRunner(
+        model, kv_cache, block_manager, device, graphs, gather_tokens, regions, config.attention_backend, workers
+    )
+    runner.compile_s = compile_s
+    return runner
 
 
 def compiled_regions(config: EngineConfig, model, device: torch.device) -> tuple[tuple | None, float | None]:

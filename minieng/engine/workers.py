@@ -7,13 +7,25 @@ weights (``model.parallel``) and its own KV pool, and the ranks meet in the coll
 (``torch.distributed``: NCCL across CUDA devices, gloo on CPUs). The scheduler, the block manager
 and the prefix cache live in rank 0 alone; the workers hold no state but their weights and pool.
 
+Each engine's group is a process group of its own (``join_group``: a TCP store on 127.0.0.1 and a
+gloo or NCCL group object), not ``torch.distributed``'s global default, so several
+tensor-parallel engines can live in one process (a notebook rebuilding one, a test beside
+another).
+
 Lifetime: ``start_workers`` spawns the processes (``spawn``, not ``fork``: a forked child of a
 process that already runs OpenMP or CUDA threads can deadlock), each loads its slices of the
 checkpoint while rank 0 loads its own, then waits for the pool's size. ``Workers.close`` (called
 by ``LLMEngine.close``, its context manager, and at interpreter exit) asks them to leave, waits,
-and kills what is left. A worker that fails sends its traceback and exits; rank 0's next collective
-then fails (gloo sees the connection close; every collective has a timeout,
-``COLLECTIVE_TIMEOUT_S``), and ``raise_if_failed`` turns that into an error naming the worker.
+and kills what is left. Workers ignore SIGINT: an interrupt is rank 0's to handle (a Jupyter
+interrupt reaches rank 0 alone; Ctrl-C in a terminal reaches them all).
+
+Failures: a worker that fails sends its traceback and exits. Rank 0's next collective then fails
+(gloo sees the connection close; every collective and the group's forming time out after
+``COLLECTIVE_TIMEOUT_S``), and ``abandon`` turns that into a ``WorkerError`` naming the worker.
+Any exception in rank 0 once a step's layout is sent (an interrupt, an out-of-memory) leaves the
+ranks out of step, so ``abandon`` closes the workers: the engine cannot step again. On CUDA, NCCL
+does not notice a dead peer the way gloo does: rank 0 waits for the timeout (not tested here: no
+machine with two GPUs was at hand).
 
 On a CPU the ranks share the machine's cores: each gets ``cores // p`` threads (rank 0 too, for
 the engine's lifetime), so the p processes never ask for more threads than there are cores.
@@ -22,10 +34,13 @@ the engine's lifetime), so the p processes never ask for more threads than there
 from __future__ import annotations
 
 import atexit
+import signal
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minieng.config import EngineConfig
@@ -33,26 +48,10 @@ from minieng.device import select_device, select_dtype, usable_cores
 from minieng.engine.model_runner import ModelRunner
 from minieng.model.kv_cache import KVCache
 from minieng.model.loader import load_model
-from minieng.model.parallel import host_group, host_store, join_group
+from minieng.model.parallel import TensorParallel
 
-COLLECTIVE_TIMEOUT_S = 300  # a rank waits this long in a collective (or at start-up) before failing
+COLLECTIVE_TIMEOUT_S = 60  # a rank waits this long in a collective, or for the group to form, before failing
 JOIN_TIMEOUT_S = 10  # a worker asked to leave gets this long before it is killed
-
-# This process's torch threads before its first open CPU tensor-parallel engine, and how many are
-# open: the last one to close gives the threads back (engines may close in any order).
-_saved_threads: list[int] = []
-
-
-def _share_cores(threads: int) -> None:
-    _saved_threads.append(torch.get_num_threads())
-    torch.set_num_threads(threads)
-
-
-def _give_cores_back() -> None:
-    first = _saved_threads[0]
-    _saved_threads.pop()
-    if not _saved_threads:
-        torch.set_num_threads(first)
 
 
 class WorkerError(RuntimeError):
@@ -81,20 +80,42 @@ def rank_devices(device: torch.device, size: int) -> list[torch.device]:
     return [torch.device("cpu")] * size
 
 
+def join_group(rank: int, size: int, store, device: torch.device) -> TensorParallel:
+    """Rank ``rank``'s ``TensorParallel`` over ``store`` (rank 0's TCP store), NCCL on CUDA, gloo on
+    a CPU, on 127.0.0.1 whatever the host's name resolves to. Blocks until all ``size`` ranks have
+    joined; raises after ``COLLECTIVE_TIMEOUT_S``."""
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(store, rank, size, options)
+    else:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        group = dist.ProcessGroupGloo(store, rank, size, options)
+    tp = TensorParallel(rank, size, group, store=store)
+    tp.sync(device)  # returns once every rank has joined
+    return tp
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """What every worker is started with (pickled to the spawned process)."""
 
     config: EngineConfig
+    resolved: tuple  # rank 0's ``loader.load_config``: the model's directory, configs (no second download)
     max_model_len: int
     size: int
-    port: int  # rank 0's TCP store (``parallel.host_store``)
+    port: int  # rank 0's TCP store
     threads: int  # torch threads per rank on a CPU
 
 
 def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
-    """A worker's whole life: join the group, load this rank's share, size the pool, then run
-    every layout rank 0 sends until told to close (or until rank 0's end of the pipe closes)."""
+    """A worker's whole life: join the group, load this rank's share, then serve rank 0's
+    commands (the pool's size, steps, the all-reduce's timing) until told to close, or until rank
+    0's end of the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 handles interrupts
     try:
         config = spec.config
         device = rank_devices(select_device(config.device), spec.size)[rank]
@@ -102,21 +123,30 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
             torch.set_num_threads(spec.threads)
         else:
             torch.cuda.set_device(device)
-        tp = join_group(rank, spec.size, spec.port, device, COLLECTIVE_TIMEOUT_S)
+        timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", spec.port, spec.size, is_master=False, timeout=timeout)
+        tp = join_group(rank, spec.size, store, device)
         dtype = select_dtype(config.dtype, device)
-        model = load_model(config, device, dtype, spec.max_model_len, tp=tp).model
+        model = load_model(config, device, dtype, spec.max_model_len, spec.resolved, tp=tp).model
         conn.send(("loaded", None))
-        _, num_blocks = conn.recv()
-        kv_cache = KVCache(model.local_config, num_blocks, config.block_size, dtype, device)
-        runner = ModelRunner(model, kv_cache, None, device, attention_backend=config.attention_backend)
+        runner = None
         while True:
             command, *args = conn.recv()
             if command == "step":
                 runner.run_layout(*args)
+            elif command == "kv":
+                num_blocks, max_gather_tokens = args
+                kv_cache = KVCache(model.local_config, num_blocks, config.block_size, dtype, device)
+                runner = ModelRunner(
+                    model, kv_cache, None, device, None, max_gather_tokens, attention_backend=config.attention_backend
+                )
             elif command == "time_all_reduce":
-                tp.time_all_reduce(*args, device=device, dtype=dtype)
+                sizes_bytes, repeats, message_dtype = args
+                tp.time_all_reduce(sizes_bytes, repeats, device, message_dtype)
             elif command == "close":
                 break
+            else:
+                raise ValueError(f"unknown command {command!r} from rank 0")
     except EOFError:  # rank 0 is gone: nothing left to serve
         pass
     except BaseException:  # noqa: BLE001 (whatever it is, rank 0 must hear of it)
@@ -127,6 +157,28 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
         raise SystemExit(1) from None
 
 
+class _CoreShare:
+    """This process's torch threads while CPU tensor-parallel engines are open: ``cores // p`` each,
+    and the count from before the first one once the last one closes (in any order)."""
+
+    def __init__(self):
+        self.open, self.before = 0, None
+
+    def take(self, threads: int) -> None:
+        if self.open == 0:
+            self.before = torch.get_num_threads()
+        self.open += 1
+        torch.set_num_threads(threads)
+
+    def give_back(self) -> None:
+        self.open -= 1
+        if self.open == 0:
+            torch.set_num_threads(self.before)
+
+
+_CORES = _CoreShare()
+
+
 class Workers:
     """Rank 0's handle on the other ranks: sends them each step and closes them.
 
@@ -134,61 +186,59 @@ class Workers:
     workers', rank 1 first.
     """
 
-    def __init__(self, config: EngineConfig, device: torch.device, max_model_len: int):
+    def __init__(self, config: EngineConfig, device: torch.device, max_model_len: int, resolved: tuple):
         size = config.tensor_parallel_size
-        store = host_store(size, COLLECTIVE_TIMEOUT_S)
-        spec = WorkerSpec(config, max_model_len, size, store.port, max(1, usable_cores() // size))
-        self.spec = spec
-        self.closed = False
-        self.shares_cores = device.type == "cpu"
-        if self.shares_cores:
-            _share_cores(spec.threads)
-        ctx = mp.get_context("spawn")
+        timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
+        spec = WorkerSpec(config, resolved, max_model_len, size, store.port, max(1, usable_cores() // size))
+        self.device, self.closed, self.shares_cores, self.tp = device, False, device.type == "cpu", None
         self.conns, self.processes = [], []
-        for rank in range(1, spec.size):
-            mine, theirs = ctx.Pipe()
-            process = ctx.Process(target=worker_main, args=(rank, spec, theirs), daemon=True, name=f"minieng-tp{rank}")
-            process.start()
-            theirs.close()
-            self.conns.append(mine)
-            self.processes.append(process)
         atexit.register(self.close)
+        if self.shares_cores:
+            _CORES.take(spec.threads)
         try:
-            self.tp = host_group(store, size, device, COLLECTIVE_TIMEOUT_S)
-        except Exception as e:
+            ctx = mp.get_context("spawn")
+            for rank in range(1, size):
+                mine, theirs = ctx.Pipe()
+                process = ctx.Process(
+                    target=worker_main, args=(rank, spec, theirs), daemon=True, name=f"minieng-tp{rank}"
+                )
+                process.start()
+                theirs.close()
+                self.conns.append(mine)
+                self.processes.append(process)
+            self.tp = join_group(0, size, store, device)
+        except Exception as e:  # a worker that died before joining says why in its pipe
+            reasons = self._failures()
             self.close()
-            raise WorkerError(f"the tensor-parallel group did not form: {e}") from e
+            raise WorkerError(f"the tensor-parallel group did not form: {'; '.join(reasons) or e}") from e
 
-    def _receive(self, expected: str) -> None:
-        """Wait for ``expected`` from every worker; ``WorkerError`` for an error or an exit instead."""
+    def wait_loaded(self) -> None:
+        """Wait until every worker has loaded its share. Raises ``WorkerError`` if one failed."""
         for rank, conn in enumerate(self.conns, start=1):
             try:
                 message, payload = conn.recv()
             except EOFError:
-                self.raise_if_failed(None)
-            if message != expected:
+                message, payload = "exit", ""
+            if message != "loaded":
+                reasons = self._failures()
                 self.close()
-                raise WorkerError(
-                    f"tensor-parallel worker {rank} sent {message!r} where {expected!r} was due:\n{payload}"
-                )
+                raise WorkerError(f"tensor-parallel worker {rank} did not load: {'; '.join(reasons) or payload}")
 
-    def wait_loaded(self) -> None:
-        """Wait until every worker has loaded its share. Raises ``WorkerError`` if one failed."""
-        self._receive("loaded")
-
-    def allocate_kv(self, num_blocks: int) -> None:
-        """Have every worker allocate its KV pool of ``num_blocks`` blocks (its KV heads)."""
-        self._send(("kv", num_blocks))
+    def allocate_kv(self, num_blocks: int, max_gather_tokens: int | None) -> None:
+        """Have every worker allocate its KV pool of ``num_blocks`` blocks (its KV heads), its decodes
+        gathering at most ``max_gather_tokens`` keys at once, as rank 0's."""
+        self._send(("kv", num_blocks, max_gather_tokens))
 
     def step(self, layout, fresh_blocks: list[int]) -> None:
         """Send a step's layout (``model_runner.StepLayout`` without its sequences) to every worker."""
         self._send(("step", layout, fresh_blocks))
 
-    def time_all_reduce(self, sizes_bytes: list[int], repeats: int, device, dtype) -> list[list[float]]:
-        """Seconds of ``repeats`` all-reduces of each size, timed on rank 0 while every worker runs
-        the same loop (``TensorParallel.time_all_reduce``)."""
-        self._send(("time_all_reduce", sizes_bytes, repeats))
-        return self.tp.time_all_reduce(sizes_bytes, repeats, device=device, dtype=dtype)
+    def time_all_reduce(self, sizes_bytes: list[int], repeats: int, dtype: torch.dtype) -> list[list[float]]:
+        """Seconds of ``repeats`` all-reduces of each size, in ``dtype``, timed on rank 0 while every
+        worker runs the same loop (``TensorParallel.time_all_reduce``)."""
+        self._send(("time_all_reduce", sizes_bytes, repeats, dtype))
+        return self.tp.time_all_reduce(sizes_bytes, repeats, self.device, dtype)
 
     def _send(self, message) -> None:
         if self.closed:
@@ -196,12 +246,11 @@ class Workers:
         for conn in self.conns:
             try:
                 conn.send(message)
-            except (BrokenPipeError, ConnectionResetError, EOFError):
-                self.raise_if_failed(None)
+            except OSError as e:  # a broken pipe: the worker is gone
+                self.abandon(e)
 
-    def raise_if_failed(self, cause: BaseException | None) -> None:
-        """Raise ``WorkerError`` naming the workers that exited or reported an error (with their
-        traceback), after ``cause`` (a failed collective, a broken pipe); close the rest."""
+    def _failures(self) -> list[str]:
+        """What each worker that exited or reported an error said."""
         reasons = []
         for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
             process.join(timeout=0.5 if process.is_alive() else 0)
@@ -215,12 +264,20 @@ class Workers:
                 pass
             if report or not process.is_alive():
                 reasons.append(f"worker {rank} (pid {process.pid}) exited with code {process.exitcode}{report}")
-        if reasons or cause is None:
-            self.close()
-            raise WorkerError("tensor-parallel " + ("; ".join(reasons) or f"workers unreachable ({cause})")) from cause
+        return reasons
+
+    def abandon(self, cause: BaseException) -> None:
+        """After ``cause`` struck once a step was sent, the ranks are out of step: close the workers,
+        then raise ``WorkerError`` naming those that failed, or ``cause`` itself when none did (an
+        interrupt, an error of rank 0's own)."""
+        reasons = self._failures()
+        self.close()
+        if reasons:
+            raise WorkerError("tensor-parallel " + "; ".join(reasons)) from cause
+        raise cause
 
     def close(self) -> None:
-        """Ask every worker to leave, wait ``JOIN_TIMEOUT_S``, kill what remains, leave the group
+        """Ask every worker to leave, wait ``JOIN_TIMEOUT_S``, kill what remains, release the group
         and give rank 0 its threads back. Safe to call twice."""
         if self.closed:
             return
@@ -238,16 +295,17 @@ class Workers:
                 process.join()
         for conn in self.conns:
             conn.close()
-        self.tp = None  # the group and its store go with it
+        if self.tp is not None:
+            self.tp.release()
         if self.shares_cores:
-            _give_cores_back()
+            _CORES.give_back()
 
 
-def start_workers(config: EngineConfig, device: torch.device, max_model_len: int) -> Workers:
+def start_workers(config: EngineConfig, device: torch.device, max_model_len: int, resolved: tuple) -> Workers:
     """Spawn ranks 1 .. p-1 of ``config.tensor_parallel_size`` and join them as rank 0 on ``device``.
 
     They start loading their shares at once; call ``wait_loaded`` after rank 0 has loaded its own.
     Raises ``ValueError`` for more ranks than devices, ``WorkerError`` when the group cannot form.
     """
     rank_devices(device, config.tensor_parallel_size)
-    return Workers(config, device, max_model_len)
+    return Workers(config, device, max_model_len, resolved)

@@ -2,20 +2,23 @@
 toll, and the paper model held against both.
 
 ``measure_tensor_parallel`` builds the same model at ``tensor_parallel_size`` 1 and p, in turn
-(one engine alive at a time), and times batch decodes on each: TPOT (vLLM's definition), each
-decode step's forward pass, and, within it, rank 0's time in collectives (``StepRecord.comm_s``:
-the ``2 x layers + 2`` all-reduces and gathers of ``model.parallel``). At p it also sweeps the
+(one engine alive at a time, each with a KV pool of ``kv_cache_memory_gib`` per rank), and times
+batch decodes on each: TPOT (vLLM's definition), each decode step's forward pass, and, within it,
+rank 0's time in collectives (``StepRecord.comm_s``: the ``2 x layers + 2`` all-reduces and
+gathers of ``model.parallel``, waits for the other rank included). At p it also sweeps the
 all-reduce over message sizes on the engine's own process group, and fits the ring model's hop
-latency and link bandwidth to it (``tp_model.fit_link``). The fit reads each size's fastest quarter (its 25th percentile), not its
-median: on the workshop's CPU an all-reduce between two processes either completes at the link's
-pace (0.2-0.5 ms) or waits for the kernel's next timer tick (3-4 ms), and a median flips between
-the two (docs/measurements.md). The table shows both.
+latency and link bandwidth to it (``tp_model.fit_link``). The fit reads each size's fastest
+quarter (its 25th percentile), not its median: on the workshop's CPU an all-reduce between two
+processes either completes at the link's pace or waits for the kernel's next timer tick, and a
+median flips between the two (docs/measurements.md). The table shows both.
 
 The paper model (``tp_model.tensor_parallel_decode``) is then fed what was measured instead of
 what it assumed: the bandwidth one rank reads at (the p = 1 step's bytes over its forward time)
 and the measured link. Two readings of "p devices": the paper's, p devices each with its own
 memory (p times the bandwidth), and this machine's when the ranks are processes on one CPU
-socket, sharing one memory bus (the same bandwidth, split). The measurement says which holds.
+socket, sharing one memory bus (the same bandwidth, split). The model counts the layers' 2 x
+layers all-reduces and an even split; the engine also runs the embedding's all-reduce and the
+logits' gather, and splits heads as evenly as whole heads allow: part of what the model misses.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from minieng.measure.tp_model import Link, TensorParallelStep, fit_link, tensor_
 from minieng.measure.work import decode_work
 from minieng.measure.workloads import text_prompts
 
-ALL_REDUCE_SIZES = [64, 1024, 16 * 1024, 256 * 1024, 1024 * 1024]  # bytes: one token's activations and up
+# Message sizes (bytes) of the sweep: from far below one token's activations (hidden x dtype bytes:
+# 2,304 for the default model in fp32) to a batch of hundreds of tokens'.
+ALL_REDUCE_SIZES = [64, 1024, 16 * 1024, 256 * 1024, 1024 * 1024]
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class SplitStep:
     comm_s: float  # of forward_s, rank 0's time in collectives
     collectives_per_step: float
     bytes_per_step: float  # weights and KV a step reads, all ranks together (``work.decode_work``)
+    kv_bytes_per_step: float  # of bytes_per_step, the KV cache's (read and written)
 
     @property
     def compute_s(self) -> float:
@@ -111,6 +117,7 @@ def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tok
     records = engine.step_records[first:]
     decodes = [r for r in records if r.num_prefill_tokens == 0]
     context = prompt_len + output_tokens // 2
+    work = decode_work(engine.model_config, batch_size, context, engine.dtype.itemsize)
     return SplitStep(
         num_ranks=engine.config.tensor_parallel_size,
         batch_size=batch_size,
@@ -118,7 +125,8 @@ def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tok
         forward_s=statistics.median(r.forward_s for r in decodes),
         comm_s=statistics.median(r.comm_s for r in decodes),
         collectives_per_step=(tp.num_collectives - collectives_before) / len(records),
-        bytes_per_step=decode_work(engine.model_config, batch_size, context, engine.dtype.itemsize).total_bytes,
+        bytes_per_step=work.total_bytes,
+        kv_bytes_per_step=work.kv_read_bytes + work.kv_write_bytes,
     )
 
 
@@ -139,7 +147,12 @@ def measure_tensor_parallel(
     ``LLMEngine`` raises for a size the model or the machine cannot split.
     """
     sizes_bytes = sizes_bytes or ALL_REDUCE_SIZES
-    engine_args = {"enable_prefix_caching": False, "max_num_seqs": max(batch_sizes), **engine_args}
+    engine_args = {
+        "enable_prefix_caching": False,
+        "max_num_seqs": max(batch_sizes),
+        "kv_cache_memory_gib": None if "num_kv_blocks" in engine_args else 1.0,
+        **engine_args,
+    }
     run = TensorParallelRun(steps=[])
     for p in (1, num_ranks):
         if progress:
@@ -148,7 +161,7 @@ def measure_tensor_parallel(
             run.steps += [decode_steps(engine, b, prompt_len, output_tokens) for b in batch_sizes]
             if p > 1:
                 run.sizes_bytes = sizes_bytes
-                samples = engine.workers.time_all_reduce(sizes_bytes, repeats, engine.device, engine.dtype)
+                samples = engine.workers.time_all_reduce(sizes_bytes, repeats, engine.dtype)
                 run.all_reduce_s = [float(np.median(t)) for t in samples]
                 run.all_reduce_p25_s = [float(np.percentile(t, 25)) for t in samples]
                 run.link, run.hop_latency_s = fit_link(
@@ -159,7 +172,8 @@ def measure_tensor_parallel(
         one = run.step(1, b)
         bandwidth_gbps = one.bytes_per_step / one.compute_s / 1e9  # what one rank read at, measured
         shape = dict(
-            weight_bytes=one.bytes_per_step,
+            weight_bytes=one.bytes_per_step - one.kv_bytes_per_step,
+            kv_bytes=one.kv_bytes_per_step,
             num_layers=config.num_hidden_layers,
             hidden_size=config.hidden_size,
             batch_size=b,

