@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -207,11 +208,37 @@ class Workers:
                 theirs.close()
                 self.conns.append(mine)
                 self.processes.append(process)
-            self.tp = join_group(0, size, store, device)
+            self.tp = self._join_watching(size, store, device)
         except Exception as e:  # a worker that died before joining says why in its pipe
             reasons = self._failures()
             self.close()
-            raise WorkerError(f"the tensor-parallel group did not form: {'; '.join(reasons) or e}") from e
+            raise WorkerError(
+                f"the tensor-parallel group did not form: {'; '.join(reasons) or e}. A script that builds a "
+                'tensor-parallel engine needs the `if __name__ == "__main__":` guard (workers import it again)'
+            ) from e
+
+    def _join_watching(self, size: int, store, device: torch.device) -> TensorParallel:
+        """``join_group`` as rank 0, in a thread, while watching the workers: one that exits first (a
+        script without its main guard, a failed import) is an error at once, not after the timeout.
+        The thread, left waiting then, ends at the timeout; it is a daemon, and holds nothing up."""
+        joined: dict = {}
+
+        def join() -> None:
+            try:
+                joined["tp"] = join_group(0, size, store, device)
+            except Exception as e:  # noqa: BLE001 (handed to the caller below)
+                joined["error"] = e
+
+        thread = threading.Thread(target=join, name="minieng-tp-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            dead = [p for p in self.processes if not p.is_alive()]
+            if dead and thread.is_alive():
+                raise WorkerError(f"worker {dead[0].name} exited with code {dead[0].exitcode} before joining")
+        if "error" in joined:
+            raise joined["error"]
+        return joined["tp"]
 
     def wait_loaded(self) -> None:
         """Wait until every worker has loaded its share. Raises ``WorkerError`` if one failed."""

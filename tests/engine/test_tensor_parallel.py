@@ -310,3 +310,28 @@ def test_an_engine_that_fails_after_its_workers_started_leaves_none_behind(odd_c
         assert time.monotonic() < deadline, "a worker outlived the engine that failed to build"
         time.sleep(0.1)
     assert torch.get_num_threads() == threads
+
+
+SCRIPT_WITHOUT_ITS_MAIN_GUARD = """
+from minieng import LLMEngine
+
+engine = LLMEngine(device="cpu", tensor_parallel_size=2, max_model_len=64, num_kv_blocks=8)
+"""
+
+
+@pytest.mark.real_model
+def test_a_script_without_its_main_guard_is_told_so_at_once(tmp_path):
+    """The spawned worker imports the script again, starts an engine of its own and dies: rank 0
+    must say so as soon as the worker exits, not after the group's timeout."""
+    import subprocess
+    import sys
+
+    from minieng.engine.workers import COLLECTIVE_TIMEOUT_S
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(SCRIPT_WITHOUT_ITS_MAIN_GUARD)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "exited with code 1" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+    assert time.monotonic() - start < COLLECTIVE_TIMEOUT_S
