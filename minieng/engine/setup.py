@@ -22,7 +22,7 @@ from minieng.engine.cuda_graph import DecodeGraphs
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.memory_plan import device_kv_blocks
 from minieng.engine.model_runner import ModelRunner
-from minieng.engine.workers import Workers, rank_devices, start_workers
+from minieng.engine.workers import Workers, rank_devices
 from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from minieng.model.loader import LoadedModel, load_model
 from minieng.model.parallel import check_tensor_parallel
@@ -189,9 +189,10 @@ def load_ranks(
     config: EngineConfig, device: torch.device, dtype: torch.dtype, max_model_len: int, resolved
 ) -> tuple[LoadedModel, Workers | None]:
     """This process's model (``loader.load_model``) and, with ``tensor_parallel_size`` p > 1, the
-    workers of ranks 1 .. p-1 (``workers.start_workers``): they load their shares while this rank
-    loads its own, rank 0's. Workers that start are closed again if any rank fails to load."""
-    workers = start_workers(config, device, max_model_len, resolved) if config.tensor_parallel_size > 1 else None
+    workers of ranks 1 .. p-1 (``workers.Workers``; the size was checked by
+    ``check_tensor_parallel_engine``): they load their shares while this rank loads its own, rank
+    0's. Workers that start are closed again if any rank fails to load."""
+    workers = Workers(config, device, max_model_len, resolved) if config.tensor_parallel_size > 1 else None
     with closing_workers_on_error(workers):
         loaded = load_model(config, device, dtype, max_model_len, resolved, tp=workers.tp if workers else None)
         if workers:

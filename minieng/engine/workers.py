@@ -12,7 +12,7 @@ gloo or NCCL group object), not ``torch.distributed``'s global default, so sever
 tensor-parallel engines can live in one process (a notebook rebuilding one, a test beside
 another).
 
-Lifetime: ``start_workers`` spawns the processes (``spawn``, not ``fork``: a forked child of a
+Lifetime: ``Workers`` spawns the processes (``spawn``, not ``fork``: a forked child of a
 process that already runs OpenMP or CUDA threads can deadlock), each loads its slices of the
 checkpoint while rank 0 loads its own, then waits for the pool's size. ``Workers.close`` (called
 by ``LLMEngine.close``, its context manager, and at interpreter exit) asks them to leave, waits,
@@ -181,7 +181,8 @@ _CORES = _CoreShare()
 
 
 class Workers:
-    """Rank 0's handle on the other ranks: sends them each step and closes them.
+    """Rank 0's handle on the other ranks: spawns them and joins their group (``Workers(...)``
+    raises ``WorkerError`` when the group cannot form), sends them each step and closes them.
 
     ``tp``: rank 0's own ``TensorParallel`` (its model's); ``processes`` and ``conns``: the
     workers', rank 1 first.
@@ -326,13 +327,3 @@ class Workers:
             self.tp.release()
         if self.shares_cores:
             _CORES.give_back()
-
-
-def start_workers(config: EngineConfig, device: torch.device, max_model_len: int, resolved: tuple) -> Workers:
-    """Spawn ranks 1 .. p-1 of ``config.tensor_parallel_size`` and join them as rank 0 on ``device``.
-
-    They start loading their shares at once; call ``wait_loaded`` after rank 0 has loaded its own.
-    Raises ``ValueError`` for more ranks than devices, ``WorkerError`` when the group cannot form.
-    """
-    rank_devices(device, config.tensor_parallel_size)
-    return Workers(config, device, max_model_len, resolved)

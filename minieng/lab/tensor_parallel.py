@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.measure.metrics import request_metrics
+from minieng.lab.bench import minieng_decode, warm_up
 from minieng.measure.tp_model import Link, TensorParallelStep, fit_link, tensor_parallel_decode
 from minieng.measure.work import decode_work
 from minieng.measure.workloads import text_prompts
@@ -108,23 +107,20 @@ def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tok
     """Decode ``batch_size`` prompts of ``prompt_len`` tokens together for ``output_tokens`` tokens
     (after an untimed warm-up of the same shape); medians over the decode-only steps."""
     prompts = text_prompts(engine.tokenizer, prompt_len, batch_size)
-    params = SamplingParams.fixed_length(output_tokens)
-    engine.generate(prompts, SamplingParams.fixed_length(4))  # warm-up: allocations, first shapes
-    first = len(engine.step_records)
-    tp = engine.model.tp
+    warm_up(engine, prompts)
+    first, tp = len(engine.step_records), engine.model.tp
     collectives_before = tp.num_collectives
-    outputs = engine.generate(prompts, params)
-    records = engine.step_records[first:]
-    decodes = [r for r in records if r.num_prefill_tokens == 0]
+    tpot_s, decodes = minieng_decode(engine, prompts, output_tokens)
+    num_steps = len(engine.step_records) - first  # the prompts' steps too: each runs as many collectives
     context = prompt_len + output_tokens // 2
     work = decode_work(engine.model_config, batch_size, context, engine.dtype.itemsize)
     return SplitStep(
         num_ranks=engine.config.tensor_parallel_size,
         batch_size=batch_size,
-        tpot_s=statistics.median(request_metrics(o).tpot_s for o in outputs),
+        tpot_s=tpot_s,
         forward_s=statistics.median(r.forward_s for r in decodes),
         comm_s=statistics.median(r.comm_s for r in decodes),
-        collectives_per_step=(tp.num_collectives - collectives_before) / len(records),
+        collectives_per_step=(tp.num_collectives - collectives_before) / num_steps,
         bytes_per_step=work.total_bytes,
         kv_bytes_per_step=work.kv_read_bytes + work.kv_write_bytes,
     )
