@@ -17,6 +17,16 @@ tokens in a step changes every step and must not recompile; torch specializes a 
 decode of one sequence and steps of two or more tokens are two graphs per region, compiled at
 start-up (``warm_up``), and none after. On CUDA the compiled regions run inside the captured
 decode graphs.
+
+Plain decode steps on a CPU (one query per sequence) run a whole compiled step instead
+(``model.decode_step``: embedding to logits in one graph, attention an opaque operator): the
+regions' graphs are called 60 times a step in a 30-layer model, and each call pays Dynamo's guard
+check and wrapper, which cost the default model's batch-1 step more than the fusion saved (the
+step ran slower than eager). One graph checks its guards once. On CUDA decode steps replay
+captured graphs, where no guard is checked, so they keep the regions. The sizes that change from
+step to step, the batch and the block-table width, are marked dynamic (``run_decode``); a width
+of 1 never reaches it (``MIN_DECODE_WIDTH``), and a batch of 1 is a graph of its own, so two
+graphs are compiled at start-up (``warm_up_decode``).
 """
 
 from __future__ import annotations
@@ -28,9 +38,17 @@ import time
 import torch
 
 from minieng.engine.memory_plan import throwaway_forward
-from minieng.model.llama import DecoderLayer
+from minieng.model.attention import AttentionMetadata, build_metadata
+from minieng.model.decode_step import decode_forward
+from minieng.model.kv_cache import KVCache
+from minieng.model.llama import DecoderLayer, LlamaForCausalLM
 
 _REGIONS = None  # compiled once per process, shared by every engine that compiles
+_DECODE = None
+
+# The narrowest block table a compiled decode step sees: torch specializes a size of 1, so a
+# width of 1 would be a graph of its own. Padding is masked (``attention.decode_mask``).
+MIN_DECODE_WIDTH = 2
 
 
 def regions() -> tuple:
@@ -66,4 +84,68 @@ def warm_up(model, device: torch.device, regions_: tuple) -> float:
         throwaway_forward(model, ids, torch.tensor([n - 1], device=device), regions=regions_)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def decode_step():
+    """The compiled ``decode_forward``, called as ``fn(model, ...)`` (``run_decode``).
+
+    Inductor's C++ wrapper (``cpp_wrapper``, the calls of the step's ~300 kernels and operators
+    in C++ rather than Python) was tried: 14.3 against 14.7 ms for the default model's W8A8
+    batch-1 step on the workshop's CPU (alternated in one process, medians of 9 rounds), for a
+    first compile of about 45 s instead of 6. Not worth it."""
+    global _DECODE
+    if _DECODE is None:
+        _DECODE = torch.compile(decode_forward)
+    return _DECODE
+
+
+def fits_decode_step(meta: AttentionMetadata) -> bool:
+    """Whether a step is what the compiled decode step runs: decodes only, one query each,
+    attended at once by the gather-and-SDPA backend."""
+    return (
+        meta.num_decodes > 0
+        and not meta.prefills
+        and meta.decode_query_len == 1
+        and meta.decode_group_size is None
+        and meta.backend == "sdpa"
+    )
+
+
+@torch.inference_mode()
+def run_decode(
+    decode_fn, model: LlamaForCausalLM, kv_cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor, meta
+) -> torch.Tensor:
+    """Logits [batch, vocab] float32 of a step that ``fits_decode_step``, through ``decode_fn``
+    (``decode_step()``); ``input_ids``, ``positions`` [batch] int64; the step's K/V are written
+    into ``kv_cache``. The batch (when above 1) and the width are marked dynamic, so that no
+    batch size or context length compiles a graph of its own."""
+    rope = torch.view_as_real(model.rope.tables(positions))  # [batch, heads, head_dim / 2, 2]
+    tables, mask = meta.decode_block_tables, meta.decode_mask  # [batch, width], [batch, 1, 1, slots]
+    if input_ids.shape[0] > 1:
+        for t in (input_ids, rope, meta.slot_mapping, tables, mask):
+            torch._dynamo.mark_dynamic(t, 0)
+    torch._dynamo.mark_dynamic(tables, 1)
+    torch._dynamo.mark_dynamic(mask, 3)
+    return decode_fn(model, input_ids, rope, kv_cache.kv, meta.slot_mapping, tables, mask)
+
+
+def warm_up_decode(decode_fn, model: LlamaForCausalLM, kv_cache: KVCache) -> float:
+    """Compile the decode step's two graphs now (one sequence; two or more) on padding rows, as
+    the CUDA graphs' capture does: they write the scratch slot and read the null block. Width
+    ``MIN_DECODE_WIDTH + 1``, so that no size of the warm-up equals another (torch would take
+    equal sizes for one, and compile again when they differ). Returns the seconds it took."""
+    start = time.perf_counter()
+    for batch in (1, 2):
+        meta = build_metadata(
+            [kv_cache.scratch_slot] * batch,
+            [([], 1)] * batch,
+            [],
+            kv_cache.block_size,
+            kv_cache.null_block,
+            kv_cache.kv.device,
+            min_width=MIN_DECODE_WIDTH + 1,
+        )
+        zeros = torch.zeros(batch, dtype=torch.long, device=kv_cache.kv.device)
+        run_decode(decode_fn, model, kv_cache, zeros, zeros, meta)
     return time.perf_counter() - start

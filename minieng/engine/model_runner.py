@@ -13,7 +13,8 @@ single-token rows is a *decode step*, and on CUDA it replays a captured graph
 (``cuda_graph.DecodeGraphs``) instead of launching each kernel from Python. The same holds for a
 step whose sequences all run the same small number n of tokens, which is what speculative
 decoding's verification steps are (n = k + 1): they are laid out as decodes of n queries each,
-attended together. Prefill and mixed steps run eagerly.
+attended together. Prefill and mixed steps run eagerly. With ``compile=True`` on a CPU, decode
+steps of one query per sequence run the whole compiled step (``compilation.run_decode``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from minieng.device import synchronize
 from minieng.engine.block_manager import BlockManager
+from minieng.engine.compilation import MIN_DECODE_WIDTH, fits_decode_step, run_decode
 from minieng.engine.sampling import probabilities, sample
 from minieng.engine.sequence import Sequence
 from minieng.engine.verification import verify_coupled, verify_greedy
@@ -87,6 +89,7 @@ class ModelRunner:
         self.model = model
         self.workers = workers
         self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
+        self.decode_step = None  # the compiled decode step (compilation.decode_step), or None: eager
         self.attention_backend = attention_backend  # the decodes' attention: "sdpa" or "triton"
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -141,6 +144,7 @@ class ModelRunner:
             lay.query_len,
             self.max_gather_tokens,
             self.attention_backend,
+            MIN_DECODE_WIDTH if self.decode_step is not None else 1,
         )
         return (
             torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
@@ -180,6 +184,9 @@ class ModelRunner:
                     logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
                 return logits
         input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
+        if self.decode_step is not None and fits_decode_step(meta):
+            logits = run_decode(self.decode_step, self.model, self.kv_cache, input_ids, positions, meta)
+            return logits if len(lay.logits_indices) == len(lay.input_ids) else logits[logits_indices]
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:

@@ -278,29 +278,37 @@ def make_runner(config: EngineConfig, model, kv_cache: KVCache, block_manager, m
     gather_tokens = gather_budget_tokens(kv_cache)
     if workers is not None:
         workers.allocate_kv(kv_cache.num_blocks, gather_tokens)
-    regions, compile_s = compiled_regions(config, model, device)
+    regions, decode_step, compile_s = compiled_parts(config, model, kv_cache)
     graphs = decode_graphs(config, model, kv_cache, max_model_len, regions=regions)
     runner = ModelRunner(
         model, kv_cache, block_manager, device, graphs, gather_tokens, regions, config.attention_backend, workers
     )
+    runner.decode_step = decode_step
     runner.compile_s = compile_s
     return runner
 
 
-def compiled_regions(config: EngineConfig, model, device: torch.device) -> tuple[tuple | None, float | None]:
-    """With ``config.compile``: the layers' compiled regions, compiled now, and the seconds it took
-    (``compilation``); ``(None, None)`` otherwise, or, with a warning, where it cannot compile."""
+def compiled_parts(config: EngineConfig, model, kv_cache: KVCache) -> tuple[tuple | None, object, float | None]:
+    """With ``config.compile``: the layers' compiled regions, the compiled decode step (on a CPU;
+    None on CUDA, whose decode steps replay CUDA graphs) and the seconds compiling them took at
+    start-up (``compilation``); ``(None, None, None)`` otherwise, or, with a warning, where it
+    cannot compile."""
     if not config.compile:
-        return None, None
+        return None, None, None
+    device = kv_cache.kv.device
     why = compilation.compiler_missing(device)
     if why is None:
         try:
             regions = compilation.regions()
-            return regions, compilation.warm_up(model, device, regions)
+            compile_s = compilation.warm_up(model, device, regions)
+            if device.type == "cuda":
+                return regions, None, compile_s
+            decode = compilation.decode_step()
+            return regions, decode, compile_s + compilation.warm_up_decode(decode, model, kv_cache)
         except Exception as e:  # noqa: BLE001 (any compiler failure: the engine still runs, eagerly)
             why = f"torch.compile failed ({type(e).__name__}: {str(e)[:300]})"
     warnings.warn(f"compile=True: {why}; the engine runs eagerly", stacklevel=3)
-    return None, None
+    return None, None, None
 
 
 def decode_graphs(

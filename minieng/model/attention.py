@@ -146,6 +146,7 @@ def build_metadata(
     decode_query_len: int = 1,
     max_gather_tokens: int | None = None,
     backend: str = "sdpa",
+    min_width: int = 1,
 ) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
@@ -159,10 +160,12 @@ def build_metadata(
         max_gather_tokens: the most keys (per layer, K and V each) the decodes may gather at
             once; None: no limit.
         backend: the decodes' attention (``AttentionMetadata.backend``).
+        min_width: the narrowest decode block table, in blocks (padding is masked): a compiled
+            decode step (``engine.compilation``) keeps it above 1, the width torch would specialize.
     """
     decode_tables = mask = group = None
     if decodes:
-        width = max(len(table) for table, _ in decodes)
+        width = max(min_width, *(len(table) for table, _ in decodes))
         if device.type == "cuda":  # fewer distinct shapes for the attention kernels (padding is masked)
             width = 1 << (width - 1).bit_length()
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
@@ -235,6 +238,20 @@ def _decode_attention(
     [B * width]; ``mask`` [B, 1, rows, width * block_size]."""
     k, v = gather_decode_kv(cache, block_ids, qd.shape[0])
     return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
+
+
+def decode_attention_op(
+    q: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of ``batch`` decodes of one query each, ``paged_attention``'s plain case as a
+    function of tensors alone (``decode_step``): q [batch, heads, head_dim / 2, 2] over one layer's
+    ``cache`` [num_blocks, block_size, 2 * kv_heads, head_dim] at the blocks ``block_ids``
+    [batch * width] (the block tables, flattened), under ``mask`` [batch, 1, 1, width * block_size].
+    Returns [batch, heads * head_dim]."""
+    batch, heads = q.shape[:2]
+    kv_heads, head_dim = cache.shape[2] // 2, cache.shape[3]
+    qd = q.view(batch, kv_heads, heads // kv_heads, head_dim)  # GQA as a view, as paged_attention
+    return _decode_attention(qd, cache, block_ids, mask).reshape(batch, heads * head_dim)
 
 
 def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -16,7 +16,9 @@ the CPU's fast int8 kernel (fbgemm), and this class is the one place to change w
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,24 @@ def _fbgemm_linear():
 
 
 _INF = float("inf")
+
+# The same product as an operator of minieng's, for compiled code (``LLMEngine(compile=True)``):
+# the compiler cannot take fbgemm's packed weights (a TorchBind object, not a tensor) as an input,
+# and breaks its graph at every call of the op that does. This one takes a key instead, a tensor
+# (a constant would be guarded on, and recompile each layer), and finds the weights in
+# ``_PACKED``; with a fake implementation, the compiler sees an opaque product of known shape.
+_PACKED: dict[int, object] = {}  # key -> fbgemm's packed weights, while their layer lives
+_KEYS = itertools.count()
+_LIB = torch.library.Library("minieng", "FRAGMENT")
+_LIB.define("fbgemm_linear(Tensor u, Tensor key, int zero_point, int out_features) -> Tensor")
+_LIB.impl(
+    "fbgemm_linear",
+    lambda u, key, zero_point, out_features: _fbgemm_linear()(u, 1.0, zero_point, _PACKED[int(key)]),
+    "CPU",
+)
+torch.library.register_fake(
+    "minieng::fbgemm_linear", lambda u, key, zero_point, out_features: u.new_empty(u.shape[0], out_features), lib=_LIB
+)
 
 
 def _no_rows(x: torch.Tensor, out_features: int) -> torch.Tensor | None:
@@ -122,6 +142,10 @@ class FbgemmLinear(nn.Module):
         q, scale = quantize_per_channel_int8(weight.detach().float())  # [out, in] int8, [out] float32
         self.packed = _fbgemm_pack(q, scale)
         self._linear = _fbgemm_linear()
+        key = next(_KEYS)
+        _PACKED[key] = self.packed
+        weakref.finalize(self, _PACKED.pop, key, None)
+        self.register_buffer("key", torch.tensor(key), persistent=False)  # the compiled op's (``_PACKED``)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.digits = digits
         self.activation_levels = levels
@@ -141,16 +165,23 @@ class FbgemmLinear(nn.Module):
         s.div_(self.activation_levels)  # the per-token scale
         u = torch.div(x32, s)  # each row within [-L, L]; fbgemm rounds it
         if self.digits == 1:
-            y = self._linear(u, 1.0, self.zero_point, self.packed)
+            y = self._product(u)
         else:
             q1 = torch.round(u)
             digits = torch.cat((q1, u.sub_(q1).mul_(self.digit_base)))  # [2 rows, in]
-            high, low = self._linear(digits, 1.0, self.zero_point, self.packed).chunk(2)
+            high, low = self._product(digits).chunk(2)
             y = torch.add(high, low, alpha=1 / self.digit_base)
         y.mul_(s)
         if self.bias is not None:
             y.add_(self.bias)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _product(self, u: torch.Tensor) -> torch.Tensor:
+        """fbgemm's int8 GEMM of the scaled rows u [rows, in] (it rounds them) -> float32 [rows, out];
+        in compiled code, through the opaque ``minieng::fbgemm_linear`` (the scales around it fuse)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.minieng.fbgemm_linear.default(u, self.key, self.zero_point, self.out_features)
+        return self._linear(u, 1.0, self.zero_point, self.packed)
 
 
 class Int8WeightOnlyLinear(nn.Module):

@@ -1,6 +1,7 @@
-"""``LLMEngine(compile=True)``: the layers' dense parts compiled with torch.compile give the eager
-engine's greedy tokens, compile at start-up only (no recompilation as batches and prompts change),
-and fall back to eager, saying why, where no compiler is found."""
+"""``LLMEngine(compile=True)``: the layers' dense parts and the whole decode step compiled with
+torch.compile give the eager engine's greedy tokens, float and W8A8, compile at start-up only (no
+recompilation as batches and prompts change), and fall back to eager, saying why, where no compiler
+is found."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from helpers import make_engine, random_prompts
 from torch._dynamo.utils import counters
 
 import minieng.engine.compilation as compilation
+import minieng.engine.model_runner as model_runner
 from minieng import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -21,22 +23,52 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def compiled(tiny_llama):
     engine = make_engine(tiny_llama[1], compile=True, max_num_seqs=8, max_num_batched_tokens=64)
-    assert engine.runner.regions is not None and engine.runner.compile_s > 0
+    assert engine.runner.regions is not None and engine.runner.decode_step is not None
+    assert engine.runner.compile_s > 0
     return engine
 
 
-def test_compiled_greedy_tokens_equal_the_eager_engine(tiny_llama, compiled):
-    prompts = random_prompts([3, 17, 40, 9, 1, 26], tiny_llama[1].model.config.vocab_size, seed=4)
+@pytest.fixture
+def decode_steps(monkeypatch):
+    """A list that records the batch of every step the compiled decode step runs."""
+    batches, run = [], compilation.run_decode
+
+    def counted(decode_fn, model, kv_cache, input_ids, positions, meta):
+        batches.append(input_ids.shape[0])
+        return run(decode_fn, model, kv_cache, input_ids, positions, meta)
+
+    monkeypatch.setattr(model_runner, "run_decode", counted)
+    return batches
+
+
+@pytest.mark.parametrize("lengths", [[3, 17, 40, 9, 1, 26], [30], [2], [5, 44]])
+def test_compiled_greedy_tokens_equal_the_eager_engine(tiny_llama, compiled, decode_steps, lengths):
+    prompts = random_prompts(lengths, tiny_llama[1].model.config.vocab_size, seed=4)
     eager = make_engine(tiny_llama[1], max_num_seqs=8, max_num_batched_tokens=64).generate(prompts, GREEDY)
     assert [o.token_ids for o in compiled.generate(prompts, GREEDY)] == [o.token_ids for o in eager]
+    assert decode_steps  # the decodes ran the compiled decode step
 
 
-def test_nothing_recompiles_after_start_up_as_batches_and_prompts_change(tiny_llama, compiled):
+@pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines, reason="W8A8 on a CPU needs fbgemm")
+def test_compiled_w8a8_gives_the_eager_w8a8_tokens(tiny_llama, decode_steps):
+    """The W8A8 products run in the compiled step as the opaque ``minieng::fbgemm_linear``, with the
+    activation scales computed in the graph (``test_decode_step`` compares the logits)."""
+    prompts = random_prompts([3, 17, 40, 9], tiny_llama[1].model.config.vocab_size, seed=5)
+    kw = dict(quantization="w8a8", max_num_seqs=8, max_num_batched_tokens=64)
+    eager = make_engine(tiny_llama[1], **kw).generate(prompts, GREEDY)
+    engine = make_engine(tiny_llama[1], compile=True, **kw)
+    assert engine.runner.decode_step is not None
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == [o.token_ids for o in eager]
+    assert decode_steps
+
+
+def test_nothing_recompiles_after_start_up_as_batches_and_prompts_change(tiny_llama, compiled, decode_steps):
     vocab = tiny_llama[1].model.config.vocab_size
-    compiled.generate(random_prompts([5], vocab, seed=0), GREEDY)
     graphs = counters["stats"]["unique_graphs"]
-    for batch, seed in ((1, 1), (2, 2), (5, 3), (8, 4), (3, 5)):  # decode batches 1..8, chunked prefills of many sizes
+    # decode batches 1, 2, 3, 5 and 8 over contexts growing across blocks, chunked prefills of many sizes
+    for batch, seed in ((1, 1), (2, 2), (5, 3), (8, 4), (3, 5)):
         compiled.generate(random_prompts([7 * (i + 1) for i in range(batch)], vocab, seed=seed), GREEDY)
+    assert {1, 2, 3, 5} <= set(decode_steps)
     assert counters["stats"]["unique_graphs"] == graphs
 
 
@@ -44,4 +76,4 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     monkeypatch.setattr(compilation, "compiler_missing", lambda device: "no C++ compiler on PATH")
     with pytest.warns(UserWarning, match="no C.. compiler on PATH; the engine runs eagerly"):
         engine = make_engine(tiny_llama[1], compile=True)
-    assert engine.runner.regions is None and engine.runner.compile_s is None
+    assert engine.runner.regions is None and engine.runner.decode_step is None and engine.runner.compile_s is None

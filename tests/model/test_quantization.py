@@ -530,3 +530,25 @@ def test_int8_weight_only_compiled_is_dequantize_then_matmul_with_the_same_outpu
     x = torch.randn(3, 64, generator=gen)
     compiled = torch.compile(layer.forward, dynamic=False)
     assert torch.allclose(compiled(x), layer(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("digits", [1, 2])
+def test_fbgemm_compiles_as_one_graph_with_the_eager_output_and_frees_its_weights(digits):
+    """Compiled, fbgemm's product is the opaque ``minieng::fbgemm_linear`` (its packed weights are
+    not a tensor, which would break the graph at every layer): ``fullgraph=True`` would raise at a
+    break. The output is the eager layer's; the packed weights leave the op's table with their layer."""
+    import gc
+
+    from minieng.engine.compilation import compiler_missing
+    from minieng.model import quant_kernels
+
+    if compiler_missing(torch.device("cpu")) is not None:
+        pytest.skip("torch.compile on a CPU needs a C++ compiler")
+    layer = FbgemmLinear(weights(), BIAS, digits=digits)
+    compiled = torch.compile(layer.forward, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(X), layer(X), rtol=1e-6, atol=1e-6)
+    key = int(layer.key)
+    assert quant_kernels._PACKED[key] is layer.packed
+    del layer, compiled
+    gc.collect()
+    assert key not in quant_kernels._PACKED

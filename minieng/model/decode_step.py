@@ -1,0 +1,86 @@
+"""A plain decode step as one function of tensors, for ``torch.compile`` to take whole.
+
+``LlamaForCausalLM.forward`` takes ``AttentionMetadata``, whose prefill chunks are Python lists,
+and attends batches the compiler should not see (chunked prefills, groups of decodes, drafts).
+A step of one query per sequence needs far less: the token ids, their RoPE table, the slots its
+K/V go to, the block tables and the mask. ``decode_forward`` is that step, embedding to logits,
+over those tensors only, so it compiles as one graph whose guards are checked once a step
+(compiled per layer region, the same work pays that check and the call's wrapper 60 times a step
+in a 30-layer model, which cost the default model's step more than the fusion saved).
+
+Attention stays opaque to the compiler, as in vLLM's piecewise compilation: ``paged_decode``
+(the K/V write and the decodes' gather-and-SDPA of ``attention.py``) is an operator of its own
+that mutates the pool, with a fake implementation giving the compiler its output's shape.
+Everything around it (norms, RoPE, residuals, SiLU, a quantized layer's activation scales) is
+fused by the compiler; the matrix products are ``llama.linear``'s and the quantized kernels'.
+
+The operator is declared with ``torch.library.Library`` (a schema and a CPU kernel) rather than
+``torch.library.custom_op``: both are opaque to the compiler, but custom_op's Python wrapper took
+about 100 us a call on the workshop's CPU (3 ms of a 17 ms W8A8 step, 30 calls) against about
+30 us here (``torch.profiler``, the default model, batch 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minieng.model.attention import decode_attention_op
+from minieng.model.llama import LlamaForCausalLM
+
+_LIB = torch.library.Library("minieng", "FRAGMENT")
+_LIB.define(
+    "paged_decode(Tensor q, Tensor kv, Tensor(a!) pool, int layer, Tensor slot_mapping, Tensor block_tables, "
+    "Tensor mask) -> Tensor"
+)
+
+
+def _paged_decode(q, kv, pool, layer, slot_mapping, block_tables, mask):
+    """Layer ``layer``'s attention for ``batch`` decodes of one query each.
+
+    Writes ``kv`` [batch, 2 * kv_heads, head_dim / 2, 2] (RoPE applied to K, ``apply_rope``'s
+    pairs) into the slots ``slot_mapping`` [batch] of ``pool`` [layers, blocks, block_size,
+    2 * kv_heads, head_dim], then attends ``q`` [batch, heads, head_dim / 2, 2] over the blocks
+    of ``block_tables`` [batch, width] under ``mask`` [batch, 1, 1, width * block_size] (additive
+    float, or bool). Returns [batch, heads * head_dim].
+    """
+    blocks = pool[layer]  # [blocks, block_size, 2 * kv_heads, head_dim]
+    blocks.view(-1, blocks.shape[2], blocks.shape[3] // 2, 2).index_copy_(0, slot_mapping, kv)
+    return decode_attention_op(q, blocks, block_tables.view(-1), mask)
+
+
+def _paged_decode_fake(q, kv, pool, layer, slot_mapping, block_tables, mask):
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2] * q.shape[3])
+
+
+_LIB.impl("paged_decode", _paged_decode, "CompositeExplicitAutograd")
+torch.library.register_fake("minieng::paged_decode", _paged_decode_fake, lib=_LIB)
+paged_decode = torch.ops.minieng.paged_decode.default
+
+
+def decode_forward(
+    model: LlamaForCausalLM,
+    input_ids: torch.Tensor,
+    rope: torch.Tensor,
+    pool: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """One decode step of ``batch`` sequences, one token each: logits [batch, vocab] float32.
+
+    Args:
+        input_ids: [batch] int64, each sequence's newest token.
+        rope: [batch, q + k + v heads, head_dim / 2, 2], ``view_as_real`` of
+            ``RotaryEmbedding.tables`` at the tokens' positions.
+        pool: the KV cache's tensor (``KVCache.kv``), written in place.
+        slot_mapping, block_tables: as ``paged_decode`` takes them; mask: bool
+            [batch, 1, 1, width * block_size] (``attention.decode_mask``).
+    The same arithmetic as ``LlamaForCausalLM.forward`` on a decode step of one rank.
+    """
+    x = model.embed_tokens(input_ids)  # [batch, hidden]
+    # SDPA turns a bool mask into an additive one at every call: here once, for every layer.
+    bias = torch.where(mask, 0.0, float("-inf")).to(x.dtype)
+    for i, layer in enumerate(model.layers):
+        q, kv = layer.before_attention(x, rope)
+        x = layer.after_attention(x, paged_decode(q, kv, pool, i, slot_mapping, block_tables, bias))
+    return model.lm_head(model.norm(x)).float()
