@@ -240,7 +240,7 @@ def _decode_attention(
     return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
 
 
-def decode_attention_op(
+def plain_decode_attention(
     q: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Attention of ``batch`` decodes of one query each, ``paged_attention``'s plain case as a

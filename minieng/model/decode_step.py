@@ -10,28 +10,18 @@ in a 30-layer model, which cost the default model's step more than the fusion sa
 
 Attention stays opaque to the compiler, as in vLLM's piecewise compilation: ``paged_decode``
 (the K/V write and the decodes' gather-and-SDPA of ``attention.py``) is an operator of its own
-that mutates the pool, with a fake implementation giving the compiler its output's shape.
-Everything around it (norms, RoPE, residuals, SiLU, a quantized layer's activation scales) is
+that mutates the pool (``opaque_ops``: the compiler sees only its output's shape). Everything
+around it (norms, RoPE, residuals, SiLU, a quantized layer's activation scales) is
 fused by the compiler; the matrix products are ``llama.linear``'s and the quantized kernels'.
-
-The operator is declared with ``torch.library.Library`` (a schema and a CPU kernel) rather than
-``torch.library.custom_op``: both are opaque to the compiler, but custom_op's Python wrapper took
-about 100 us a call on the workshop's CPU (3 ms of a 17 ms W8A8 step, 30 calls) against about
-30 us here (``torch.profiler``, the default model, batch 1).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minieng.model.attention import decode_attention_op
+from minieng.model.attention import plain_decode_attention
 from minieng.model.llama import LlamaForCausalLM
-
-_LIB = torch.library.Library("minieng", "FRAGMENT")
-_LIB.define(
-    "paged_decode(Tensor q, Tensor kv, Tensor(a!) pool, int layer, Tensor slot_mapping, Tensor block_tables, "
-    "Tensor mask) -> Tensor"
-)
+from minieng.model.opaque_ops import opaque_op
 
 
 def _paged_decode(q, kv, pool, layer, slot_mapping, block_tables, mask):
@@ -45,16 +35,19 @@ def _paged_decode(q, kv, pool, layer, slot_mapping, block_tables, mask):
     """
     blocks = pool[layer]  # [blocks, block_size, 2 * kv_heads, head_dim]
     blocks.view(-1, blocks.shape[2], blocks.shape[3] // 2, 2).index_copy_(0, slot_mapping, kv)
-    return decode_attention_op(q, blocks, block_tables.view(-1), mask)
+    return plain_decode_attention(q, blocks, block_tables.view(-1), mask)
 
 
 def _paged_decode_fake(q, kv, pool, layer, slot_mapping, block_tables, mask):
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2] * q.shape[3])
 
 
-_LIB.impl("paged_decode", _paged_decode, "CompositeExplicitAutograd")
-torch.library.register_fake("minieng::paged_decode", _paged_decode_fake, lib=_LIB)
-paged_decode = torch.ops.minieng.paged_decode.default
+paged_decode = opaque_op(
+    "paged_decode(Tensor q, Tensor kv, Tensor(a!) pool, int layer, Tensor slot_mapping, Tensor block_tables, "
+    "Tensor mask) -> Tensor",
+    _paged_decode,
+    _paged_decode_fake,
+)
 
 
 def decode_forward(

@@ -22,6 +22,7 @@ from torch import nn
 from minieng.config import ModelConfig
 from minieng.model.attention import AttentionMetadata, paged_attention, sdpa_backends
 from minieng.model.kv_cache import KVCache, LayerKV, write_kv
+from minieng.model.opaque_ops import opaque_op
 from minieng.model.parallel import TensorParallel, shard_config, vocab_shard, zeroes_bias
 
 
@@ -57,21 +58,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-# ``linear``'s oneDNN product as an opaque operator, for compiled code: inductor calls it as it is
-# (its own lowering wants the weights frozen into constants) and fuses what lies around it.
-# Declared with ``torch.library.Library`` rather than ``custom_op``, whose Python wrapper costs
-# more per call (``model.decode_step`` has the figures): 121 calls a decode step.
-_LIB = torch.library.Library("minieng", "FRAGMENT")
-_LIB.define("onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-_LIB.impl(
-    "onednn_linear",
+# ``linear``'s oneDNN product as an opaque operator, for compiled code (``opaque_ops``).
+onednn_linear = opaque_op(
+    "onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], ""),
+    lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]),
     "CPU",
 )
-torch.library.register_fake(
-    "minieng::onednn_linear", lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]), lib=_LIB
-)
-onednn_linear = torch.ops.minieng.onednn_linear.default
 
 
 class Linear(nn.Module):

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minieng.model.opaque_ops import opaque_op
 from minieng.model.quant_codes import quantize_int4_grouped, quantize_per_channel_int8
 from minieng.units import cdiv
 
@@ -41,22 +42,17 @@ def _fbgemm_linear():
 
 _INF = float("inf")
 
-# The same product as an operator of minieng's, for compiled code (``LLMEngine(compile=True)``):
-# the compiler cannot take fbgemm's packed weights (a TorchBind object, not a tensor) as an input,
-# and breaks its graph at every call of the op that does. This one takes a key instead, a tensor
-# (a constant would be guarded on, and recompile each layer), and finds the weights in
-# ``_PACKED``; with a fake implementation, the compiler sees an opaque product of known shape.
+# The same product as an operator of minieng's, for compiled code (``opaque_ops``): the compiler
+# cannot take fbgemm's packed weights (a TorchBind object, not a tensor) as an input, and breaks its
+# graph at every call of the op that does. This one takes a key instead, a tensor (a constant
+# would be guarded on, and recompile each layer), and finds the weights in ``_PACKED``.
 _PACKED: dict[int, object] = {}  # key -> fbgemm's packed weights, while their layer lives
 _KEYS = itertools.count()
-_LIB = torch.library.Library("minieng", "FRAGMENT")
-_LIB.define("fbgemm_linear(Tensor u, Tensor key, int zero_point, int out_features) -> Tensor")
-_LIB.impl(
-    "fbgemm_linear",
+fbgemm_linear = opaque_op(
+    "fbgemm_linear(Tensor u, Tensor key, int zero_point, int out_features) -> Tensor",
     lambda u, key, zero_point, out_features: _fbgemm_linear()(u, 1.0, zero_point, _PACKED[int(key)]),
+    lambda u, key, zero_point, out_features: u.new_empty(u.shape[0], out_features),
     "CPU",
-)
-torch.library.register_fake(
-    "minieng::fbgemm_linear", lambda u, key, zero_point, out_features: u.new_empty(u.shape[0], out_features), lib=_LIB
 )
 
 
@@ -180,7 +176,7 @@ class FbgemmLinear(nn.Module):
         """fbgemm's int8 GEMM of the scaled rows u [rows, in] (it rounds them) -> float32 [rows, out];
         in compiled code, through the opaque ``minieng::fbgemm_linear`` (the scales around it fuse)."""
         if torch.compiler.is_compiling():
-            return torch.ops.minieng.fbgemm_linear.default(u, self.key, self.zero_point, self.out_features)
+            return fbgemm_linear(u, self.key, self.zero_point, self.out_features)
         return self._linear(u, 1.0, self.zero_point, self.packed)
 
 
