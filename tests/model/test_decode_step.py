@@ -1,13 +1,13 @@
 """``decode_step.decode_forward`` (its attention the opaque ``minieng::paged_decode`` operator) gives
 the logits and the K/V that ``LlamaForCausalLM.forward`` gives on the same decode step: eager, and
-compiled whole (``torch.compile``), in float32 and in W8A8 (fbgemm's product an opaque operator too)."""
+compiled whole (``torch.compile``, through the engine's ``compilation.run_decode``), in float32 and in W8A8 (fbgemm's product an opaque operator too)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minieng.engine.compilation import compiler_missing
+from minieng.engine import compilation
 from minieng.model.attention import build_metadata
 from minieng.model.decode_step import decode_forward
 from minieng.model.kv_cache import KVCache
@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("scheme", [None, "w8a8"])
 def test_decode_forward_equals_the_model_forward_on_a_decode_step(tiny_llama, scheme, compiled):
-    if compiled and compiler_missing(CPU) is not None:
+    if compiled and compilation.compiler_missing(CPU) is not None:
         pytest.skip("torch.compile on a CPU needs a C++ compiler")
     if scheme and "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("W8A8 on a CPU needs fbgemm")
@@ -42,9 +42,13 @@ def test_decode_forward_equals_the_model_forward_on_a_decode_step(tiny_llama, sc
     theirs = KVCache(model.config, 16, BLOCK, torch.float32, "cpu")
     theirs.kv.copy_(cache.kv)
     expected = model(ids, pos, theirs, meta, torch.arange(2))
-    rope = torch.view_as_real(model.rope.tables(pos))
-    step = torch.compile(decode_forward, dynamic=False) if compiled else decode_forward
-    with torch.inference_mode():
-        logits = step(model, ids, rope, cache.kv, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask)
+    if compiled:  # as the engine runs it: its first call here needs a graph no warm-up compiled
+        logits = compilation.run_decode(compilation.decode_step(), model, cache, ids, pos, meta)
+    else:
+        rope = torch.view_as_real(model.rope.tables(pos))
+        with torch.inference_mode():
+            logits = decode_forward(
+                model, ids, rope, cache.kv, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask
+            )
     torch.testing.assert_close(logits, expected)
     torch.testing.assert_close(cache.kv, theirs.kv)
