@@ -47,6 +47,11 @@ from minieng.model.llama import DecoderLayer, LlamaForCausalLM
 
 _REGIONS = None  # compiled once per process, shared by every engine that compiles
 
+# Whether this torch lets Dynamo check only the guards that tell a function's graphs apart (2.6+).
+_SKIP_GUARDS = hasattr(torch.compiler, "set_stance") and (
+    "skip_guard_eval_unsafe" in inspect.signature(torch.compiler.set_stance).parameters
+)
+
 # The narrowest block table a compiled decode step sees: torch specializes a size of 1, so a
 # width of 1 would be a graph of its own. Padding is masked (``attention.decode_mask``).
 MIN_DECODE_WIDTH = 2
@@ -132,7 +137,7 @@ def run_decode(
     default model's W8A8 step from 17.5-17.6 to 14.5-16.7 ms (two runs, alternated in one process).
     A step that would still need a new graph (none is known) compiles it with every guard checked."""
     args = _decode_inputs(model, kv_cache, input_ids, positions, meta)
-    if "skip_guard_eval_unsafe" not in inspect.signature(torch.compiler.set_stance).parameters:
+    if not _SKIP_GUARDS:
         return decode_fn(*args)
     try:
         with torch.compiler.set_stance(skip_guard_eval_unsafe=True):

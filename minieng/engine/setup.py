@@ -11,6 +11,7 @@ model is loaded (``memory_plan.device_kv_blocks``, vLLM's ``gpu_memory_utilizati
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -288,7 +289,9 @@ def make_runner(config: EngineConfig, model, kv_cache: KVCache, block_manager, m
     return runner
 
 
-def compiled_parts(config: EngineConfig, model, kv_cache: KVCache) -> tuple[tuple | None, object, float | None]:
+def compiled_parts(
+    config: EngineConfig, model, kv_cache: KVCache
+) -> tuple[tuple | None, Callable | None, float | None]:
     """With ``config.compile``: the layers' compiled regions, the compiled decode step (on a CPU;
     None on CUDA, whose decode steps replay CUDA graphs) and the seconds compiling them took at
     start-up (``compilation``); ``(None, None, None)`` otherwise, or, with a warning, where it
