@@ -111,7 +111,9 @@ def parse_args(argv=None):
         default="none,w8a8,int8",
         help="minieng's quantization schemes, comma-separated; none = float32 (default none,w8a8,int8)",
     )
-    p.add_argument("--no-compile", action="store_true", help="eager engines only (compiled ones take a minute each)")
+    p.add_argument(
+        "--no-compile", action="store_true", help="eager engines only (each compiled one takes 10-60 s to start)"
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     return p.parse_args(argv)
 
