@@ -14,8 +14,8 @@ in the same process and the same quiet window, contenders alternating round by r
 Each figure is the median over ``--rounds`` rounds. Both sides get every core torch uses.
 llama.cpp comes from llama-cpp-python, a benchmark tool here and not a dependency of minieng
 (``pip install llama-cpp-python==0.3.36`` builds it from source, about ten minutes on a 2-core CPU).
-The targets checked at the end are issue 22's: the best quantized scheme, compiled, within 1.5x of
-llama.cpp's batch-1 TPOT, and its prefill at least 2x llama.cpp's.
+The targets checked at the end are minieng's against llama.cpp: the best quantized scheme,
+compiled, within 1.5x of llama.cpp's batch-1 TPOT, and its prefill at least 2x llama.cpp's.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def summarize(runs: dict, prompt_tokens: int, baseline: str = LlamaCpp.name) -> 
 
 
 def verdicts(rows: list[dict]) -> list[str]:
-    """Issue 22's two CPU targets against llama.cpp, checked on the compiled quantized row with
+    """minieng's two CPU targets against llama.cpp, checked on the compiled quantized row with
     the lowest TPOT ("the best quantized scheme, compiled"), or a line saying none ran."""
     candidates = [r for r in rows if "compiled" in r["name"] and "float32" not in r["name"]]
     if not candidates:
