@@ -112,14 +112,23 @@ def parse_args(argv=None):
         help="minieng's quantization schemes, comma-separated; none = float32 (default none,w8a8,int8)",
     )
     p.add_argument(
-        "--no-compile", action="store_true", help="eager engines only (each compiled one takes 10-60 s to start)"
+        "--no-compile",
+        action="store_true",
+        help="eager engines only (each compiled one takes 8-16 s to start, minutes with a cold compiler cache)",
     )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.output_tokens < 2 or args.prompt_tokens < 1:
+        p.error(
+            "--rounds and --prompt-tokens must be at least 1, --output-tokens at least 2 (TPOT is per token after the first)"
+        )
+    if not [s for s in args.schemes.split(",") if s]:
+        p.error("--schemes names no scheme: give at least one of none, w8a8, int8")
+    return args
 
 
 def contenders(args, gguf: Path, context_tokens: int, threads: int) -> list:
-    schemes = [None if s == "none" else s for s in args.schemes.split(",")]
+    schemes = [None if s == "none" else s for s in args.schemes.split(",") if s]
     out = [LlamaCpp(gguf, context_tokens, threads)]
     for compile in (False,) if args.no_compile else (False, True):
         out += [Minieng(gguf, s, compile, context_tokens) for s in schemes]

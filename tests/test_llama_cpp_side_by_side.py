@@ -65,6 +65,13 @@ def test_rounds_alternate_and_the_table_is_relative_to_llama_cpp(script):
     assert "no compiled quantized engine ran" in script.verdicts([rows["minieng w8a8"]])[0]
 
 
+@pytest.mark.parametrize("argv", [["--output-tokens", "1"], ["--rounds", "0"], ["--schemes", ","]])
+def test_arguments_that_measure_nothing_are_refused(script, argv, capsys):
+    with pytest.raises(SystemExit):
+        script.parse_args(argv)
+    assert "--" in capsys.readouterr().err
+
+
 def test_without_llama_cpp_it_says_how_to_install_it(script, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
     assert script.main(["--rounds", "1"]) == 2

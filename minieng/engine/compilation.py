@@ -93,7 +93,7 @@ def warm_up(model, device: torch.device, regions_: tuple) -> float:
     return time.perf_counter() - start
 
 
-def decode_step():
+def compile_decode_step():
     """A compiled ``decode_forward`` of the caller's own, called as ``fn(model, ...)``
     (``run_decode``); each engine that compiles makes one.
 
@@ -104,11 +104,11 @@ def decode_step():
 
     Inductor's C++ wrapper (``cpp_wrapper``, the calls of the step's ~300 kernels and operators
     in C++ rather than Python) was tried: 14.3 against 14.7 ms for the default model's W8A8
-    batch-1 step on the workshop's CPU (alternated in one process, medians of 9 rounds), for a
-    first compile of about 45 s instead of 6. Not worth it."""
+    batch-1 forward on the workshop's CPU (alternated in one process, medians of 9 rounds), and its
+    first compile took 45 s (the Python wrapper's, cached, 6 s). Not worth it."""
     f = decode_forward
     own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    return torch.compile(own)
+    return torch.compile(own, fullgraph=True)  # a graph break fails the warm-up: the engine runs eagerly
 
 
 def fits_decode_step(meta: AttentionMetadata) -> bool:
@@ -128,13 +128,14 @@ def run_decode(
     decode_fn, model: LlamaForCausalLM, kv_cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor, meta
 ) -> torch.Tensor:
     """Logits [batch, vocab] float32 of a step that ``fits_decode_step``, through ``decode_fn``
-    (``decode_step()``); ``input_ids``, ``positions`` [batch] int64; the step's K/V are written
+    (``compile_decode_step()``); ``input_ids``, ``positions`` [batch] int64; the step's K/V are written
     into ``kv_cache``.
 
     After ``warm_up_decode`` every graph a decode step needs is compiled, so Dynamo checks only the
     guards that tell its graphs apart (``skip_guard_eval_unsafe``, torch 2.6 and later) rather than
     every guard on every parameter of the model, every step: on the workshop's CPU that took the
-    default model's W8A8 step from 17.5-17.6 to 14.5-16.7 ms (two runs, alternated in one process).
+    default model's W8A8 batch-1 forward (the compiled step called directly) from 17.5-17.6 to
+    14.5-16.7 ms (two runs, alternated in one process).
     A step that would still need a new graph (none is known) compiles it with every guard checked."""
     args = _decode_inputs(model, kv_cache, input_ids, positions, meta)
     if not _SKIP_GUARDS:

@@ -89,7 +89,7 @@ class ModelRunner:
         self.model = model
         self.workers = workers
         self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
-        self.decode_step = None  # the compiled decode step (compilation.decode_step), or None: eager
+        self.compiled_decode = None  # the compiled decode step (compilation.compile_decode_step), or None
         self.attention_backend = attention_backend  # the decodes' attention: "sdpa" or "triton"
         self.kv_cache = kv_cache
         self.block_manager = block_manager
@@ -144,7 +144,7 @@ class ModelRunner:
             lay.query_len,
             self.max_gather_tokens,
             self.attention_backend,
-            MIN_DECODE_WIDTH if self.decode_step is not None else 1,
+            MIN_DECODE_WIDTH if self.compiled_decode is not None else 1,
         )
         return (
             torch.tensor(lay.input_ids, dtype=torch.long, device=dev),
@@ -157,7 +157,8 @@ class ModelRunner:
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
         """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
 
-        A decode step replays a CUDA graph when one fits it; anything else runs eagerly.
+        A decode step replays a CUDA graph when one fits it, or runs the compiled decode step
+        (``compile=True`` on a CPU) when it is a plain one; anything else runs the model's forward.
         Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
         """
         fresh = self.block_manager.take_fresh_blocks()
@@ -173,7 +174,9 @@ class ModelRunner:
 
     def run_layout(self, lay: StepLayout, fresh_blocks: list[int]) -> torch.Tensor:
         """Zero ``fresh_blocks`` (allocated since the last step), then run ``lay``: a CUDA graph's
-        replay when one fits, else the eager forward. Returns the logits [rows that sample, vocab]."""
+        replay when one fits, the compiled decode step when it fits (``compilation.fits_decode_step``),
+        else the model's forward (its layers' compiled regions with ``compile=True``). Returns the
+        logits [rows that sample, vocab]."""
         self.kv_cache.zero_blocks(fresh_blocks)
         self.last_step_graphed = False
         if self.graphs is not None and not lay.chunks:
@@ -184,8 +187,8 @@ class ModelRunner:
                     logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
                 return logits
         input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
-        if self.decode_step is not None and fits_decode_step(meta):
-            logits = run_decode(self.decode_step, self.model, self.kv_cache, input_ids, positions, meta)
+        if self.compiled_decode is not None and fits_decode_step(meta):
+            logits = run_decode(self.compiled_decode, self.model, self.kv_cache, input_ids, positions, meta)
             return logits if len(lay.logits_indices) == len(lay.input_ids) else logits[logits_indices]
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
 

@@ -271,20 +271,21 @@ def make_drafter(config: EngineConfig, draft_model, num_blocks: int, max_model_l
 
 
 def make_runner(config: EngineConfig, model, kv_cache: KVCache, block_manager, max_model_len: int, workers=None):
-    """The model runner over ``kv_cache``: the layers' compiled regions with ``compile=True`` (the
-    seconds they took in ``runner.compile_s``, None when eager), the decode graphs on CUDA, the
-    decodes' gather budget, and the other tensor-parallel ranks, whose pools it allocates alike
-    (every rank's pool has as many blocks: the block manager's blocks are every rank's)."""
+    """The model runner over ``kv_cache``: with ``compile=True`` the layers' compiled regions and, on
+    a CPU, the compiled decode step (the seconds they took in ``runner.compile_s``, None when
+    eager), the decode graphs on CUDA, the decodes' gather budget, and the other tensor-parallel
+    ranks, whose pools it allocates alike (every rank's pool has as many blocks: the block
+    manager's blocks are every rank's)."""
     device = kv_cache.kv.device
     gather_tokens = gather_budget_tokens(kv_cache)
     if workers is not None:
         workers.allocate_kv(kv_cache.num_blocks, gather_tokens)
-    regions, decode_step, compile_s = compiled_parts(config, model, kv_cache)
+    regions, compiled_decode, compile_s = compiled_parts(config, model, kv_cache)
     graphs = decode_graphs(config, model, kv_cache, max_model_len, regions=regions)
     runner = ModelRunner(
         model, kv_cache, block_manager, device, graphs, gather_tokens, regions, config.attention_backend, workers
     )
-    runner.decode_step = decode_step
+    runner.compiled_decode = compiled_decode
     runner.compile_s = compile_s
     return runner
 
@@ -304,9 +305,9 @@ def compiled_parts(
         try:
             regions = compilation.regions()
             compile_s = compilation.warm_up(model, device, regions)
-            if device.type == "cuda":
+            if device.type == "cuda" or model.tp.size > 1:  # decode_forward is one rank's, on a CPU
                 return regions, None, compile_s
-            decode = compilation.decode_step()
+            decode = compilation.compile_decode_step()
             return regions, decode, compile_s + compilation.warm_up_decode(decode, model, kv_cache)
         except Exception as e:  # noqa: BLE001 (any compiler failure: the engine still runs, eagerly)
             why = f"torch.compile failed ({type(e).__name__}: {str(e)[:300]})"

@@ -15,6 +15,7 @@ the CPU's fast int8 kernel (fbgemm), and this class is the one place to change w
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import warnings
@@ -138,10 +139,7 @@ class FbgemmLinear(nn.Module):
         q, scale = quantize_per_channel_int8(weight.detach().float())  # [out, in] int8, [out] float32
         self.packed = _fbgemm_pack(q, scale)
         self._linear = _fbgemm_linear()
-        key = next(_KEYS)
-        _PACKED[key] = self.packed
-        weakref.finalize(self, _PACKED.pop, key, None)
-        self.register_buffer("key", torch.tensor(key), persistent=False)  # the compiled op's (``_PACKED``)
+        self._register_packed()
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.digits = digits
         self.activation_levels = levels
@@ -171,6 +169,23 @@ class FbgemmLinear(nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _register_packed(self) -> None:
+        """Put the packed weights in ``_PACKED`` under a new key (the buffer ``key``), for as long as
+        this layer lives: the compiled operator's way to them."""
+        key = next(_KEYS)
+        _PACKED[key] = self.packed
+        weakref.finalize(self, _PACKED.pop, key, None)
+        self.register_buffer("key", torch.tensor(key), persistent=False)
+
+    def __deepcopy__(self, memo: dict) -> FbgemmLinear:
+        """A copy with a key of its own: with the original's, it would lose its weights in the
+        compiled operator's table when the original goes."""
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        clone._register_packed()
+        return clone
 
     def _product(self, u: torch.Tensor) -> torch.Tensor:
         """fbgemm's int8 GEMM of the scaled rows u [rows, in] (it rounds them) -> float32 [rows, out];

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def compiled(tiny_llama):
     engine = make_engine(tiny_llama[1], compile=True, max_num_seqs=8, max_num_batched_tokens=64)
-    assert engine.runner.regions is not None and engine.runner.decode_step is not None
+    assert engine.runner.regions is not None and engine.runner.compiled_decode is not None
     assert engine.runner.compile_s > 0
     return engine
 
@@ -59,7 +59,7 @@ def test_compiled_w8a8_gives_the_eager_w8a8_tokens(tiny_llama, compiled, decode_
     kw = dict(max_num_seqs=8, max_num_batched_tokens=64)
     eager = make_engine(tiny_llama[1], quantization="w8a8", **kw).generate(prompts, GREEDY)
     engine = make_engine(tiny_llama[1], compile=True, quantization="w8a8", **kw)
-    assert engine.runner.decode_step is not None
+    assert engine.runner.compiled_decode is not None
     float_eager = make_engine(tiny_llama[1], **kw).generate(prompts, GREEDY)
     for _ in range(2):  # the two engines' steps interleaved
         assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == [o.token_ids for o in eager]
@@ -82,4 +82,4 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     monkeypatch.setattr(compilation, "compiler_missing", lambda device: "no C++ compiler on PATH")
     with pytest.warns(UserWarning, match="no C.. compiler on PATH; the engine runs eagerly"):
         engine = make_engine(tiny_llama[1], compile=True)
-    assert engine.runner.regions is None and engine.runner.decode_step is None and engine.runner.compile_s is None
+    assert engine.runner.regions is None and engine.runner.compiled_decode is None and engine.runner.compile_s is None

@@ -43,12 +43,15 @@ def test_decode_forward_equals_the_model_forward_on_a_decode_step(tiny_llama, sc
     theirs.kv.copy_(cache.kv)
     expected = model(ids, pos, theirs, meta, torch.arange(2))
     if compiled:  # as the engine runs it: its first call here needs a graph no warm-up compiled
-        logits = compilation.run_decode(compilation.decode_step(), model, cache, ids, pos, meta)
+        logits = compilation.run_decode(compilation.compile_decode_step(), model, cache, ids, pos, meta)
     else:
         rope = torch.view_as_real(model.rope.tables(pos))
         with torch.inference_mode():
             logits = decode_forward(
                 model, ids, rope, cache.kv, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask
             )
-    torch.testing.assert_close(logits, expected)
-    torch.testing.assert_close(cache.kv, theirs.kv)
+    # W8A8 compiled: the activation scales are computed by inductor's code, whose rounding of x / s
+    # may differ from eager's by an ulp, and flip a code by one step on some CPU: a step's worth.
+    atol = 1e-3 * expected.abs().max().item() if scheme and compiled else None
+    torch.testing.assert_close(logits, expected, atol=atol, rtol=0 if atol else None)
+    torch.testing.assert_close(cache.kv, theirs.kv, atol=atol, rtol=0 if atol else None)

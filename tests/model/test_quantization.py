@@ -536,7 +536,9 @@ def test_int8_weight_only_compiled_is_dequantize_then_matmul_with_the_same_outpu
 def test_fbgemm_compiles_as_one_graph_with_the_eager_output_and_frees_its_weights(digits):
     """Compiled, fbgemm's product is the opaque ``minieng::fbgemm_linear`` (its packed weights are
     not a tensor, which would break the graph at every layer): ``fullgraph=True`` would raise at a
-    break. The output is the eager layer's; the packed weights leave the op's table with their layer."""
+    break. The output is the eager layer's; the packed weights leave the op's table with their layer,
+    and a copy registers its own."""
+    import copy
     import gc
 
     from minieng.engine.compilation import compiler_missing
@@ -549,6 +551,9 @@ def test_fbgemm_compiles_as_one_graph_with_the_eager_output_and_frees_its_weight
     torch.testing.assert_close(compiled(X), layer(X), rtol=1e-6, atol=1e-6)
     key = int(layer.key)
     assert quant_kernels._PACKED[key] is layer.packed
+    clone = copy.deepcopy(layer)  # a key of its own, which outlives the original's
+    assert int(clone.key) != key and quant_kernels._PACKED[int(clone.key)] is clone.packed
     del layer, compiled
     gc.collect()
     assert key not in quant_kernels._PACKED
+    torch.testing.assert_close(torch.compile(clone.forward, fullgraph=True, dynamic=False)(X), clone(X))
