@@ -31,7 +31,6 @@ graphs are compiled at start-up (``warm_up_decode``).
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import time
@@ -46,11 +45,6 @@ from minieng.model.kv_cache import KVCache
 from minieng.model.llama import DecoderLayer, LlamaForCausalLM
 
 _REGIONS = None  # compiled once per process, shared by every engine that compiles
-
-# Whether this torch lets Dynamo check only the guards that tell a function's graphs apart (2.6+).
-_SKIP_GUARDS = hasattr(torch.compiler, "set_stance") and (
-    "skip_guard_eval_unsafe" in inspect.signature(torch.compiler.set_stance).parameters
-)
 
 # The narrowest block table a compiled decode step sees: torch specializes a size of 1, so a
 # width of 1 would be a graph of its own. Padding is masked (``attention.decode_mask``).
@@ -97,18 +91,24 @@ def compile_decode_step():
     """A compiled ``decode_forward`` of the caller's own, called as ``fn(model, ...)``
     (``run_decode``); each engine that compiles makes one.
 
-    Its own, because ``run_decode`` has Dynamo check only the guards that tell a function's graphs
-    apart, which is sound only while they are all one model's: Dynamo keeps graphs per code object,
-    so each engine compiles a copy of the function with a code object of its own (graphs of two
-    models in one cache once ran the wrong one: a ``KeyError`` on a quantized layer's ``weight``).
+    Dynamo checks no guard on the model's modules and parameters (``guard_filter_fn``:
+    ``skip_guard_on_all_nn_modules_unsafe``, torch 2.7 and later), which it would otherwise check
+    every step: on the workshop's CPU that took the default model's W8A8 batch-1 forward (the
+    compiled step called directly, alternated in one process, medians of 9 rounds) from 11.8 to
+    11.2 ms, and from 13.8 to 12.2 ms in a noisier run. That is sound only while the function sees
+    one model, whose modules do not change: Dynamo keeps graphs per code object, so each engine
+    compiles a copy of the function with a code object of its own (graphs of two models in one
+    cache, chosen without those guards, once ran the wrong one: a ``KeyError`` on a quantized
+    layer's ``weight``). ``fullgraph=True``: a graph break fails the warm-up, and the engine runs
+    eagerly, rather than leaving pieces to caches that other models share.
 
     Inductor's C++ wrapper (``cpp_wrapper``, the calls of the step's ~300 kernels and operators
-    in C++ rather than Python) was tried: 14.3 against 14.7 ms for the default model's W8A8
-    batch-1 forward on the workshop's CPU (alternated in one process, medians of 9 rounds), and its
-    first compile took 45 s (the Python wrapper's, cached, 6 s). Not worth it."""
+    in C++ rather than Python) was tried: 14.3 against 14.7 ms for the same forward, and its first
+    compile took 45 s (the Python wrapper's, cached, 6 s). Not worth it."""
     f = decode_forward
     own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
-    return torch.compile(own, fullgraph=True)  # a graph break fails the warm-up: the engine runs eagerly
+    skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
+    return torch.compile(own, fullgraph=True, options={"guard_filter_fn": skip} if skip else None)
 
 
 def fits_decode_step(meta: AttentionMetadata) -> bool:
@@ -128,30 +128,9 @@ def run_decode(
     decode_fn, model: LlamaForCausalLM, kv_cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor, meta
 ) -> torch.Tensor:
     """Logits [batch, vocab] float32 of a step that ``fits_decode_step``, through ``decode_fn``
-    (``compile_decode_step()``); ``input_ids``, ``positions`` [batch] int64; the step's K/V are written
-    into ``kv_cache``.
-
-    After ``warm_up_decode`` every graph a decode step needs is compiled, so Dynamo checks only the
-    guards that tell its graphs apart (``skip_guard_eval_unsafe``, torch 2.6 and later) rather than
-    every guard on every parameter of the model, every step: on the workshop's CPU that took the
-    default model's W8A8 batch-1 forward (the compiled step called directly) from 17.5-17.6 to
-    14.5-16.7 ms (two runs, alternated in one process).
-    A step that would still need a new graph (none is known) compiles it with every guard checked."""
-    args = _decode_inputs(model, kv_cache, input_ids, positions, meta)
-    if not _SKIP_GUARDS:
-        return decode_fn(*args)
-    try:
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            return decode_fn(*args)
-    except RuntimeError as e:  # raised before the graph runs: nothing was written yet
-        if "skip_guard_eval_unsafe" not in str(e):
-            raise
-    return decode_fn(*args)
-
-
-def _decode_inputs(model: LlamaForCausalLM, kv_cache: KVCache, input_ids, positions, meta) -> tuple:
-    """``decode_forward``'s arguments for a step. The batch (when above 1) and the width are marked
-    dynamic, so that no batch size or context length compiles a graph of its own."""
+    (``compile_decode_step()``); ``input_ids``, ``positions`` [batch] int64; the step's K/V are
+    written into ``kv_cache``. The batch (when above 1) and the width are marked dynamic, so that
+    no batch size or context length compiles a graph of its own."""
     rope = torch.view_as_real(model.rope.tables(positions))  # [batch, heads, head_dim / 2, 2]
     tables, mask = meta.decode_block_tables, meta.decode_mask  # [batch, width], [batch, 1, 1, slots]
     if input_ids.shape[0] > 1:
@@ -159,7 +138,7 @@ def _decode_inputs(model: LlamaForCausalLM, kv_cache: KVCache, input_ids, positi
             torch._dynamo.mark_dynamic(t, 0)
     torch._dynamo.mark_dynamic(tables, 1)
     torch._dynamo.mark_dynamic(mask, 3)
-    return model, input_ids, rope, kv_cache.kv, meta.slot_mapping, tables, mask
+    return decode_fn(model, input_ids, rope, kv_cache.kv, meta.slot_mapping, tables, mask)
 
 
 def warm_up_decode(decode_fn, model: LlamaForCausalLM, kv_cache: KVCache) -> float:
@@ -179,6 +158,5 @@ def warm_up_decode(decode_fn, model: LlamaForCausalLM, kv_cache: KVCache) -> flo
             min_width=MIN_DECODE_WIDTH + 1,
         )
         zeros = torch.zeros(batch, dtype=torch.long, device=kv_cache.kv.device)
-        with torch.inference_mode():
-            decode_fn(*_decode_inputs(model, kv_cache, zeros, zeros, meta))
+        run_decode(decode_fn, model, kv_cache, zeros, zeros, meta)
     return time.perf_counter() - start

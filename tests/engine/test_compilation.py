@@ -53,8 +53,8 @@ def test_compiled_greedy_tokens_equal_the_eager_engine(tiny_llama, compiled, dec
 def test_compiled_w8a8_gives_the_eager_w8a8_tokens(tiny_llama, compiled, decode_steps):
     """The W8A8 products run in the compiled step as the opaque ``minieng::fbgemm_linear``, with the
     activation scales computed in the graph (``test_decode_step`` compares the logits). Two models
-    compiled in one process each run their own graphs, though steps check only the guards that
-    tell the graphs apart (``compilation.run_decode``)."""
+    compiled in one process each run their own graphs, though no step checks the guards on their
+    modules (``compilation.compile_decode_step``)."""
     prompts = random_prompts([3, 17, 40, 9], tiny_llama[1].model.config.vocab_size, seed=5)
     kw = dict(max_num_seqs=8, max_num_batched_tokens=64)
     eager = make_engine(tiny_llama[1], quantization="w8a8", **kw).generate(prompts, GREEDY)

@@ -42,7 +42,7 @@ def test_decode_forward_equals_the_model_forward_on_a_decode_step(tiny_llama, sc
     theirs = KVCache(model.config, 16, BLOCK, torch.float32, "cpu")
     theirs.kv.copy_(cache.kv)
     expected = model(ids, pos, theirs, meta, torch.arange(2))
-    if compiled:  # as the engine runs it: its first call here needs a graph no warm-up compiled
+    if compiled:  # as the engine runs it
         logits = compilation.run_decode(compilation.compile_decode_step(), model, cache, ids, pos, meta)
     else:
         rope = torch.view_as_real(model.rope.tables(pos))
