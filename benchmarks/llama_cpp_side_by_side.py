@@ -27,13 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from minieng import LLMEngine
-from minieng.lab.bench import minieng_decode, minieng_prefill, warm_up
-from minieng.measure.workloads import text_prompts
-from minieng.model.loader import default_gguf_path
+# torch, numpy and minieng are imported where they are used: --help and a missing llama_cpp answer
+# at once, not after the seconds those imports take.
 
 INSTALL = "pip install llama-cpp-python==0.3.36  (builds llama.cpp from source: about ten minutes on 2 cores)"
 TPOT_TARGET = 1.5  # the best quantized scheme, compiled: TPOT at most 1.5x llama.cpp's
@@ -59,6 +54,8 @@ class LlamaCpp:
         )
 
     def _eval_argmax(self, tokens: list[int]) -> int:
+        import numpy as np
+
         self.llm.eval(tokens)
         return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
 
@@ -83,6 +80,8 @@ class Minieng:
     is after its reset."""
 
     def __init__(self, gguf: Path, quantization: str | None, compile: bool, context_tokens: int):
+        from minieng import LLMEngine
+
         self.engine = LLMEngine(
             model=str(gguf),
             quantization=quantization,
@@ -94,9 +93,13 @@ class Minieng:
         self.compile_s = self.engine.runner.compile_s
 
     def decode_tpot_s(self, prompt: list[int], output_tokens: int) -> float:
+        from minieng.lab.bench import minieng_decode
+
         return minieng_decode(self.engine, [prompt], output_tokens)[0]
 
     def prefill_s(self, prompt: list[int]) -> float:
+        from minieng.lab.bench import minieng_prefill
+
         return minieng_prefill(self.engine, [prompt])[0]
 
 
@@ -189,6 +192,12 @@ def main(argv=None) -> int:
     except ImportError:
         print(f"llama_cpp is not importable: {INSTALL}", file=sys.stderr)
         return 2
+    import torch
+
+    from minieng.lab.bench import warm_up
+    from minieng.measure.workloads import text_prompts
+    from minieng.model.loader import default_gguf_path
+
     gguf = args.gguf or default_gguf_path()
     threads = torch.get_num_threads()
     context_tokens = args.prompt_tokens + args.output_tokens + 32

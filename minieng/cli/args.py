@@ -40,7 +40,8 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="compile the layers' dense parts with torch.compile (start-up cost; a C++ compiler on a CPU)",
+        help="compile with torch.compile: the layers' dense parts, and on a CPU each plain decode step whole "
+        "(start-up cost; a C++ compiler on a CPU)",
     )
     p.add_argument(
         "--tensor-parallel-size",
@@ -52,7 +53,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_from_args(args, **overrides):
-    return LLMEngine(
+    if args.compile:
+        print("--compile: compiling at start-up (10 s to a few minutes, less once cached)", file=sys.stderr)
+    engine = LLMEngine(
         EngineConfig(
             model=args.model,
             load_format=args.load_format,
@@ -63,6 +66,9 @@ def engine_from_args(args, **overrides):
             **overrides,
         )
     )
+    if engine.runner.compile_s is not None:
+        print(f"--compile: compiled in {engine.runner.compile_s:.1f} s", file=sys.stderr)
+    return engine
 
 
 def workload_specs(args):
