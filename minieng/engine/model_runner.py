@@ -183,13 +183,12 @@ class ModelRunner:
             logits = self.graphs.run(lay)
             if logits is not None:
                 self.last_step_graphed = True
-                if lay.logits_indices != list(range(len(lay.input_ids))):  # rows that sample nothing
-                    logits = logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
-                return logits
+                return sampled_rows(logits, lay)
         input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
         if self.compiled_decode is not None and fits_decode_step(meta):
-            logits = run_decode(self.compiled_decode, self.model, self.kv_cache, input_ids, positions, meta)
-            return logits if len(lay.logits_indices) == len(lay.input_ids) else logits[logits_indices]
+            return sampled_rows(
+                run_decode(self.compiled_decode, self.model, self.kv_cache, input_ids, positions, meta), lay
+            )
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:
@@ -236,6 +235,14 @@ class ModelRunner:
     def _row(sampling: list[tuple[Sequence, int]], i: int) -> int:
         """The first logits row of the ``i``-th sampling sequence."""
         return sum(rows for _, rows in sampling[:i])
+
+
+def sampled_rows(logits: torch.Tensor, lay: StepLayout) -> torch.Tensor:
+    """The rows of ``logits`` [every row of ``lay``, vocab] that sample (``lay.logits_indices``):
+    all of them, or fewer when a single-token row is a prompt chunk that stops mid-prompt."""
+    if lay.logits_indices == list(range(len(lay.input_ids))):
+        return logits
+    return logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]
 
 
 def verify(seq: Sequence, logits: torch.Tensor) -> list[int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from minieng.model.attention import plain_decode_attention
+from minieng.model.kv_cache import LayerKV, write_kv
 from minieng.model.llama import LlamaForCausalLM
 from minieng.model.opaque_ops import opaque_op
 
@@ -33,9 +34,9 @@ def _paged_decode(q, kv, pool, layer, slot_mapping, block_tables, mask):
     of ``block_tables`` [batch, width] under ``mask`` [batch, 1, 1, width * block_size] (additive
     float, or bool). Returns [batch, heads * head_dim].
     """
-    blocks = pool[layer]  # [blocks, block_size, 2 * kv_heads, head_dim]
-    blocks.view(-1, blocks.shape[2], blocks.shape[3] // 2, 2).index_copy_(0, slot_mapping, kv)
-    return plain_decode_attention(q, blocks, block_tables.view(-1), mask)
+    layer_kv = LayerKV(pool[layer])  # views of [blocks, block_size, 2 * kv_heads, head_dim]
+    write_kv(layer_kv, kv, slot_mapping)
+    return plain_decode_attention(q, layer_kv.blocks, block_tables.view(-1), mask)
 
 
 def _paged_decode_fake(q, kv, pool, layer, slot_mapping, block_tables, mask):
