@@ -590,7 +590,7 @@ def course_on_device(output_dir: Path) -> dict:
     return {
         "wall_s": summary["wall_s"],
         "notebooks": [{k: r.get(k) for k in keep} for r in summary["notebooks"]],
-        "seed_claims": summary["seed_claims"],
+        "claims": summary["claims"],
         "output_dir": str(output_dir),
     }
 
@@ -737,7 +737,7 @@ def print_summary(result: dict) -> None:
         print(
             f"notebook {r['name']}: {r['status']} in {r['wall_s']:.0f} s" + (f" ({r['error']})" if r["error"] else "")
         )
-    for c in course.get("seed_claims", []):
+    for c in course.get("claims", []):
         print(f"claim {c['id']} ({c['notebook'] or '-'}): {c['here']} -> {c['holds']}")
     for t in result.get("targets", []):
         print(f"{'PASS' if t['pass'] else 'MISS'}  {t['target']}: {t['value']:.3g} (goal {t['goal']})")

@@ -1,11 +1,13 @@
 """The source articles' claims the course tests, and the rows the notebooks report about them.
 
 Every notebook ends with ``kit.claims_table(rows)``: rows of (claim, article's figure, measured
-here, holds?). A row about a seed claim starts with its id ("S7: chunked prefill ..."); other
-rows (checks beyond the seeds) carry none. ``python -m minieng course`` collects the rows of every
-executed notebook and lays them out one seed claim after another (``seed_claims_table``).
+here, holds?). A row about an article's claim starts with its id ("S7: chunked prefill ..."); other
+rows (checks beyond the articles) carry none. ``python -m minieng course`` collects the rows of every
+executed notebook and lays them out one claim after another (``article_claims_table``).
 
-The ids follow the course's list of the source articles' claims (S1-S15); the titles here are short paraphrases.
+The ids follow the course's list of the source articles' claims (S1-S21); the titles here are short
+paraphrases. Each claim's verdict is a function of ``minieng.course.verdicts``, tested to say
+"does not hold" on figures where the claim fails.
 
 A verdict that rests on timings goes through ``verdict``: on a busy machine the noise can be
 larger than the effect a claim rests on, and then the row says "too noisy to judge here" instead
@@ -17,27 +19,124 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # The extra mimetype of ``claims_table``'s display bundle: the rows as JSON, kept by any executor
 # in the notebook's outputs beside the Markdown a reader sees.
 CLAIMS_MIMETYPE = "application/vnd.minieng.course.claims+json"
 
-SEED_CLAIMS: dict[str, str] = {
-    "S1": "prefill and decode are two regimes: prefill moves far more tokens per second",
-    "S2": "prefill costs ~2 FLOPs per parameter per token, attention's n^2 term wins only at long context",
-    "S3": "a decode step cannot beat bytes read / memory bandwidth",
-    "S4": "tensor parallelism over two devices adds their bandwidth, minus the link's cost",
-    "S5": "the prefix-cache hit rate drives TTFT",
-    "S6": "continuous batching multiplies decode throughput almost linearly, TPOT rising far less",
-    "S7": "chunked prefill protects running decodes' inter-token gaps at a small TTFT price",
-    "S8": "speculative decoding spreads one weight read over several accepted tokens",
-    "S9": "separate prefill and decode engines pay off at scale",
-    "S10": "a bigger batch buys throughput with per-request latency: judge by goodput and P99",
-    "S11": "MFU: 40-60% in prefill, under 5% in batch-1 decode",
-    "S12": "GPU utilization reads 4-6% during decode",
-    "S13": "compute speeds prefill, bandwidth speeds decode: quantization helps decode far more",
-    "S14": "prefill cost follows the prompt's length, decode cost the answer's",
-    "S15": "time TTFT and inter-token gaps from the stream, not the total latency",
+ARTICLES: dict[str, str] = {
+    "000": '"O erro de resumir performance a um número" (Igor Nascimento)',
+    "003": '"Gerar Texto é o Pior Trabalho Que Já Deram Pra Uma GPU"',
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the source articles: a short paraphrase (``title``), the articles that make it
+    (keys of ``ARTICLES``), the figure they state (quoted figures, never their sentences), and the
+    notebooks that measure it."""
+
+    title: str
+    articles: tuple[str, ...]
+    figure: str
+    notebooks: tuple[str, ...]
+
+
+ARTICLE_CLAIMS: dict[str, Claim] = {
+    "S1": Claim(
+        "prefill and decode are two regimes: prefill moves far more tokens per second",
+        ("000",),
+        "vLLM panel: 12,968.6 vs 95 tok/s (136x)",
+        ("01",),
+    ),
+    "S2": Claim(
+        "prefill costs ~2 FLOPs per parameter per token, attention's n^2 term wins only at long context",
+        ("000",),
+        "2·P·n, plus attention's n²",
+        ("01", "02"),
+    ),
+    "S3": Claim(
+        "a decode step cannot beat bytes read / memory bandwidth",
+        ("000",),
+        "RTX 3060: 10.8 GB / 360 GB/s, ~33 tok/s",
+        ("00", "01", "03", "08"),
+    ),
+    "S4": Claim(
+        "tensor parallelism over two devices adds their bandwidth, minus the link's cost",
+        ("000",),
+        "~66 tok/s on two RTX 3060, less in practice",
+        ("03",),
+    ),
+    "S5": Claim(
+        "the prefix-cache hit rate drives TTFT",
+        ("000",),
+        "97% hits: 0.87 s; 85.5%: 1.72 s",
+        ("07",),
+    ),
+    "S6": Claim(
+        "continuous batching multiplies decode throughput almost linearly, TPOT rising far less",
+        ("000", "003"),
+        "'almost linear'",
+        ("05",),
+    ),
+    "S7": Claim(
+        "chunked prefill protects running decodes' inter-token gaps at a small TTFT price",
+        ("000",),
+        "a 40,000-token prompt stalls the decodes; chunked, TTFT a little higher",
+        ("06",),
+    ),
+    "S8": Claim(
+        "speculative decoding spreads one weight read over several accepted tokens",
+        ("000", "003"),
+        "several tokens per weight read",
+        ("09",),
+    ),
+    "S9": Claim("separate prefill and decode engines pay off at scale", ("000",), "(qualitative)", ("10",)),
+    "S10": Claim(
+        "a bigger batch buys throughput with per-request latency: judge by goodput and P99",
+        ("000",),
+        "(qualitative)",
+        ("10",),
+    ),
+    "S11": Claim("MFU: 40-60% in prefill, under 5% in batch-1 decode", ("003",), "40-60%; < 5% (often 2-3%)", ("02",)),
+    "S12": Claim("GPU utilization reads 4-6% during decode", ("003",), "4-6%", ("04",)),
+    "S13": Claim(
+        "compute speeds prefill, bandwidth speeds decode: quantization helps decode far more",
+        ("003",),
+        "(qualitative)",
+        ("00", "08"),
+    ),
+    "S14": Claim(
+        "prefill cost follows the prompt's length, decode cost the answer's", ("003",), "(qualitative)", ("01",)
+    ),
+    "S15": Claim(
+        "time TTFT and inter-token gaps from the stream, not the total latency",
+        ("003",),
+        "(qualitative)",
+        ("01",),
+    ),
+    "S16": Claim(
+        "a bigger batch does not speed prefill once it is compute-bound",
+        ("003",),
+        "(qualitative)",
+        ("03",),
+    ),
+    "S17": Claim(
+        "more FLOP/s speeds prefill, more bandwidth speeds decode",
+        ("003",),
+        "(qualitative)",
+        ("03",),
+    ),
+    "S18": Claim("bigger GPUs sit idler in decode", ("003",), "more than 90% idle", ("03",)),
+    "S19": Claim("prefix caching is the cheapest lever", ("000",), "(qualitative)", ("07",)),
+    "S20": Claim(
+        "the same GPU is about 10x more efficient in one phase than the other",
+        ("003",),
+        "~10x (40-60% vs < 5% MFU)",
+        ("03",),
+    ),
+    "S21": Claim("batching lifts decode MFU out of single digits", ("003",), "< 5% at batch 1", ("05",)),
 }
 
 _ID = r"S\d{1,2}"
@@ -48,39 +147,40 @@ _ROW_LITERAL = re.compile(rf"\(\s*[rfRF]?[\"']({_ID}(?:\s*(?:,|/|&|\+|and)\s*{_I
 
 def claim_ids(claim: str) -> list[str]:
     """The claim ids a row's claim text starts with: "S7: ..." -> ["S7"], "S3, S13: ..." ->
-    ["S3", "S13"], "(S5) ..." -> ["S5"]; [] for a row beyond the seeds. Ids not in
-    ``SEED_CLAIMS`` are dropped."""
+    ["S3", "S13"], "(S5) ..." -> ["S5"]; [] for a row beyond the articles. Ids not in
+    ``ARTICLE_CLAIMS`` are dropped."""
     match = _LEADING_IDS.match(claim)
     if not match:
         return []
-    return [i for i in (m.upper() for m in re.findall(_ID, match.group(1), re.IGNORECASE)) if i in SEED_CLAIMS]
+    return [i for i in (m.upper() for m in re.findall(_ID, match.group(1), re.IGNORECASE)) if i in ARTICLE_CLAIMS]
 
 
 def claims_in_source(source: str) -> set[str]:
     """The claim ids a notebook's claims_table rows name, read from its code (the source of
     the cells that call ``claims_table``): which claims the notebook is expected to measure."""
-    return {i for group in _ROW_LITERAL.findall(source) for i in claim_ids(group) if i in SEED_CLAIMS}
+    return {i for group in _ROW_LITERAL.findall(source) for i in claim_ids(group) if i in ARTICLE_CLAIMS}
 
 
-def seed_claims_table(
+def article_claims_table(
     rows: dict[str, list[list[str]]], expected: dict[str, set[str]], status: dict[str, str]
 ) -> list[dict]:
     """One entry per (claim, notebook): the rows measured, and a line for each notebook that
     should have measured a claim and did not.
 
-    ``rows``: notebook name -> its claims_table rows [claim, seed, here, holds]. ``expected``:
+    ``rows``: notebook name -> its claims_table rows [claim, article's figure, here, holds]. ``expected``:
     notebook name -> the ids its source names (``claims_in_source``). ``status``: notebook name ->
     "ok", "failed", "timed out" or "not run". Returns dicts with keys id, title, notebook, claim,
-    seed, here, holds; a missing measurement has here = "not measured (notebook NN failed)" (or
+    article, here, holds; a missing measurement has here = "not measured (notebook NN failed)" (or
     "not run", "gave no row") and holds = "-". A claim no notebook names gets one such line.
     """
     table = []
-    for cid, title in SEED_CLAIMS.items():
+    for cid, claim in ARTICLE_CLAIMS.items():
+        title = claim.title
         lines = []
         for name in sorted(set(rows) | set(expected)):
             got = [r for r in rows.get(name, []) if cid in claim_ids(r[0])]
             lines += [
-                dict(id=cid, title=title, notebook=name, claim=r[0], seed=r[1], here=r[2], holds=r[3]) for r in got
+                dict(id=cid, title=title, notebook=name, claim=r[0], article=r[1], here=r[2], holds=r[3]) for r in got
             ]
             if not got and cid in expected.get(name, set()):
                 why = {"ok": "gave no row"}.get(status.get(name, "not run"), status.get(name, "not run"))
@@ -90,7 +190,7 @@ def seed_claims_table(
                         title=title,
                         notebook=name,
                         claim="",
-                        seed="",
+                        article="",
                         here=f"not measured (notebook {name.split('_')[0]} {why})",
                         holds="-",
                     )
@@ -101,7 +201,7 @@ def seed_claims_table(
                 title=title,
                 notebook="",
                 claim="",
-                seed="",
+                article="",
                 here="not measured (no notebook names it)",
                 holds="-",
             )
@@ -110,7 +210,7 @@ def seed_claims_table(
 
 
 def format_markdown(table: list[dict]) -> str:
-    """``seed_claims_table``'s entries as one Markdown table: claim (the notebook's words, or the
+    """``article_claims_table``'s entries as one Markdown table: claim (the notebook's words, or the
     claim's title where nothing was measured), notebook, article's figure, measured here, holds?"""
 
     def cell(text: str) -> str:
@@ -119,7 +219,7 @@ def format_markdown(table: list[dict]) -> str:
     lines = ["| claim | notebook | article | measured here | holds? |", "| --- | --- | --- | --- | --- |"]
     lines += [
         f"| {cell(e['claim'] or e['id'] + ': ' + e['title'])} | {e['notebook'].split('_')[0] or '-'} | "
-        f"{cell(e['seed'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |"
+        f"{cell(e['article'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |"
         for e in table
     ]
     return "\n".join(lines)
@@ -145,7 +245,7 @@ def verdict(judge: Callable[..., str], noise, **figures) -> str:
     MFU) rather than their ratios, so that a ratio of two timings gets both their noises. Counts
     (FLOPs, tokens, hit rates, preemptions) are not noisy: close over them in ``judge``.
     ``noise``: a ``ceilings.Noise`` or its ``relative`` (0.2: 20%); None (not read): ``judge``'s
-    verdict as it is.
+    verdict as it is. A figure given as None (not measured here) is passed on as None, unmoved.
 
     ``judge`` runs again with every figure at either end of its band, all 2^k corners (exact for a
     verdict monotone in each figure, as a threshold is). If any corner's wording differs from the
@@ -157,7 +257,10 @@ def verdict(judge: Callable[..., str], noise, **figures) -> str:
     if not relative:
         return said
     flat = [
-        (name, i) for name, v in figures.items() for i in (range(len(v)) if isinstance(v, (list, tuple)) else [None])
+        (name, i)
+        for name, v in figures.items()
+        if v is not None  # a figure not measured here (a datasheet the device lacks) has no noise
+        for i in (range(len(v)) if isinstance(v, (list, tuple)) else [None])
     ]
     if len(flat) > MAX_FIGURES:
         raise ValueError(f"verdict: {len(flat)} figures, at most {MAX_FIGURES} (2^{MAX_FIGURES} corners)")

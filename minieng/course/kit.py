@@ -29,11 +29,45 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
+class CachedResult(dict):
+    """A measured result (the JSON dict ``compute`` returned) that remembers how it was measured.
+
+    ``noise``: the machine's timing noise when it was measured (a ``ceilings.Noise``, or None when
+    none was given), which the verdicts on it must use: a result read from the cache was measured
+    then, not under the noise of today's run. ``measured_at``: UTC time. ``from_cache``: read from
+    disk rather than measured by this call.
+    """
+
+    def __init__(self, result: dict, noise=None, measured_at: str | None = None, from_cache: bool = False):
+        super().__init__(result)
+        self.noise, self.measured_at, self.from_cache = noise, measured_at, from_cache
+
+
+def _stored_noise(stored: dict | None):
+    """The ``ceilings.Noise`` a cache file kept (its constructor's fields), or None."""
+    from minieng.measure.ceilings import Noise
+
+    if not stored:
+        return None
+    names = set(Noise.__dataclass_fields__)
+    return Noise(**{k: v for k, v in stored.items() if k in names})
+
+
 def cached(
-    name: str, params: dict, compute: Callable[[], dict], directory: Path | None = None, device: str | None = None
-) -> dict:
+    name: str,
+    params: dict,
+    compute: Callable[[], dict],
+    directory: Path | None = None,
+    device: str | None = None,
+    noise=None,
+) -> CachedResult:
     """Return ``compute()``'s JSON result, stored on disk under ``name`` and a hash of ``params``
-    and of the environment it is measured in.
+    and of the environment it is measured in, with the timing noise of the run that measured it.
+
+    ``noise``: the machine's noise now (``machine_ceilings().noise``), stored beside a result this
+    call measures, load average included. The returned ``CachedResult`` carries the noise of the
+    run that made it (``.noise``): this call's for a fresh result, the stored one for a result read
+    back (None for a file written without one). Judge verdicts on a result with its ``.noise``.
 
     The environment is ``harness.environment`` for ``device`` (default: CUDA when available, else
     CPU): device name, host, torch and minieng versions, threads, driver; plus the smoke switch.
@@ -52,20 +86,32 @@ def cached(
     path = directory / f"{name}-{key}.json"
     if path.is_file():
         stored = json.loads(path.read_text())
+        kept = _stored_noise(stored.get("noise"))
         print(
             f"(cached result, measured {stored.get('measured_at', 'at an unrecorded time')} on "
-            f"{where['device_name']} ({where['host']}), read from {path}; delete it to measure again)"
+            f"{where['device_name']} ({where['host']})"
+            + ("" if kept is None or kept.relative is None else f" under {100 * kept.relative:.0f}% timing noise")
+            + f", read from {path}; delete it to measure again)"
         )
-        return stored["result"]
+        return CachedResult(stored["result"], _stored_noise(stored.get("noise")), stored.get("measured_at"), True)
     result = compute()
     directory.mkdir(parents=True, exist_ok=True)
     measured_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(
-        json.dumps({"params": params, "environment": where, "measured_at": measured_at, "result": result}, default=str)
+        json.dumps(
+            {
+                "params": params,
+                "environment": where,
+                "measured_at": measured_at,
+                "noise": noise.to_dict() if noise is not None else None,
+                "result": result,
+            },
+            default=str,
+        )
     )
     tmp.replace(path)
-    return result
+    return CachedResult(result, noise, measured_at)
 
 
 def announce(what: str, estimate_s: float) -> None:
@@ -163,7 +209,7 @@ def show(fig, dpi: int = 100) -> None:
 def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     """The closing table of a notebook: (claim, article's figure, measured here, holds?) as Markdown.
 
-    A row about a seed claim starts with its id ("S7: ..."; see ``minieng.course.claims``). With
+    A row about an article's claim starts with its id ("S7: ..."; see ``minieng.course.claims``). With
     ``noise`` (a ``ceilings.Noise``, or its relative figure) a line under the table says what noise
     the verdicts were checked against (``claims.verdict``). The returned object displays as
     Markdown and carries the rows as JSON too (mimetype ``claims.CLAIMS_MIMETYPE``), which

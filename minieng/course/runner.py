@@ -34,7 +34,13 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
-from minieng.course.claims import CLAIMS_MIMETYPE, SEED_CLAIMS, claims_in_source, format_markdown, seed_claims_table
+from minieng.course.claims import (
+    ARTICLE_CLAIMS,
+    CLAIMS_MIMETYPE,
+    article_claims_table,
+    claims_in_source,
+    format_markdown,
+)
 from minieng.lab.model_for_device import MODEL_ENV
 from minieng.measure.harness import SMOKE_ENV, environment
 from minieng.model.loader import convert_gguf, default_gguf_path
@@ -252,7 +258,7 @@ def run_course(
     (without it, full mode even if the caller's environment sets smoke). Writes one ``.ipynb`` and
     one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
     mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order) and
-    seed_claims (``claims.seed_claims_table``). ``jobs`` notebooks run at once, each in a thread of
+    claims (``claims.article_claims_table``). ``jobs`` notebooks run at once, each in a thread of
     this process driving its own kernel (with one, in this thread). ``model`` names the model the
     notebooks measure (``MINIENG_MODEL``, read by ``lab.course_model`` where a notebook's ``MODEL`` is
     None): for every notebook, or only those numbered in ``model_only``.
@@ -325,7 +331,7 @@ def run_course(
         "machine": machine(),
         "wall_s": round(time.perf_counter() - start, 1),
         "notebooks": runs,
-        "seed_claims": seed_claims_table({r["name"]: r["rows"] for r in runs}, expected, status),
+        "claims": article_claims_table({r["name"]: r["rows"] for r in runs}, expected, status),
     }
     (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
@@ -359,8 +365,8 @@ def index_html(summary: dict) -> str:
 
     claim_rows = "".join(
         f"<tr><td>{e(c['claim'] or c['id'] + ': ' + c['title'])}</td><td>{notebook(c['notebook'])}</td>"
-        f"<td>{e(c['seed'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>"
-        for c in summary["seed_claims"]
+        f"<td>{e(c['article'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>"
+        for c in summary["claims"]
     )
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>minieng course</title>
@@ -372,8 +378,8 @@ td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:lef
 started {e(summary["started_at"])} on {e(summary["machine"])}.</p>
 <table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
 <h2>The source articles' claims, measured here</h2>
-<p>All {len(SEED_CLAIMS)} articles' claims, one line per notebook that measures each (its closing table's rows).</p>
-<table><tr><th>claim</th><th>notebook</th><th>seed</th><th>measured here</th><th>holds?</th></tr>{claim_rows}</table>
+<p>All {len(ARTICLE_CLAIMS)} of the articles' claims, one line per notebook that measures each (its closing table's rows).</p>
+<table><tr><th>claim</th><th>notebook</th><th>article</th><th>measured here</th><th>holds?</th></tr>{claim_rows}</table>
 </body></html>
 """
 
@@ -384,4 +390,4 @@ def report(summary: dict) -> str:
         f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]
     ]
     head = [f"{summary['mode']} mode, started {summary['started_at']} on {summary['machine']}", ""]
-    return "\n".join(head + lines + ["", format_markdown(summary["seed_claims"])])
+    return "\n".join(head + lines + ["", format_markdown(summary["claims"])])

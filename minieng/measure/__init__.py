@@ -10,7 +10,14 @@ from minieng.measure.harness import smoke_mode
 from minieng.measure.metrics import SLO, request_metrics, serving_metrics, summarize_ms
 from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
 from minieng.measure.peaks import Peak, check_environment, datasheet_peak
-from minieng.measure.roofline import attainable_flops, format_percent, phase_utilization, roofline_bound, tpot_floor_s
+from minieng.measure.roofline import (
+    attainable_flops,
+    format_percent,
+    phase_ratio_floor,
+    phase_utilization,
+    roofline_bound,
+    tpot_floor_s,
+)
 from minieng.measure.sweep_plan import (
     decode_sweep_batches,
     fit_ttft,
@@ -50,6 +57,7 @@ __all__ = [
     "ModelChoice",
     "nvml_status",
     "Peak",
+    "phase_ratio_floor",
     "phase_utilization",
     "poisson_workload",
     "predict_decode_step_s",

@@ -183,6 +183,19 @@ class Bound:
         return f"{self.limit}-bound: the {side} account for {share} of the {_ms(self.seconds)} measured"
 
 
+def phase_ratio_floor(
+    prefill_flops: float, prompt_tokens: int, decode_bytes_per_step: float, peak_flops: float, bandwidth: float
+) -> float:
+    """The prefill-to-decode throughput ratio the roofline predicts: a prefill of ``prompt_tokens``
+    at its compute floor (``prefill_flops`` / ``peak_flops``) against batch-1 decode at its bandwidth
+    floor (``decode_bytes_per_step`` / ``bandwidth``, bytes/s), each in tokens per second:
+    (prompt_tokens / prefill floor) / (1 / decode floor). Roughly the ridge point times the bytes
+    per parameter over 2: it grows with the device's ridge (DESIGN.md section 5)."""
+    prefill_tok_s = prompt_tokens / prefill_floor_s(prefill_flops, peak_flops)
+    decode_tok_s = 1 / tpot_floor_s(decode_bytes_per_step, bandwidth)
+    return prefill_tok_s / decode_tok_s
+
+
 def _ms(seconds: float) -> str:
     ms = 1e3 * seconds
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"

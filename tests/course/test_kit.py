@@ -204,3 +204,23 @@ def test_announce(capsys):
     widgets.announce("decode sweep", 600)
     out = capsys.readouterr().out
     assert "prefill sweep: about 30 s" in out and "decode sweep: about 10.0 min" in out
+
+
+def test_a_cached_result_keeps_the_noise_it_was_measured_under(tmp_path, capsys):
+    """Issue 29: verdicts on a result read back are judged with the noise of the run that measured
+    it (load average included), not the noise read today."""
+    from minieng.measure.ceilings import Noise
+
+    busy = Noise(0.3, 0.1, 0.1, 0.1, 5, 3.5, 2, others_running=1.0, contention=0.2)
+    quiet = Noise(0.01, 0.01, 0.01, 0.01, 5, 0.1, 2)
+    first = widgets.cached("ttft", {"n": 16}, lambda: {"ttft_ms": 3.0}, directory=tmp_path, noise=busy)
+    assert first.noise is busy and not first.from_cache and first.measured_at
+    again = widgets.cached("ttft", {"n": 16}, lambda: {"ttft_ms": 9.0}, directory=tmp_path, noise=quiet)
+    assert again == {"ttft_ms": 3.0} and again.from_cache
+    assert again.noise.relative == busy.relative and again.noise.level == "busy" and again.noise.load_average == 3.5
+    assert "under 30% timing noise" in capsys.readouterr().out
+    stored = json.loads(next(tmp_path.glob("ttft-*.json")).read_text())
+    assert stored["noise"]["load_average"] == 3.5 and stored["noise"]["relative"] == busy.relative
+    # A result stored without a noise reads back with none (judged as measured, and the note says so).
+    bare = widgets.cached("bare", {}, lambda: {"v": 1}, directory=tmp_path)
+    assert widgets.cached("bare", {}, lambda: {"v": 2}, directory=tmp_path).noise is None and bare.noise is None

@@ -1,4 +1,4 @@
-"""The course command: notebooks executed into HTML with an index, failures reported, the seed
+"""The course command: notebooks executed into HTML with an index, failures reported, the articles'
 claims tabled. Runs tiny notebooks written into a temporary folder (seconds), never the course's."""
 
 import json
@@ -35,7 +35,7 @@ def notebooks(tmp_path):
         "run_panel({'n': int_slider('n', 3, 1, 9)}, lambda n: print(f'panel ran with n={n}'))",
         "from minieng.course.kit import claims_table\n"
         "claims_table([('S1: prefill tok/s >> decode tok/s', '136x', f'{DATA}, smoke {SMOKE}, 42x', 'holds'),\n"
-        "              ('(beyond the seeds) an extra check', '-', 'seen', 'holds')])",
+        "              ('(beyond the articles) an extra check', '-', 'seen', 'holds')])",
         "import os\nprint(f'kernel pid {os.getpid()}')",
     )
     write_notebook(
@@ -82,14 +82,14 @@ def test_course_reports_a_failure_and_runs_the_rest(notebooks, tmp_path, capsys)
     assert "panel ran with n=3" in page and "An interactive panel" in page
     assert "application/vnd.jupyter.widget-view+json" not in page
 
-    table = {(c["id"], c["notebook"]): c for c in summary["seed_claims"]}
+    table = {(c["id"], c["notebook"]): c for c in summary["claims"]}
     s1 = table["S1", "00_measures"]
     assert s1["here"] == "found, smoke True, 42x" and s1["holds"] == "holds"  # run in the folder, smoke mode on
     assert table["S5", "01_raises"]["here"] == "not measured (notebook 01 failed)"
     assert table["S8", "02_not_selected"]["here"] == "not measured (notebook 02 not run)"
     assert table["S3", ""]["here"] == "not measured (no notebook names it)"
-    assert [c["id"] for c in summary["seed_claims"]].count("S1") == 1  # the extra row is not a seed claim
-    assert {c["id"] for c in summary["seed_claims"]} == set(claims.SEED_CLAIMS)
+    assert [c["id"] for c in summary["claims"]].count("S1") == 1  # the extra row is not an article's claim
+    assert {c["id"] for c in summary["claims"]} == set(claims.ARTICLE_CLAIMS)
 
     printed = capsys.readouterr().out
     assert "| S1: " in printed and "found, smoke True, 42x" in printed and "notebook 01 failed" in printed
@@ -177,9 +177,9 @@ def test_course_never_writes_over_the_notebooks(notebooks, capsys):
         ("S3, S13: both", ["S3", "S13"]),
         ("(S5) hit rate", ["S5"]),
         ("**S2**: bold", ["S2"]),
-        ("(beyond the seeds) KV bytes", []),
+        ("(beyond the articles) KV bytes", []),
         ("decode time follows the bytes (S3)", []),
-        ("S99: not a seed claim", []),
+        ("S99: not an article claim", []),
         ("S1x: no", []),
     ],
 )
@@ -187,8 +187,8 @@ def test_claim_ids_are_read_from_the_start_of_a_row(text, ids):
     assert claims.claim_ids(text) == ids
 
 
-def test_every_course_notebook_names_its_seed_claims():
-    """Each row about a seed claim starts with its id, and every seed claim has a notebook."""
+def test_every_course_notebook_names_its_article_claims():
+    """Each row about an article's claim starts with its id, and every claim has a notebook."""
     from pathlib import Path
 
     named = set()
@@ -196,7 +196,7 @@ def test_every_course_notebook_names_its_seed_claims():
         nb = json.loads(path.read_text())
         source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
         named |= claims.claims_in_source(source)
-    assert named == set(claims.SEED_CLAIMS)
+    assert named == set(claims.ARTICLE_CLAIMS)
 
 
 def test_make_test_notebooks_fails_when_a_notebook_fails(tmp_path):
