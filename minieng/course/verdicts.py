@@ -419,7 +419,7 @@ def s15_total_latency(mean_ttft_s: float, mean_tpot_s: float, *, mean_output_tok
         per_token = (mean_ttft_s + (n - 1) * mean_tpot_s) / n
         tpot_off, ttft_off = per_token / mean_tpot_s - 1, mean_ttft_s / per_token
         said = (
-            f"latency / tokens {per_token * 1e3:.1f} ms reads TPOT ({mean_tpot_s * 1e3:.1f} ms) {100 * tpot_off:+.0f}% "
+            f"latency / tokens {per_token * 1e3:.1f} ms reads TPOT ({mean_tpot_s * 1e3:.1f} ms) {100 * abs(tpot_off):.0f}% "
             f"off and TTFT ({mean_ttft_s * 1e3:.0f} ms) {ttft_off:.1f}x off"
         )
         if abs(tpot_off) >= MISREADS_TPOT or ttft_off >= MISREADS_TTFT_X or ttft_off <= 1 / MISREADS_TTFT_X:

@@ -1,0 +1,219 @@
+"""Every claim's verdict can say "does not hold" (issue 29): each is fed figures under which its
+claim holds, figures under which it does not, and figures inside the noise band ("too noisy to
+judge here"). The tests are named by claim id, so ``pytest -k S5`` finds a claim's."""
+
+from __future__ import annotations
+
+import pytest
+
+from minieng.course import verdicts as v
+from minieng.course.claims import ARTICLE_CLAIMS, TOO_NOISY
+
+QUIET, BUSY = 0.02, 0.4
+
+
+def holds(said: str) -> bool:
+    return said.startswith(v.HOLDS)
+
+
+def fails(said: str) -> bool:
+    return said.startswith(v.FAILS)
+
+
+def noisy(said: str) -> bool:
+    return said.startswith(TOO_NOISY)
+
+
+def test_S1_physics_ratio_against_the_roofline():
+    assert holds(v.s1_physics(600.0, 30.0, predicted_ratio=40.0, noise=QUIET))
+    assert fails(v.s1_physics(45.0, 30.0, predicted_ratio=40.0, noise=QUIET))  # 1.5x: one regime
+    said = v.s1_physics(240.0, 30.0, predicted_ratio=200.0, noise=QUIET)  # 8x, the roofline says 200x
+    assert fails(said) and "roofline" in said
+    assert noisy(v.s1_physics(65.0, 30.0, predicted_ratio=40.0, noise=0.1))  # 2.2x, near the 2x line
+
+
+def test_S1_logged_ratio_is_a_property_of_the_load():
+    assert holds(v.s1_logged_ratio([3.0, 40.0, 136.0], noise=QUIET))
+    assert fails(v.s1_logged_ratio([10.0, 12.0, 11.0], noise=QUIET))
+    assert noisy(v.s1_logged_ratio([10.0, 21.0], noise=0.1))
+    with pytest.raises(ValueError, match="two loads"):
+        v.s1_logged_ratio([5.0], noise=None)
+
+
+def test_S2_fails_when_the_fit_finds_no_quadratic_term_where_attention_dominates():
+    assert holds(v.s2_quadratic(0.55, attention_share=0.6, prompt_tokens=8192, noise=QUIET))
+    assert fails(v.s2_quadratic(None, attention_share=0.6, prompt_tokens=8192, noise=QUIET))
+    assert fails(v.s2_quadratic(0.05, attention_share=0.6, prompt_tokens=8192, noise=QUIET))
+    assert holds(v.s2_quadratic(None, attention_share=0.03, prompt_tokens=512, noise=QUIET))  # linear regime
+    assert noisy(v.s2_quadratic(0.2, attention_share=0.6, prompt_tokens=8192, noise=0.1))  # 0.2 vs a 0.2 line
+
+
+def test_S3_fails_when_a_step_beats_the_floor():
+    assert holds(v.s3_floor(0.030, floor_s=0.010, noise=QUIET))
+    assert fails(v.s3_floor(0.008, floor_s=0.010, noise=QUIET))
+    assert noisy(v.s3_floor(0.0105, floor_s=0.010, noise=0.1))
+
+
+def test_S4_tensor_parallel():
+    assert holds(v.s4_tensor_parallel(1.6, two_devices=True, noise=QUIET))
+    assert fails(v.s4_tensor_parallel(0.6, two_devices=False, noise=QUIET))
+    assert fails(v.s4_tensor_parallel(2.5, two_devices=True, noise=QUIET))
+    assert noisy(v.s4_tensor_parallel(1.05, two_devices=True, noise=0.1))
+
+
+def test_S5_ttft_follows_the_uncached_tokens():
+    counts = dict(uncached_near=149, uncached_high=31, uncached_cold=1024)
+    # cold 2 s, high 0.1 s: ~1.9 ms a token; near predicted 0.1 + 118 * 1.9 ms = 0.33 s
+    assert holds(v.s5_hit_rate(0.33, 0.10, 2.0, **counts, noise=QUIET))
+    assert fails(v.s5_hit_rate(0.11, 0.10, 2.0, **counts, noise=QUIET))  # any decrease no longer passes
+    assert fails(v.s5_hit_rate(0.33, 0.30, 0.32, **counts, noise=QUIET))  # the cache saved nothing
+    assert noisy(v.s5_hit_rate(0.23, 0.10, 2.0, **counts, noise=0.1))  # near the 1.5x band's edge
+    with pytest.raises(ValueError, match="cold"):
+        v.s5_hit_rate(0.3, 0.1, 2.0, uncached_near=5, uncached_high=10, uncached_cold=10, noise=None)
+
+
+def test_S6_near_linear_and_continuous():
+    sizes = [1, 2, 4, 8]
+    assert v.s6_near_linear([10.0, 19.0, 36.0, 60.0], batch_sizes=sizes, noise=QUIET) == "holds up to batch 8"
+    assert fails(v.s6_near_linear([10.0, 12.0, 13.0, 13.0], batch_sizes=sizes, noise=QUIET))
+    assert noisy(v.s6_near_linear([10.0, 19.0, 28.0, 30.0], batch_sizes=sizes, noise=0.05))  # 70% at batch 4
+    assert holds(v.s6_continuous(50.0, 30.0, 2.0, 4.0, noise=QUIET))
+    assert fails(v.s6_continuous(30.0, 50.0, 2.0, 4.0, noise=QUIET))
+    assert noisy(v.s6_continuous(31.0, 30.0, 2.0, 4.0, noise=0.1))
+
+
+def test_S7_chunked_prefill():
+    reading = {"overhead_bound": False, "itl_protection_x": 1.0, "ttft_price_x": 1.0}
+    assert holds(v.s7_chunked(reading, 2.0, 0.2, 2.0, 2.2, noise=QUIET))
+    assert fails(v.s7_chunked(reading, 0.2, 0.2, 2.0, 2.2, noise=QUIET))  # the worst gap did not shrink
+    assert noisy(v.s7_chunked(reading, 0.42, 0.2, 2.0, 2.0, noise=0.1))  # 2.1x protection, a 2x line
+
+
+def test_S8_speculative():
+    assert holds(v.s8_speculative(1.6, tokens_per_step=2.4, noise=QUIET))
+    assert fails(v.s8_speculative(0.7, tokens_per_step=2.4, noise=QUIET))
+    assert fails(v.s8_speculative(1.2, tokens_per_step=1.0, noise=QUIET))
+    assert noisy(v.s8_speculative(1.03, tokens_per_step=2.0, noise=0.1))
+
+
+def test_S9_disaggregation():
+    assert holds(v.s9_disaggregation(0.5, 0.3, noise=QUIET))
+    assert fails(v.s9_disaggregation(0.2, 0.3, noise=QUIET))
+    assert noisy(v.s9_disaggregation(0.31, 0.3, noise=0.1))
+
+
+def test_S10_goodput_picks_another_cap_than_raw_throughput():
+    caps = [1, 4, 16]
+    assert holds(v.s10_goodput_cap([10.0, 30.0, 45.0], [0.5, 1.2, 0.4], caps=caps, noise=QUIET))
+    assert fails(v.s10_goodput_cap([10.0, 30.0, 45.0], [0.5, 0.8, 1.5], caps=caps, noise=QUIET))
+    assert noisy(v.s10_goodput_cap([10.0, 30.0, 45.0], [0.5, 1.2, 1.19], caps=caps, noise=0.1))
+    with pytest.raises(ValueError, match="six"):
+        v.s10_goodput_cap([1.0] * 7, [1.0] * 7, caps=list(range(7)), noise=None)
+
+
+def test_S11_is_judged_on_the_datasheet_where_the_device_has_one():
+    # The T4 case of issue 29: 45% of a measured ceiling far under the datasheet is ~20% of the datasheet.
+    said = v.s11_prefill_mfu(20.0, 45.0, noise=QUIET)
+    assert fails(said) and "datasheet" in said
+    assert holds(v.s11_prefill_mfu(50.0, 70.0, noise=QUIET))
+    said = v.s11_prefill_mfu(None, 45.0, noise=QUIET)  # a CPU: no datasheet, judged on the measured ceiling
+    assert holds(said) and "measured ceiling" in said
+    assert noisy(v.s11_prefill_mfu(None, 41.0, noise=0.1))
+    assert holds(v.s11_decode_mfu(0.8, 2.0, noise=QUIET))
+    assert fails(v.s11_decode_mfu(None, 30.0, noise=QUIET))
+    assert noisy(v.s11_decode_mfu(4.8, 9.0, noise=0.1))
+
+
+def test_S12_utilization():
+    assert holds(v.s12_utilization(5.0, mfu_percent=0.8))
+    assert fails(v.s12_utilization(37.0, mfu_percent=0.8))
+    assert v.s12_utilization(None, mfu_percent=None).startswith("not testable here")
+
+
+def test_S13_roofline_split_and_quantization():
+    assert holds(v.s13_roofline_split(prefill_intensity=300, decode_intensity=1.0, ridge=10.0, noise=QUIET))
+    assert fails(v.s13_roofline_split(prefill_intensity=300, decode_intensity=1.0, ridge=400.0, noise=QUIET))
+    assert noisy(v.s13_roofline_split(prefill_intensity=300, decode_intensity=1.0, ridge=290.0, noise=0.1))
+    assert holds(v.s13_quantization(0.95, 0.4, noise=QUIET))
+    assert fails(v.s13_quantization(0.5, 0.45, noise=QUIET))
+    assert noisy(v.s13_quantization(0.9, 0.6, noise=0.1))
+
+
+def test_S14_each_phase_follows_its_own_length():
+    # prompt 4x: TTFT x3.8, decode x1.05; answer 4x: decode x3.9, TTFT x1.0
+    assert holds(v.s14_slopes(0.1, 0.38, 0.1, 1.0, 1.05, 3.9, noise=QUIET))
+    assert fails(v.s14_slopes(0.1, 0.12, 0.1, 1.0, 1.05, 3.9, noise=QUIET))  # TTFT ignores the prompt
+    assert fails(v.s14_slopes(0.1, 0.38, 0.1, 1.0, 1.05, 1.1, noise=QUIET))  # decode ignores the answer
+    assert noisy(v.s14_slopes(0.1, 0.21, 0.1, 1.0, 1.05, 3.9, noise=0.1))
+
+
+def test_S15_total_latency_misreads_the_stream():
+    assert holds(v.s15_total_latency(0.5, 0.03, mean_output_tokens=64, noise=QUIET))  # TTFT 17x a step
+    said = v.s15_total_latency(0.031, 0.03, mean_output_tokens=64, noise=QUIET)  # TTFT = one step: no harm
+    assert fails(said)
+    assert noisy(v.s15_total_latency(0.062, 0.03, mean_output_tokens=64, noise=0.1))  # TTFT ~2x a step
+    with pytest.raises(ValueError, match="two output tokens"):
+        v.s15_total_latency(0.1, 0.01, mean_output_tokens=1, noise=None)
+
+
+def test_S16_prefill_batch_is_flat_past_the_ridge():
+    sizes = [1, 2, 4, 8]
+    assert holds(v.s16_prefill_batch([500.0, 520.0, 510.0, 480.0], batch_sizes=sizes, noise=QUIET))
+    assert fails(v.s16_prefill_batch([100.0, 190.0, 350.0, 600.0], batch_sizes=sizes, noise=QUIET))
+    assert noisy(v.s16_prefill_batch([500.0, 560.0, 600.0, 610.0], batch_sizes=sizes, noise=0.05))
+
+
+def test_S17_flops_speed_prefill_more_than_decode():
+    assert holds(v.s17_flops_knob(2.0, 1.05, 0.05, 0.04, noise=QUIET))  # prefill 1.9x, decode 1.25x
+    assert fails(v.s17_flops_knob(2.0, 1.5, 0.05, 0.03, noise=QUIET))  # decode gained more
+    assert noisy(v.s17_flops_knob(2.0, 1.05, 0.05, 0.032, noise=0.1))
+
+
+def test_S18_decode_mfu_falls_with_peak_flops():
+    assert holds(v.s18_idler([65, 312, 989], [3.0, 2.0, 1.2]))
+    assert fails(v.s18_idler([65, 312, 989], [1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match="three"):
+        v.s18_idler([1, 2], [1, 2])
+
+
+def test_S19_prefix_caching_is_the_cheapest_lever():
+    extra = {"prefix caching": -1e12, "chunked prefill": 0.0, "batching": 0.0}
+    assert holds(
+        v.s19_cheapest(
+            {"prefix caching": 1.2, "chunked prefill": -0.1, "batching": -0.3}, extra_flops=extra, noise=QUIET
+        )
+    )
+    assert fails(
+        v.s19_cheapest({"prefix caching": 0.1, "quantization": 0.4}, extra_flops={"prefix caching": -1}, noise=QUIET)
+    )
+    assert noisy(v.s19_cheapest({"prefix caching": 0.40, "quantization": 0.39}, extra_flops={}, noise=0.1))
+    with pytest.raises(ValueError, match="prefix caching"):
+        v.s19_cheapest({"batching": 1.0}, extra_flops={}, noise=None)
+
+
+def test_S20_one_phase_about_ten_times_more_efficient():
+    assert holds(v.s20_efficiency_gap(50.0, 2.0, noise=QUIET))
+    assert fails(v.s20_efficiency_gap(50.0, 20.0, noise=QUIET))
+    assert noisy(v.s20_efficiency_gap(50.0, 10.5, noise=0.1))
+
+
+def test_S21_batching_lifts_decode_mfu_out_of_single_digits():
+    assert holds(v.s21_batched_mfu(2.0, 25.0, largest_batch=32, noise=QUIET))
+    assert fails(v.s21_batched_mfu(2.0, 6.0, largest_batch=32, noise=QUIET))
+    assert fails(v.s21_batched_mfu(15.0, 60.0, largest_batch=32, noise=QUIET))
+    assert noisy(v.s21_batched_mfu(2.0, 10.5, largest_batch=32, noise=0.1))
+
+
+def test_every_claim_has_a_verdict_tested_here():
+    """A claim added to ARTICLE_CLAIMS without a verdict test here fails."""
+    import re
+    from pathlib import Path
+
+    source = Path(__file__).read_text()
+    tested = set(re.findall(r"def test_(S\d+)_", source))
+    assert tested == set(ARTICLE_CLAIMS)
+
+
+def test_a_busy_machine_reads_too_noisy_on_any_close_call():
+    assert noisy(v.s20_efficiency_gap(50.0, 9.0, noise=BUSY))
+    assert holds(v.s20_efficiency_gap(50.0, 1.0, noise=BUSY))  # a clear effect survives a busy machine
