@@ -58,3 +58,12 @@ def test_the_reference_check_catches_a_name_that_moved_away():
 @pytest.mark.parametrize("where,dotted", references())
 def test_every_minieng_name_a_reader_meets_exists(where, dotted):
     assert resolves(dotted), f"{where} names {dotted}, which does not exist: point it at the module that holds it now"
+
+
+def test_the_readme_claims_index_is_the_package_s():
+    """The README's claims index is ``format_index`` of ``ARTICLE_CLAIMS`` (without verdicts), so
+    the README and the course never disagree on which notebook measures what. Regenerate it with
+    ``python -c "from minieng.course.claims import *; print(format_index(index_entries({}), False))"``."""
+    from minieng.course.claims import format_index, index_entries
+
+    assert format_index(index_entries({}), with_verdicts=False) in (ROOT / "README.md").read_text(encoding="utf-8")

@@ -3,11 +3,12 @@ course runner (``python -m minieng course``).
 """
 
 from minieng.course.claims import verdict
-from minieng.course.kit import announce, cached, claims_table, dropdown, int_slider, run_panel, show
+from minieng.course.kit import announce, cached, claims_index, claims_table, dropdown, int_slider, run_panel, show
 
 __all__ = [
     "announce",
     "cached",
+    "claims_index",
     "claims_table",
     "dropdown",
     "int_slider",

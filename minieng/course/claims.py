@@ -60,7 +60,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "a decode step cannot beat bytes read / memory bandwidth",
         ("000",),
         "RTX 3060: 10.8 GB / 360 GB/s, ~33 tok/s",
-        ("00", "01", "03", "08"),
+        ("01", "03", "08"),
     ),
     "S4": Claim(
         "tensor parallelism over two devices adds their bandwidth, minus the link's cost",
@@ -222,6 +222,55 @@ def format_markdown(table: list[dict]) -> str:
         f"{cell(e['article'] or '-')} | {cell(e['here'])} | {cell(e['holds'])} |"
         for e in table
     ]
+    return "\n".join(lines)
+
+
+# -- the claims index: every claim, where it is measured, and the verdict of the reader's last run --
+
+
+def source_of(claim_id: str) -> str:
+    """The titles of the articles a claim comes from, joined."""
+    return "; ".join(ARTICLES[a] for a in ARTICLE_CLAIMS[claim_id].articles)
+
+
+def index_entries(last: dict[str, dict]) -> list[dict]:
+    """One entry per claim, S1-S21: id, title, source (the articles' titles), figure, notebooks, and
+    ``verdicts``: the last verdicts recorded for it (``last``: a row's claim text -> {id, notebook,
+    here, holds, measured_at}, as ``kit.claims_table`` records them), or [] when not measured yet."""
+    entries = []
+    for cid, claim in ARTICLE_CLAIMS.items():
+        got = [dict(claim=text, **rec) for text, rec in last.items() if cid in claim_ids(text)]
+        entries.append(
+            dict(
+                id=cid,
+                title=claim.title,
+                source=source_of(cid),
+                figure=claim.figure,
+                notebooks=", ".join(claim.notebooks),
+                verdicts=sorted(got, key=lambda r: r.get("notebook", "")),
+            )
+        )
+    return entries
+
+
+def format_index(entries: list[dict], with_verdicts: bool = True) -> str:
+    """``index_entries`` as a Markdown table: claim, article, its figure, notebook(s), and (with
+    ``with_verdicts``) the last run's verdict per notebook, or "not measured yet"."""
+
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    head = "| id | claim | article | the article's figure | notebook |"
+    rule = "| --- | --- | --- | --- | --- |"
+    if with_verdicts:
+        head, rule = head + " last verdict here |", rule + " --- |"
+    lines = [head, rule]
+    for e in entries:
+        row = f"| {e['id']} | {cell(e['title'])} | {cell(e['source'])} | {cell(e['figure'])} | {e['notebooks']} |"
+        if with_verdicts:
+            said = "; ".join(f"{v['notebook']}: {v['holds']}" for v in e["verdicts"]) or "not measured yet"
+            row += f" {cell(said)} |"
+        lines.append(row)
     return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from minieng.course.claims import CLAIMS_MIMETYPE, noise_note
+from minieng.course.claims import CLAIMS_MIMETYPE, claim_ids, format_index, index_entries, noise_note
 from minieng.measure import harness  # harness.environment, read at call time (tests patch it)
 from minieng.measure.harness import smoke_mode
 
@@ -77,7 +77,7 @@ def cached(
     ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the working directory (the
     notebook's folder); delete a file to measure again.
     """
-    directory = Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
+    directory = _results_dir(directory)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     where = harness.environment(device) | {"smoke": smoke_mode()}
     key = hashlib.sha256(
@@ -206,6 +206,62 @@ def show(fig, dpi: int = 100) -> None:
     display(Image(data=buf.getvalue(), format="png"))
 
 
+NOTEBOOK_ENV = "MINIENG_NOTEBOOK"  # the running notebook's name, set by the course runner
+VERDICTS_FILE = "claims-verdicts.json"
+
+
+def _results_dir(directory: Path | None) -> Path:
+    return Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
+
+
+def running_notebook() -> str:
+    """The notebook this kernel runs: the course runner's ``MINIENG_NOTEBOOK``, else JupyterLab's
+    ``JPY_SESSION_NAME`` (its path), else "" (a plain Python)."""
+    return os.environ.get(NOTEBOOK_ENV) or Path(os.environ.get("JPY_SESSION_NAME", "")).stem
+
+
+def record_verdicts(rows: list[list[str]], directory: Path | None = None) -> Path | None:
+    """Add a claims table's rows about the articles' claims to ``claims-verdicts.json`` in the results
+    folder (``cached``'s), keyed by the row's claim text, with the notebook and the time: what the
+    claims index (``claims_index``) reads as the reader's last run. Returns the file, or None when
+    no row names a claim. A file another writer left unreadable is replaced, not fatal."""
+    rows = [r for r in rows if claim_ids(r[0])]
+    if not rows:
+        return None
+    path = _results_dir(directory) / VERDICTS_FILE
+    try:
+        kept = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        kept = {}
+    at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    for claim, _, here, holds in rows:
+        kept[claim] = {"notebook": running_notebook(), "here": here, "holds": holds, "measured_at": at}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def claims_index(directory: Path | None = None):
+    """Every claim of the two articles (S1-S21): the article, the figure it states, the notebook(s)
+    whose closing table measures it, and the verdicts of this reader's last run, read from the
+    results folder (``record_verdicts``). Displays as Markdown."""
+    from IPython.display import Markdown  # lazy: IPython is there only in a kernel
+
+    path = _results_dir(directory) / VERDICTS_FILE
+    try:
+        last = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        last = {}
+    note = (
+        f"Verdicts read from {path}: each notebook's closing table writes its rows there."
+        if last
+        else "No verdict recorded yet in this results folder: run the notebooks (or `python -m minieng course`)."
+    )
+    return Markdown(format_index(index_entries(last)) + "\n\n" + note)
+
+
 def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     """The closing table of a notebook: (claim, article's figure, measured here, holds?) as Markdown.
 
@@ -225,6 +281,7 @@ def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
         def _repr_mimebundle_(self, include=None, exclude=None):
             return {CLAIMS_MIMETYPE: {"rows": rows}}
 
+    record_verdicts(rows)
     lines = ["| claim | article | here | holds? |", "| --- | --- | --- | --- |"]
     lines += [f"| {c} | {s} | {h} | {v} |" for c, s, h, v in rows]
     if noise is not None:

@@ -34,6 +34,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
+from minieng.course.kit import NOTEBOOK_ENV
 from minieng.course.claims import (
     ARTICLE_CLAIMS,
     CLAIMS_MIMETYPE,
@@ -294,7 +295,7 @@ def run_course(
 
         def run(path: Path) -> dict:
             bar.set_postfix_str(path.stem)
-            own = env | {MODEL_ENV: model} if path in with_model else env
+            own = (env | {MODEL_ENV: model} if path in with_model else env) | {NOTEBOOK_ENV: path.stem}
             return run_notebook(path, output_dir, own, timeout_s, bar, Path(kernels_dir))
 
         def finished(r: dict) -> None:

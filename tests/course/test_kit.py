@@ -224,3 +224,34 @@ def test_a_cached_result_keeps_the_noise_it_was_measured_under(tmp_path, capsys)
     # A result stored without a noise reads back with none (judged as measured, and the note says so).
     bare = widgets.cached("bare", {}, lambda: {"v": 1}, directory=tmp_path)
     assert widgets.cached("bare", {}, lambda: {"v": 2}, directory=tmp_path).noise is None and bare.noise is None
+
+
+def test_claims_tables_record_their_verdicts_and_the_index_shows_all_21_claims(tmp_path, monkeypatch):
+    """Issue 29, section 3: the claims index lists every claim with its article, figure and notebook,
+    and the verdict of the reader's last run, read from what the closing tables recorded."""
+    from minieng.course.claims import ARTICLE_CLAIMS, format_index, index_entries
+
+    monkeypatch.setenv("MINIENG_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv("MINIENG_NOTEBOOK", "07_prefix_caching")
+    empty = widgets.claims_index().data
+    assert "not measured yet" in empty and "No verdict recorded yet" in empty
+    widgets.claims_table(
+        [("S5: the hit rate drives TTFT", "0.87 s", "x", "does not hold here: y"), ("extra", "-", "-", "holds")]
+    )
+    monkeypatch.setenv("MINIENG_NOTEBOOK", "01_two_phases")
+    widgets.claims_table([("S1: prefill tok/s >> decode", "136x", "12x", "holds: 12x")])
+    stored = json.loads((tmp_path / widgets.VERDICTS_FILE).read_text())
+    assert set(stored) == {"S5: the hit rate drives TTFT", "S1: prefill tok/s >> decode"}  # not the extra row
+    assert stored["S5: the hit rate drives TTFT"]["notebook"] == "07_prefix_caching"
+
+    entries = {e["id"]: e for e in index_entries(stored)}
+    assert list(entries) == list(ARTICLE_CLAIMS) and len(entries) == 21
+    assert entries["S5"]["verdicts"][0]["holds"] == "does not hold here: y"
+    assert (
+        "O erro de resumir performance" in entries["S5"]["source"]
+        and entries["S5"]["figure"] == ARTICLE_CLAIMS["S5"].figure
+    )
+    table = widgets.claims_index().data
+    assert "07_prefix_caching: does not hold here: y" in table and "01_two_phases: holds: 12x" in table
+    assert table.count("not measured yet") == 19
+    assert "last verdict" not in format_index(index_entries({}), with_verdicts=False)
