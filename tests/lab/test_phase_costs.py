@@ -1,0 +1,35 @@
+"""Claim S14's experiment (notebook 01): three requests timed as TTFT and decode time."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import bos_tokenizer, make_engine
+
+from minieng.lab.phase_costs import CASES, phase_cost_grid
+from minieng.model.loader import LoadedModel
+
+
+@pytest.fixture(scope="module")
+def worded(tiny_llama):
+    loaded = tiny_llama[1]
+    return LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, set(), None)
+
+
+def test_the_grid_times_each_case_with_its_own_lengths(worded):
+    engine = make_engine(worded, enable_prefix_caching=False)
+    grid = phase_cost_grid(engine, (8, 32), (3, 12), repeats=2)
+    assert tuple(grid) == CASES
+    assert (grid["long_prompt"]["prompt_tokens"], grid["long_prompt"]["output_tokens"]) == (32, 3)
+    assert (grid["long_output"]["prompt_tokens"], grid["long_output"]["output_tokens"]) == (8, 12)
+    assert all(c["ttft_s"] > 0 and c["decode_s"] > 0 for c in grid.values())
+    # each case ran its own requests, at its lengths: 2 x (8 + 32 + 8) prompt tokens, and every
+    # output token after the first from a decode step: 2 x (2 + 2 + 11)
+    steps = engine.step_records
+    assert sum(s.num_prefill_tokens for s in steps) == 96
+    assert sum(s.num_decode_seqs for s in steps) == 30
+
+
+@pytest.mark.parametrize("prompts,outputs", [((32, 8), (3, 12)), ((8, 32), (1, 12)), ((8, 32), (12, 12))])
+def test_lengths_out_of_order_are_refused(worded, prompts, outputs):
+    with pytest.raises(ValueError, match="short < long"):
+        phase_cost_grid(make_engine(worded), prompts, outputs)
