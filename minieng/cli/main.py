@@ -22,6 +22,7 @@ from minieng.cli.bench import add_bench_parser
 from minieng.config import DEFAULT_MODEL_NAME, EngineConfig, SamplingParams
 from minieng.engine.chat_template import EMPTY_PROMPT
 from minieng.lab.report import format_serving
+from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.measure.metrics import request_metrics
 from minieng.model.loader import resolve_model_dir
 from minieng.package_data import copy_notebooks
@@ -61,7 +62,7 @@ def cmd_serve(args) -> int:
         f"http://{args.host}:{args.port}/v1 (Ctrl-C stops)",
         file=sys.stderr,
     )
-    serve(engine, args.host, args.port, args.served_model_name)
+    serve(engine, args.host, args.port, args.served_model_name, args.log_interval_s)
     return 0
 
 
@@ -176,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=EngineConfig.max_num_batched_tokens,
         help="token budget of one step",
+    )
+    v.add_argument(
+        "--log-interval-s",
+        type=float,
+        default=DEFAULT_LOG_INTERVAL_S,
+        help="seconds between two stats lines, in vLLM's wording (\"Avg prompt throughput: ... tokens/s, Avg "
+        f"generation throughput: ...\"); 0: none (default {DEFAULT_LOG_INTERVAL_S:g}, as vLLM's)",
     )
     v.set_defaults(func=cmd_serve)
     lg = sub.add_parser("loadgen", help="load any OpenAI-compatible server and report TTFT/TPOT/ITL/goodput")

@@ -134,7 +134,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "the same GPU is about 10x more efficient in one phase than the other",
         ("003",),
         "~10x (40-60% vs < 5% MFU)",
-        ("03",),
+        ("02",),
     ),
     "S21": Claim("batching lifts decode MFU out of single digits", ("003",), "< 5% at batch 1", ("05",)),
 }

@@ -95,6 +95,8 @@ def cached(
         )
         return CachedResult(stored["result"], _stored_noise(stored.get("noise")), stored.get("measured_at"), True)
     result = compute()
+    if not isinstance(result, dict):  # checked before writing: a stored list would fail every later read
+        raise TypeError(f"cached({name!r}): compute() must return a JSON object (a dict), got {type(result).__name__}")
     directory.mkdir(parents=True, exist_ok=True)
     measured_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     tmp = path.with_suffix(".tmp")

@@ -117,8 +117,10 @@ class LLMEngine:
         # own (``disagg_model.VirtualClock``); durations are always real.
         self.clock: Callable[[], float] = time.perf_counter
         self.step_records: list[StepRecord] = []
-        # One row per verification: (step index, request id, drafts proposed, drafts accepted).
+        # One row per verification: (step index, request id, drafts proposed, drafts accepted),
+        # counted over the tokens the request emits (``_count_emitted_drafts``).
         self.spec_records: list[tuple[int, str, int, int]] = []
+        self._verified: dict[str, int] = {}  # this step's rows: request id -> index in spec_records
         self._ids = itertools.count()
 
     def close(self) -> None:
@@ -286,7 +288,7 @@ class LLMEngine:
         Returns an output for every request that emitted tokens or finished."""
         start = self.clock()
         draft_s = self._draft()
-        plan = self._schedule(start)
+        plan, lookups = self._schedule(start)
         if not plan.scheduled:
             return []
         # The plan's composition, read now: finishing a sequence below resets its state.
@@ -316,6 +318,7 @@ class LLMEngine:
                 forward_s=self.runner.last_forward_s,
                 comm_s=self.runner.last_comm_s,
                 graphed=self.runner.last_step_graphed,
+                prefix_cache_lookups=lookups,
             )
         )
         return outputs
@@ -330,15 +333,18 @@ class LLMEngine:
         return self.clock() - start
 
     def _schedule(self, start: float):
-        """The scheduler's plan for this step; the drafts of preempted sequences are forgotten, and
-        each newly scheduled sequence notes when it first ran."""
+        """The scheduler's plan for this step, and the prefix-cache lookups of the sequences it
+        admits for the first time (``StepRecord.prefix_cache_lookups``); the drafts of preempted
+        sequences are forgotten, and each newly scheduled sequence notes when it first ran."""
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self._forget_draft(seq)
+        lookups = []
         for seq, _ in plan.scheduled:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = start
-        return plan
+                lookups.append((seq.num_prompt_tokens, seq.num_cached_tokens))
+        return plan, lookups
 
     def _advance(
         self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]]
@@ -347,6 +353,7 @@ class LLMEngine:
         newest token and the accepted ones; the rejected drafts' KV trimmed) and return the step's
         ``StepRecord.chunks``."""
         chunks = []
+        self._verified = {}
         for seq, n in scheduled:
             tokens = emitted.get(seq.request_id, [])
             logits_rows = seq.num_computed_tokens + n - seq.num_tokens + 1 if tokens else 0  # 1, or k + 1
@@ -354,6 +361,7 @@ class LLMEngine:
             if seq.spec_token_ids:  # the newest token and the accepted drafts now have KV
                 accepted = len(tokens) - 1
                 self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
+                self._verified[seq.request_id] = len(self.spec_records) - 1
                 seq.num_computed_tokens += 1 + accepted
                 self.block_manager.trim(seq, seq.num_computed_tokens)  # drop the rejected drafts' KV
                 seq.spec_token_ids = []
@@ -385,12 +393,34 @@ class LLMEngine:
         kept, delta, status = append_tokens(req, token_ids, self.loaded.eos_token_ids, self.max_model_len)
         seq.times.emissions.append((now, len(kept)))
         if status:
+            self._count_emitted_drafts(seq.request_id, len(kept))
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             self.block_manager.cache_full_blocks(seq)
             self.scheduler.finish(seq, status)
             self._forget_draft(seq)
             seq.times.finished_s = now
         return make_output(req, kept, delta)
+
+    def _count_emitted_drafts(self, request_id: str, kept: int) -> None:
+        """Count a finishing request's last verification over the tokens it emitted.
+
+        The convention: acceptance over the tokens a request emits. A verification that ends the
+        request (EOS, a stop token or string) emits ``kept`` tokens; the drafts accepted past them
+        never reach the output (``append_tokens`` drops them, as vLLM's and llama.cpp's servers drop
+        them from theirs), so a draft position past the end counts neither as proposed nor as
+        accepted: the row becomes (min(proposed, kept), min(accepted, kept)). Draft positions
+        within the output keep their verdicts, a rejected one included. Why: every figure is then
+        about the output the user got, the acceptance rate over the draft positions it reached, and
+        1 + accepted / verifications (the mean acceptance length, ``metrics.acceptance_metrics``)
+        the tokens per step the user sees, but for a last verification that ends on an accepted
+        draft (no target token follows it: one fewer); counting the dropped drafts would credit
+        the draft with tokens nobody got.
+        ``max_tokens`` and ``max_model_len`` never cut a run: ``_propose`` drafts no more than
+        they leave room for."""
+        i = self._verified.get(request_id)
+        if i is not None:
+            step, rid, proposed, accepted = self.spec_records[i]
+            self.spec_records[i] = (step, rid, min(proposed, kept), min(accepted, kept))
 
     def output(self, request_id: str, new_token_ids: list[int] | None = None, delta: str = "") -> RequestOutput:
         """The current state of a request. Raises ``KeyError`` for an unknown id."""

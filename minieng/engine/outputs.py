@@ -53,3 +53,7 @@ class StepRecord:
     forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
     comm_s: float = 0.0  # of forward_s, rank 0's time in tensor-parallel collectives (0 on one rank)
     graphed: bool = False  # the forward replayed a captured CUDA graph
+    # Per request admitted for the first time this step (a preempted one's readmission is not):
+    # (prompt tokens looked up in the prefix cache, tokens it served), vLLM's PrefixCacheStats
+    # queries and hits, the source of the logged "Prefix cache hit rate" (``logged_throughput``).
+    prefix_cache_lookups: list[tuple[int, int]] = field(default_factory=list)

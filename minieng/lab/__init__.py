@@ -8,6 +8,7 @@ from minieng.lab.batching import (
     compute_bound_batch,
     decode_point,
     format_batch_sweep,
+    format_batching,
     limiting_factor,
     near_linear_batch,
     sustainable_rate,
@@ -21,8 +22,11 @@ from minieng.lab.chunked_prefill import (
     estimate_sweep_s,
     long_prompt_run,
     predict_prefill_s,
+    budget_tradeoff_verdict,
+    decode_first_verdict,
     read_result,
     s7_verdict,
+    steps_without_decodes,
 )
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
@@ -31,6 +35,7 @@ from minieng.lab.gpu_utilization import (
     decode_ops,
     decode_utilization,
     format_utilization,
+    graphs_verdict,
     profile_decode,
     trace_series,
     utilization_rows,
@@ -43,8 +48,35 @@ from minieng.lab.kv_cache_lab import (
     recompute_vs_cache,
     sequences_that_fit,
 )
-from minieng.lab.prefix_caching import measure_point, multi_turn, ttft_vs_hit_rate
-from minieng.lab.quant_quality import activation_outliers, quality, reference_sequences
+from minieng.lab.phase_levers import prefill_batch_sweep, thread_knob
+from minieng.lab.phase_costs import phase_cost_grid
+from minieng.lab.logged_ratio import (
+    format_logged_ratios,
+    log_lines,
+    logged_ratio_estimate_s,
+    logged_ratio_sweep,
+    logged_ratios,
+    shared_prefix_prompts,
+)
+from minieng.lab.prefix_caching import (
+    block_floor_verdict,
+    format_levers,
+    hit_rate_pair,
+    measure_point,
+    multi_turn,
+    multi_turn_verdict,
+    ttft_levers,
+    ttft_vs_hit_rate,
+)
+from minieng.lab.quant_quality import (
+    activation_outliers,
+    estimate_amplification_s,
+    float_noise_amplification,
+    format_amplification,
+    quality,
+    reference_sequences,
+    staggered_prompts,
+)
 from minieng.lab.quantization_lab import (
     QuantBenchConfig,
     device_schemes,
@@ -53,7 +85,7 @@ from minieng.lab.quantization_lab import (
     predicted_table,
     run_quantization,
 )
-from minieng.lab.report import format_quantization
+from minieng.lab.report import format_quantization, format_two_clocks
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
 from minieng.lab.tensor_parallel import TensorParallelRun, format_tensor_parallel, measure_tensor_parallel
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
@@ -61,10 +93,15 @@ from minieng.lab.model_for_device import CourseModel, course_model, downloads_al
 
 __all__ = [
     "activation_outliers",
+    "estimate_amplification_s",
+    "float_noise_amplification",
+    "format_amplification",
     "batch_cap_sweep",
     "batch_sweep",
+    "block_floor_verdict",
     "break_even_acceptance",
     "budget_for",
+    "budget_tradeoff_verdict",
     "budget_sweep",
     "choice_in_words",
     "choose_long_prompt",
@@ -75,6 +112,7 @@ __all__ = [
     "course_model",
     "CourseModel",
     "decode_for",
+    "decode_first_verdict",
     "decode_ops",
     "decode_point",
     "decode_utilization",
@@ -84,28 +122,41 @@ __all__ = [
     "estimate_s",
     "estimate_sweep_s",
     "format_batch_sweep",
+    "format_batching",
     "format_comparison",
+    "format_logged_ratios",
     "format_kv_bytes",
+    "format_levers",
     "format_predicted",
     "format_prefill_work",
     "format_quantization",
+    "format_two_clocks",
     "format_step_work",
     "format_sweep",
     "format_tensor_parallel",
     "format_utilization",
+    "graphs_verdict",
+    "hit_rate_pair",
     "k_sweep",
     "layer_decode_times",
     "limiting_factor",
     "live_block_tables",
+    "log_lines",
+    "logged_ratio_estimate_s",
+    "logged_ratio_sweep",
+    "logged_ratios",
     "long_prompt_run",
     "measure_point",
     "measure_tensor_parallel",
     "minieng_decode",
     "minieng_prefill",
     "multi_turn",
+    "multi_turn_verdict",
+    "phase_cost_grid",
     "near_linear_batch",
     "predict_prefill_s",
     "predicted_table",
+    "prefill_batch_sweep",
     "probe_speed",
     "profile_decode",
     "quality",
@@ -119,10 +170,15 @@ __all__ = [
     "run_quantization",
     "s7_verdict",
     "sequences_that_fit",
+    "shared_prefix_prompts",
+    "steps_without_decodes",
     "speculative_batch_sweep",
+    "staggered_prompts",
     "sustainable_rate",
     "TensorParallelRun",
+    "thread_knob",
     "trace_series",
+    "ttft_levers",
     "ttft_vs_hit_rate",
     "utilization_rows",
 ]

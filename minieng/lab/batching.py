@@ -22,7 +22,7 @@ from minieng.config import ModelConfig
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.bench import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
-from minieng.measure.metrics import request_metrics, serving_metrics
+from minieng.measure.metrics import common_tail, request_metrics, serving_metrics
 from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
 from minieng.measure.work import decode_work, step_work
@@ -33,7 +33,8 @@ def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_
     """``batch_size`` sequences of ``prompt_tokens``-token prompts decoding ``output_tokens``
     tokens together (``bench.minieng_decode``): median TPOT (s), aggregate tok/s (batch / TPOT),
     and of the decode-only steps MFU, MBU (against ``peaks[0]``), FLOP per byte and the share of
-    the bytes that is K/V (``work.step_work``); ``wall_s``, the point's own run time."""
+    the bytes that is K/V (``work.step_work``); ``wall_s``, the point's own run time;
+    ``mfu_percent_by_peak``: MFU against every peak given, by its source ("measured", "datasheet")."""
     start = time.perf_counter()
     tpot, steps = minieng_decode(engine, text_prompts(engine.tokenizer, prompt_tokens, batch_size), output_tokens)
     wall = time.perf_counter() - start
@@ -50,6 +51,7 @@ def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_
         "mfu_percent": first["mfu_percent"],
         "mbu_percent": first["mbu_percent"],
         "suspect": first["suspect"],
+        "mfu_percent_by_peak": {p.source: u[p.source]["mfu_percent"] for p in peaks},
         "intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
         "kv_bytes_share": (work.kv_read_bytes + work.kv_write_bytes) / work.total_bytes,
     }
@@ -222,3 +224,29 @@ def compare_batching(
         }
     tokens = [r["token_ids"] for r in runs.values()]
     return {"runs": runs, "same_tokens": all(t == tokens[0] for t in tokens)}
+
+
+def format_batching(result: dict) -> list[str]:
+    """``compare_batching``'s result as a table, one column per engine: output tok/s, requests/s,
+    run time, sequences per step, then TTFT, TPOT, E2EL and queueing time (ms) at P50 and at the
+    tail: the P99 where every run has the 100 samples it needs, else the max, named so in the row
+    ("TTFT max of 24 ms", ``metrics.common_tail``). N/A where a run has no such figure."""
+    runs = result["runs"].values()
+    lines = [f"{'':<26} " + " ".join(f"{name:>12}" for name in result["runs"])]
+
+    def row(label: str, cells) -> None:
+        lines.append(f"{label:<26} " + " ".join(f"{'N/A' if c is None else c:>12}" for c in cells))
+
+    row("output tok/s", [f"{r['metrics']['output_throughput_tok_s']:.1f}" for r in runs])
+    row("requests/s", [f"{r['metrics']['request_throughput_req_s']:.2f}" for r in runs])
+    row("run time s", [f"{r['metrics']['duration_s']:.1f}" for r in runs])
+    row("sequences per step", [f"{r['mean_sequences_per_step']:.1f}" for r in runs])
+    for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("E2EL", "e2el_ms"), ("queue", "queue_ms")):
+        summaries = [r["metrics"][key] for r in runs]
+        if not any(m["count"] for m in summaries):
+            row(f"{name} ms", [None for _ in summaries])
+            continue
+        for p in (50, 99):
+            label, stat = common_tail(summaries, p)
+            row(f"{name} {label} ms", [None if m[stat] is None else f"{m[stat]:.0f}" for m in summaries])
+    return lines

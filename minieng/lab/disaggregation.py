@@ -31,7 +31,16 @@ from minieng.lab.disagg_model import (
     interleave,
 )
 from minieng.lab.replay import run_workload
-from minieng.measure.metrics import SLO, RequestMetrics, ServingMetrics, request_metrics, serving_metrics, summarize_ms
+from minieng.measure.metrics import (
+    SLO,
+    RequestMetrics,
+    ServingMetrics,
+    common_tail,
+    labeled_percentile,
+    request_metrics,
+    serving_metrics,
+    summarize_ms,
+)
 from minieng.measure.workloads import RequestSpec, workload_prompts
 from minieng.units import cdiv
 
@@ -226,30 +235,39 @@ def format_comparison(result: dict) -> list[str]:
     slo = result["slo"] or {}
     slo_text = ", ".join(f"{k} <= {v:g}" for k, v in slo.items() if v is not None) or "no SLO"
     link = f"link {result['assumptions']['link_bandwidth_gbps']:g} GB/s assumed"
+    # each tail column: P99 where every run's sample supports it, else every run's max (metrics.common_tail)
+    tails = {key: common_tail([r["metrics"][key] for r in result["runs"]]) for key in ("ttft_ms", "tpot_ms", "itl_ms")}
+    head = {key: "P99" if k == "p99" else "max" for key, (_, k) in tails.items()}
     lines = [
         f"Colocated against disaggregated serving ({slo_text}; {link})",
         (
-            f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/P99 ms':>16} {'TPOT P50/P99 ms':>16} "
-            f"{'ITL P99 ms':>10} {'goodput/dev':>11}"
+            f"  {'run':<36} {'dev':>3} {'out tok/s':>9} {'TTFT P50/' + head['ttft_ms'] + ' ms':>16} "
+            f"{'TPOT P50/' + head['tpot_ms'] + ' ms':>16} {'ITL ' + head['itl_ms'] + ' ms':>10} {'goodput/dev':>11}"
         ),
     ]
 
-    def pair(d: dict) -> str:
-        return f"{d['p50'] or 0:.0f}/{d['p99'] or 0:.0f}"
+    def pair(d: dict, key: str) -> str:
+        return f"{d['p50'] or 0:.0f}/{d[tails[key][1]] or 0:.0f}"
 
     for r in result["runs"]:
         m, good = r["metrics"], r["goodput_per_device_req_s"]
         lines.append(
             f"  {r['label'] + (' (wall)' if r['clock'] == 'wall' else ''):<36} {r['num_devices']:>3} "
-            f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms']):>16} {pair(m['tpot_ms']):>16} "
-            f"{m['itl_ms']['p99'] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}"
+            f"{m['output_throughput_tok_s'] or 0:>9.1f} {pair(m['ttft_ms'], 'ttft_ms'):>16} "
+            f"{pair(m['tpot_ms'], 'tpot_ms'):>16} {m['itl_ms'][tails['itl_ms'][1]] or 0:>10.0f} {'-' if good is None else f'{good:.3f}':>11}"
         )
+    short = [f"{key[:-3].upper()} {label}" for key, (label, k) in tails.items() if k == "max"]
+    if short:
+        lines.append(f"  (max: too few samples a run for a P99: {', '.join(short)})")
     t = result["transfers"]
     if t["count"]:
+        link_tail, link_ms = labeled_percentile(t["link_ms"])
+        wait_tail, wait_ms = labeled_percentile(t["link_wait_ms"])
+        decode_tail, decode_ms = labeled_percentile(t["decode_wait_ms"])
         lines.append(
             f"  {t['count']} KV transfers, {t['total_bytes'] / 1e6:.1f} MB: link P50 {t['link_ms']['p50']:.2f} ms, "
-            f"P99 {t['link_ms']['p99']:.2f} ms; waiting for the link P99 {t['link_wait_ms']['p99']:.2f} ms, "
-            f"for the decode engine P99 {t['decode_wait_ms']['p99'] or 0:.1f} ms"
+            f"{link_tail}: {link_ms:.2f} ms; waiting for the link, {wait_tail}: {wait_ms:.2f} ms; "
+            f"for the decode engine, {decode_tail}: {decode_ms or 0:.1f} ms"
         )
     o = result["outputs_identical"]
     lines.append(f"  outputs identical colocated and disaggregated: {o['identical']}/{o['compared']} requests")

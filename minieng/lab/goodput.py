@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.replay import run_workload
-from minieng.measure.metrics import SLO, serving_metrics
+from minieng.measure.metrics import SLO, common_tail, serving_metrics
 from minieng.measure.workloads import RequestSpec, workload_prompts
 
 
@@ -40,8 +40,10 @@ def batch_cap_sweep(
         timeout_s: per point; requests unfinished then count as failed (they miss the SLO).
     Returns:
         ``{"slo": ..., "points": [...], "best_throughput": i, "best_goodput": i}``: per point the
-        caps, output tok/s, request throughput, TTFT and TPOT P50/P99 (ms), goodput (req/s), the
-        requests that met the SLO, completed requests and preemptions; the two indices point at
+        caps, output tok/s, request throughput, TTFT and TPOT P50/P99 (ms) and their whole
+        ``summarize_ms`` summaries (``ttft_ms``, ``tpot_ms``: counts and maxima, for a tail named by
+        what its sample supports), goodput (req/s), the requests that met the SLO, completed
+        requests and preemptions; the two indices point at
         the points with the highest output tok/s and the highest goodput.
     Raises:
         ValueError: no caps, or a cap below 1.
@@ -69,6 +71,8 @@ def batch_cap_sweep(
                 "ttft_p99_ms": m.ttft_ms["p99"],
                 "tpot_p50_ms": m.tpot_ms["p50"],
                 "tpot_p99_ms": m.tpot_ms["p99"],
+                "ttft_ms": m.ttft_ms,
+                "tpot_ms": m.tpot_ms,
                 "goodput_req_s": m.goodput_req_s,
                 "num_good_requests": m.num_good_requests,
                 "completed": m.completed,
@@ -90,13 +94,23 @@ def batch_cap_sweep(
     }
 
 
+def _head(key: str) -> str:
+    """A tail column's header word: ``P99`` for the key ``p99``, ``max`` for ``max``."""
+    return key.upper() if key.startswith("p") else key
+
+
 def format_sweep(result: dict) -> list[str]:
-    """The sweep as a table, the best-throughput and best-goodput rows marked."""
+    """The sweep as a table, the best-throughput and best-goodput rows marked. The tail columns are
+    P99 when every point has the 100 requests a P99 needs, else each point's max, said so
+    (``metrics.common_tail``)."""
     slo = ", ".join(f"{k} <= {v:g}" for k, v in result["slo"].items() if v is not None)
+    points = result["points"]
+    ttft_tail, ttft_key = common_tail([p["ttft_ms"] for p in points])
+    tpot_tail, tpot_key = common_tail([p["tpot_ms"] for p in points])
     lines = [
         f"Batch caps on one workload; goodput under SLO ({slo})",
-        f"  {'seqs':>5} {'budget':>7} {'out tok/s':>9} {'P99 TTFT ms':>11} {'P99 TPOT ms':>11} "
-        f"{'goodput req/s':>13} {'good':>9}",
+        f"  {'seqs':>5} {'budget':>7} {'out tok/s':>9} {_head(ttft_key) + ' TTFT ms':>11} "
+        f"{_head(tpot_key) + ' TPOT ms':>11} {'goodput req/s':>13} {'good':>9}",
     ]
     for i, p in enumerate(result["points"]):
         marks = (" <- most throughput" if i == result["best_throughput"] else "") + (
@@ -104,7 +118,11 @@ def format_sweep(result: dict) -> list[str]:
         )
         lines.append(
             f"  {p['max_num_seqs']:>5} {p['max_num_batched_tokens']:>7} {p['output_throughput_tok_s'] or 0:>9.1f} "
-            f"{p['ttft_p99_ms'] or 0:>11.0f} {p['tpot_p99_ms'] or 0:>11.0f} {p['goodput_req_s'] or 0:>13.2f} "
+            f"{p['ttft_ms'][ttft_key] or 0:>11.0f} {p['tpot_ms'][tpot_key] or 0:>11.0f} {p['goodput_req_s'] or 0:>13.2f} "
             f"{p['num_good_requests']:>4}/{p['num_requests']:<4}{marks}"
         )
+    tails = (("TTFT", ttft_tail, ttft_key), ("TPOT", tpot_tail, tpot_key))
+    short = [f"{name} {tail}" for name, tail, key in tails if key == "max"]
+    if short:
+        lines.append(f"  (max: too few requests a point for a P99: {', '.join(short)})")
     return lines

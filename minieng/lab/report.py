@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from minieng.lab.quantization_lab import decode_vs_prefill
 from minieng.lab.speculative import format_speculative
+from minieng.measure.metrics import ServingMetrics, common_tail, percentile_label
 from minieng.measure.roofline import format_percent
 
 TARGETS = [  # (description, section, selector, key, comparison, threshold): the engine's speed targets
@@ -196,14 +197,23 @@ def format_serving(report: dict) -> list[str]:
         f"{m['num_preemptions']} preemptions",
         f"  throughput: {m['output_throughput_tok_s'] or 0:.1f} output tok/s, {m['prefill_throughput_tok_s'] or 0:.1f} prompt tok/s, "
         f"{m['request_throughput_req_s'] or 0:.2f} req/s",
-        f"  {'ms':<6} {'mean':>8} {'P50':>8} {'P90':>8} {'P99':>8} {'max':>8}",
+        f"  {'ms':<6} {'n':>6} {'mean':>8} {'P50':>8} {'P90':>8} {'P99':>8} {'max':>8}",
     ]
+    short = []  # rows too small for a P99 (metrics.percentile_label): their tail is their max
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
-        st = m[key]
+        st, name = m[key], key[:-3].upper()
         if st["count"]:
-            lines.append(
-                f"  {key[:-3].upper():<6} " + " ".join(f"{st[q]:>8.1f}" for q in ("mean", "p50", "p90", "p99", "max"))
-            )
+            n = st["count"]
+            percentiles = [
+                f"{st[f'p{p}']:>8.1f}" if percentile_label(p, n)[0] == "P" else f"{'-':>8}" for p in (50, 90, 99)
+            ]
+            lines.append(f"  {name:<6} {n:>6} {st['mean']:>8.1f} " + " ".join(percentiles) + f" {st['max']:>8.1f}")
+            if percentile_label(99, n)[0] != "P":
+                short.append(f"{name} {percentile_label(99, n)}")
+    if short:
+        lines.append(
+            f"  (-: a percentile too high for its sample (P99 needs 100); their tail is the max: {', '.join(short)})"
+        )
     if m["num_excluded_from_tpot"]:
         lines.append(f"  ({m['num_excluded_from_tpot']} requests with fewer than 2 output tokens have no TPOT)")
     if m.get("slo"):
@@ -230,20 +240,45 @@ def format_serving(report: dict) -> list[str]:
     return lines
 
 
+def format_two_clocks(client: ServingMetrics, engine: ServingMetrics) -> list[str]:
+    """The same requests timed by a load generator (``client``) and by the engine (``engine``), both
+    ``metrics.serving_metrics``: per figure (TTFT, TPOT, ITL, E2EL) the sample size, both P50s and
+    both tails. A tail is the P99 where both samples support it, else both maxima, named in the row
+    (``metrics.common_tail``: "max of 24")."""
+    lines = [
+        f"  {'ms':<6} {'n':>5} {'client P50':>11} {'engine P50':>11} {'client tail':>12} {'engine tail':>12}  tail"
+    ]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        c, e = getattr(client, key), getattr(engine, key)
+        if not (c["count"] and e["count"]):
+            lines.append(f"  {key[:-3].upper():<6} (not measured: {c['count']} client and {e['count']} engine samples)")
+            continue
+        label, tail = common_tail([c, e])
+        lines.append(
+            f"  {key[:-3].upper():<6} {min(c['count'], e['count']):>5} {c['p50']:>11.1f} {e['p50']:>11.1f} "
+            f"{c[tail]:>12.1f} {e[tail]:>12.1f}  {label}"
+        )
+    return lines
+
+
 def format_prefix(result: dict) -> list[str]:
     """The ``--prefix-cache`` section: TTFT against the measured hit rate, then the multi-turn run."""
     cold = result["cold"]["ttft_ms"]
+    # the tail column: P99 where every point has the 100 requests it needs, else each point's max
+    tail, tail_key = common_tail([cold] + [p["ttft_ms"] for p in result["points"]])
     lines = [
         f"Prefix caching: {result['prompt_tokens']}-token prompts = shared system prompt + distinct user turn "
         f"(block size {result['block_size']})",
-        f"  {'shared tok':>10} {'hit rate':>9} {'P50 TTFT ms':>12} {'P99 TTFT ms':>12} {'vs cold':>8}",
-        f"  {'cache off':>10} {0:>8.1%} {cold['p50']:>12.1f} {cold['p99']:>12.1f} {1:>7.2f}x",
+        f"  {'shared tok':>10} {'hit rate':>9} {'P50 TTFT ms':>12} {('P99' if tail_key == 'p99' else 'max') + ' TTFT ms':>12} {'vs cold':>8}",
+        f"  {'cache off':>10} {0:>8.1%} {cold['p50']:>12.1f} {cold[tail_key]:>12.1f} {1:>7.2f}x",
     ]
     for p in result["points"]:
         lines.append(
             f"  {p['shared_tokens']:>10} {p['hit_rate']:>8.1%} {p['ttft_ms']['p50']:>12.1f} "
-            f"{p['ttft_ms']['p99']:>12.1f} {cold['p50'] / p['ttft_ms']['p50']:>7.2f}x"
+            f"{p['ttft_ms'][tail_key]:>12.1f} {cold['p50'] / p['ttft_ms']['p50']:>7.2f}x"
         )
+    if tail_key == "max":
+        lines.append(f"  (max: the {tail} requests a point, too few for a P99)")
     high = [p for p in result["points"] if p["hit_rate"] >= 0.9]
     if high:
         speedup = cold["p50"] / high[0]["ttft_ms"]["p50"]

@@ -7,9 +7,24 @@ an engine. The names below are what the notebooks use.
 from minieng.measure.ceilings import machine_ceilings
 from minieng.measure.flop_count import counted_steps
 from minieng.measure.harness import smoke_mode
-from minieng.measure.metrics import SLO, request_metrics, serving_metrics, summarize_ms
+from minieng.measure.logged_throughput import LoggedStats, logged_intervals
+from minieng.measure.metrics import (
+    SLO,
+    common_tail,
+    labeled_percentile,
+    percentile_label,
+    request_metrics,
+    serving_metrics,
+    summarize_ms,
+)
 from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
 from minieng.measure.peaks import Peak, check_environment, datasheet_peak
+from minieng.measure.projection import (
+    datasheet_peaks,
+    phase_projection_reading,
+    project_decode_mfu,
+    project_phase_times,
+)
 from minieng.measure.roofline import (
     attainable_flops,
     format_percent,
@@ -24,6 +39,7 @@ from minieng.measure.sweep_plan import (
     kv_sweep_plan,
     predict_decode_step_s,
     predict_ttft_s,
+    prefill_batch_length,
     prefill_sweep_lengths,
 )
 from minieng.measure.tp_model import LINKS, fit_link, tensor_parallel_decode
@@ -43,7 +59,9 @@ __all__ = [
     "attainable_flops",
     "attention_crossover_tokens",
     "check_environment",
+    "datasheet_peaks",
     "choose_model",
+    "common_tail",
     "counted_steps",
     "datasheet_peak",
     "decode_ridge_batch",
@@ -52,17 +70,25 @@ __all__ = [
     "fit_ttft",
     "format_percent",
     "kv_sweep_plan",
+    "labeled_percentile",
     "LINKS",
+    "logged_intervals",
+    "LoggedStats",
     "machine_ceilings",
     "ModelChoice",
     "nvml_status",
     "Peak",
+    "percentile_label",
+    "phase_projection_reading",
     "phase_ratio_floor",
     "phase_utilization",
     "poisson_workload",
     "predict_decode_step_s",
     "predict_ttft_s",
+    "prefill_batch_length",
     "prefill_sweep_lengths",
+    "project_decode_mfu",
+    "project_phase_times",
     "prefill_work",
     "read_trace",
     "request_metrics",

@@ -119,6 +119,69 @@ def summarize_ms(values_s: Iterable[float]) -> dict[str, float | int | None]:
     }
 
 
+def percentile_label(p: float, count: int) -> str:
+    """How to name the ``p``-th percentile of ``count`` samples: ``"P99"`` or ``"max of 24"``.
+
+    A percentile means something only when at least one sample lies above it: ``count * (1 - p/100)
+    >= 1`` (100 samples for P99, 20 for P95, 10 for P90). Below that, ``numpy.percentile``'s linear
+    interpolation only blends the top samples, and the honest name of the figure is the maximum:
+    ``percentile_label(99, 24) == "max of 24"``, ``percentile_label(99, 100) == "P99"``.
+
+    Args:
+        p: the percentile, in (0, 100].
+        count: how many samples the percentile was computed over (>= 0).
+
+    Raises:
+        ValueError: ``p`` outside (0, 100] or a negative ``count``.
+    """
+    if not 0 < p <= 100:
+        raise ValueError(f"percentile p={p!r} must lie in (0, 100]")
+    if count < 0:
+        raise ValueError(f"count={count!r} must be >= 0")
+    # count * (1 - p/100) >= 1, in percent units so that 10 samples support P90 despite float rounding
+    return f"P{p:g}" if count * (100 - p) >= 100 - 1e-9 else f"max of {count}"
+
+
+def labeled_percentile(data: dict | Sequence[float], p: float = 99) -> tuple[str, float | None]:
+    """The ``p``-th percentile under the name its sample supports (``percentile_label``), with its value.
+
+    ``data``: a ``summarize_ms`` dict (its ``count``, ``p50`` ... ``p99`` and ``max``; ``p`` one of
+    ``PERCENTILES``) or the samples themselves (any unit; ``numpy.percentile``, linear). Returns
+    ``("P99", the percentile)`` when the sample supports it, else ``("max of N", the maximum)``:
+    the figure a reader can trust, under its honest name. The value is None for no samples.
+
+    Raises:
+        ValueError: ``p`` outside (0, 100], or a summary that does not hold ``p``.
+    """
+    if isinstance(data, dict):
+        count, key = int(data["count"]), f"p{p:g}"
+        if key not in data:
+            raise ValueError(f"the summary holds {sorted(k for k in data if k.startswith('p'))}, not {key}")
+        label = percentile_label(p, count)
+        return label, data[key] if label.startswith("P") else data["max"]
+    values = np.asarray(list(data), dtype=np.float64)
+    label = percentile_label(p, values.size)
+    if values.size == 0:
+        return label, None
+    return label, float(np.percentile(values, p)) if label.startswith("P") else float(values.max())
+
+
+def common_tail(summaries: Sequence[dict], p: float = 99) -> tuple[str, str]:
+    """One tail column for a table of several ``summarize_ms`` dicts (one row each): the ``p``-th
+    percentile when every row's sample supports it, else every row's maximum.
+
+    Returns ``(label, key)``: ``("P99", "p99")``, or ``("max of N", "max")`` with N the fewest
+    samples of a row, so the column's header and footnote name the figure as it is.
+
+    Raises:
+        ValueError: no summaries, or ``p`` outside (0, 100].
+    """
+    if not summaries:
+        raise ValueError("common_tail: give at least one summary")
+    label = percentile_label(p, min(int(s["count"]) for s in summaries))
+    return label, (f"p{p:g}" if label.startswith("P") else "max")
+
+
 @dataclass
 class SLO:
     """Latency objectives in milliseconds; ``None`` means no objective on that figure."""
@@ -258,7 +321,9 @@ def acceptance_metrics(num_accepted: Sequence[int], num_proposed: int | Sequence
             (verification stops at the first rejection), so position i is accepted iff accepted > i.
         num_proposed: draft tokens proposed, one int k for every draft or ``[num_drafts]``.
     Per-position rates divide by the drafts that proposed that position; with a fixed k this is
-    vLLM's accepted-per-position / num_drafts. Empty input gives ``None`` rates.
+    vLLM's accepted-per-position / num_drafts. Empty input gives ``None`` rates. The engine's
+    ``spec_records`` count over the tokens a request emits: a draft past its stop is neither
+    proposed nor accepted (``LLMEngine._count_emitted_drafts`` says why).
     Raises:
         ValueError: mismatched lengths, or an accepted count outside [0, proposed].
     """

@@ -422,3 +422,55 @@ def kv_sweep_plan(
         "target_kv_bytes": target,
         "reached": best_batch * best[-1] * kv_bytes_per_token >= target,
     }
+
+
+def prefill_batch_length(
+    probe: dict,
+    batch_sizes: Sequence[int],
+    max_tokens: int,
+    min_tokens: int = 256,
+    budget_s: float | None = None,
+    multiple: int = 16,
+) -> dict:
+    """One prompt length for a prefill batch sweep (``sum(batch_sizes)`` prompts, each batch in one
+    step): past the probe's knee, where one prompt already keeps the device computing.
+
+    The length is the knee or ``min_tokens``, the larger, capped so that the largest batch's
+    prompts fit in ``max_tokens`` (the step's token budget and the KV pool's tokens, the smaller)
+    and, with ``budget_s``, so that the sweep's predicted time (``predict_ttft_s`` per batch) fits
+    it, but never below a knee the probe reached (past it is the experiment's point: a slow
+    device overruns the budget instead); a multiple of ``multiple``, at least ``multiple``.
+
+    Returns:
+        ``prompt_tokens``; ``past_knee``: whether that length is at or past a knee the probe
+        reached; ``why``: None when past it, else why not, in words.
+    Raises:
+        ValueError: no batch size, a batch size below 1, or ``max_tokens`` under one ``multiple``
+            per prompt of the largest batch.
+    """
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ValueError(f"batch_sizes={list(batch_sizes)}: one or more batch sizes, each >= 1")
+    largest = max(batch_sizes)
+    cap = max_tokens // largest // multiple * multiple
+    if cap < multiple:
+        raise ValueError(f"max_tokens={max_tokens} holds fewer than {multiple} tokens per prompt for {largest} prompts")
+    reached = probe.get("knee_reached", False)
+    want = max(min_tokens, probe.get("knee_tokens") or 0) if reached else min_tokens
+    n = min(cap, max(multiple, math.ceil(want / multiple) * multiple))
+
+    def cost_s(length: int) -> float:
+        return sum(predict_ttft_s(probe, length, count=b) for b in batch_sizes)
+
+    floor = min(n, max(multiple, math.ceil(probe["knee_tokens"] / multiple) * multiple) if reached else multiple)
+    while budget_s is not None and n - multiple >= floor and cost_s(n) > budget_s:
+        n -= multiple
+    past = bool(reached and n >= probe["knee_tokens"])
+    why = None
+    if not reached:
+        why = "the probe's prefill tok/s was still growing at its longest prompt: no knee to pass"
+    elif not past:
+        why = (
+            f"{n} tokens, under the probe's knee ({probe['knee_tokens']}): the step's token budget or the KV "
+            "pool capped it"
+        )
+    return {"prompt_tokens": n, "past_knee": past, "why": why}

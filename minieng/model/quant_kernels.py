@@ -110,6 +110,11 @@ class FbgemmLinear(nn.Module):
     input scale 1 and zero point L + 1, so its own rounding *is* the per-token quantization,
     exactly (``linear_dynamic`` would pick one scale for the whole batch from its min and max:
     the outlier-prone per-tensor scheme, and a token's output that depends on its batch-mates).
+    Per token, a row's codes depend on its own values alone; but those values carry the float
+    rounding of everything before the product (attention over another chunk, products of another
+    shape, a compiler's x / s), and a value on a code boundary turns a last-bit difference into a
+    whole step: on the default model W8A8's greedy tokens can differ batched and alone, or compiled
+    and eager (``lab.quant_quality.float_noise_amplification`` measures it).
     L is 127 (8 bits) where the kernel sums 8-bit codes exactly, 63 (7 bits) where it would
     overflow (AVX2 without VNNI): ``fbgemm_activation_levels``.
 

@@ -15,6 +15,9 @@ the norms keep the model's dtype, and so does the KV cache:
   (each token's own max|x|): the products run in integer math, so prefill can gain too, and the
   activations' outliers cost accuracy. One scale for a whole batch or sequence ("per tensor")
   would let one outlier token coarsen every other token's codes; per token, it coarsens only its own.
+  Rounding to codes amplifies float noise: on the default model a 1e-6 relative nudge to the
+  embeddings moves W8A8's logits by units (float32's by ~1e-4) and flips some greedy choices, so
+  its greedy tokens can change with the batch or the compiler (``lab.quant_quality``).
   8-bit codes, except on a CPU whose int8 GEMM would overflow them (AVX2 without VNNI): 7 there
   (``quant_kernels.fbgemm_activation_levels``). The bit matters: greedy agreement with the float
   SmolLM2-135M over 256 positions of 4 held-out prompts (``bench --quantization``) was 90.2%

@@ -6,11 +6,17 @@ left; then it runs ``engine.step()`` in a thread of its own, so the event loop k
 connections and writing streams while the model computes, and puts each step's outputs on
 per-request queues without waiting. With nothing to run (no request, or a static batch filling)
 it sleeps until a request arrives or the batch's timeout.
+
+Every ``log_interval_s`` seconds it logs vLLM's stats line (``measure.logged_throughput``: prompt
+and generation throughput as vLLM's ``LoggingStatLogger`` counts them, running and waiting requests,
+KV cache usage, prefix cache hit rate) through the ``logging`` logger of this module, at INFO (DEBUG
+while the server stays idle, as vLLM does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from collections.abc import Callable
@@ -19,9 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
+from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S, StatLogger
+
+logger = logging.getLogger(__name__)
 
 # Step records the server keeps (for engine-side figures of recent traffic); older ones are dropped.
 MAX_STEP_RECORDS = 10_000
+
+
+def check_log_interval(log_interval_s: float | None) -> None:
+    """Raise ``ValueError`` unless ``log_interval_s`` is None or >= 0 seconds."""
+    if log_interval_s is not None and not log_interval_s >= 0:
+        raise ValueError(f"log_interval_s={log_interval_s!r} must be >= 0 (0 or None: no stats logged)")
 
 
 class AsyncEngine:
@@ -32,11 +47,23 @@ class AsyncEngine:
         on_finished: called (on the event loop) with the final ``RequestOutput`` of every request
             that finished or was aborted, before the engine forgets it: the engine-side record
             of each request's timestamps.
+        log_interval_s: seconds between two stats lines (vLLM's ``VLLM_LOG_STATS_INTERVAL``, 10 s);
+            None or 0: no stats logged. ``stat_logger`` holds the counts of the current interval.
+    Raises ``ValueError`` for a negative ``log_interval_s``.
     """
 
-    def __init__(self, engine: LLMEngine, on_finished: Callable[[RequestOutput], None] | None = None):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_finished: Callable[[RequestOutput], None] | None = None,
+        log_interval_s: float | None = DEFAULT_LOG_INTERVAL_S,
+    ):
+        check_log_interval(log_interval_s)
         self.engine = engine
         self.on_finished = on_finished
+        self.log_interval_s = log_interval_s or None
+        self.stat_logger: StatLogger | None = None
+        self._log_task: asyncio.Task | None = None
         self._submitted: list[tuple[str, list[int], SamplingParams, float]] = []
         self._aborts: set[str] = set()
         self._queues: dict[str, asyncio.Queue] = {}
@@ -48,18 +75,32 @@ class AsyncEngine:
 
     def start(self) -> None:
         if self._task is None:
+            loop = asyncio.get_running_loop()
             self._stepper = ThreadPoolExecutor(1, thread_name_prefix="minieng-step")
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="minieng-engine-loop")
+            self._task = loop.create_task(self._run(), name="minieng-engine-loop")
+            if self.log_interval_s:
+                self.stat_logger = StatLogger(self.engine.clock(), self.engine.block_manager.num_blocks)
+                self._log_task = loop.create_task(self._log_stats(), name="minieng-log-stats")
 
     async def stop(self) -> None:
+        for task in (self._log_task, self._task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+            self._task = self._log_task = None
             self._stepper.shutdown(wait=False)
+
+    async def _log_stats(self) -> None:
+        """Every ``log_interval_s``: close the stats interval and log vLLM's line (vLLM's API server
+        runs the same loop, ``_force_log``)."""
+        while True:
+            await asyncio.sleep(self.log_interval_s)
+            stats = self.stat_logger.log(self.engine.clock())
+            logger.log(logging.DEBUG if self.stat_logger.idle else logging.INFO, stats.line())
 
     def submit(
         self, prompt_ids: list[int], params: SamplingParams, arrival_s: float, prefix: str = "cmpl"
@@ -120,7 +161,10 @@ class AsyncEngine:
                     except asyncio.TimeoutError:
                         pass
                 continue
+            num_steps = len(engine.step_records)
             outputs = await loop.run_in_executor(self._stepper, engine.step)
+            if self.stat_logger is not None and len(engine.step_records) > num_steps:  # a step ran
+                self.stat_logger.record(engine.step_records[-1], outputs)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:

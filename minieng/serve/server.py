@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -45,7 +46,8 @@ from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
 from minieng.engine.chat_template import check_text
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
-from minieng.serve.async_engine import AsyncEngine
+from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
+from minieng.serve.async_engine import AsyncEngine, check_log_interval
 from minieng.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -163,18 +165,22 @@ def build_app(
     model_name: str | None = None,
     on_finished: Callable[[RequestOutput], None] | None = None,
     max_body_bytes: int | None = None,
+    log_interval_s: float | None = DEFAULT_LOG_INTERVAL_S,
 ):
     """The FastAPI application serving ``engine`` under ``model_name`` (default ``served_model_name``).
 
     The engine loop starts and stops with the application (its lifespan). ``app.state.engine_loop``
     is the ``AsyncEngine``. Request bodies over ``max_body_bytes`` (default
-    ``default_max_body_bytes``) are refused with 413.
+    ``default_max_body_bytes``) are refused with 413. Every ``log_interval_s`` seconds the loop logs
+    vLLM's stats line (``AsyncEngine``; None or 0: none). Raises ``ValueError`` for a negative
+    ``log_interval_s``.
     """
+    check_log_interval(log_interval_s)
     model_name = model_name or served_model_name(engine)
 
     @asynccontextmanager
     async def lifespan(app):
-        app.state.engine_loop = AsyncEngine(engine, on_finished)
+        app.state.engine_loop = AsyncEngine(engine, on_finished, log_interval_s)
         app.state.engine_loop.start()
         yield
         await app.state.engine_loop.stop()
@@ -377,6 +383,29 @@ class ServerThread:
         self.stop()
 
 
-def serve(engine: LLMEngine, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, model_name: str | None = None) -> None:
-    """Serve ``engine`` until interrupted (``python -m minieng serve``)."""
-    uvicorn.run(build_app(engine, model_name), host=host, port=port, log_level="info")
+def show_stats_logs() -> None:
+    """Print minieng's INFO logs (the stats line) on stderr in vLLM's format, ``INFO 12-02 10:00:00
+    [async_engine.py:103] Engine 000: Avg prompt throughput: ...``; a no-op once ``minieng``'s logger
+    has a handler."""
+    log = logging.getLogger("minieng")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(
+            logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "%m-%d %H:%M:%S")
+        )
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def serve(
+    engine: LLMEngine,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    model_name: str | None = None,
+    log_interval_s: float | None = DEFAULT_LOG_INTERVAL_S,
+) -> None:
+    """Serve ``engine`` until interrupted (``python -m minieng serve``), logging vLLM's stats line
+    every ``log_interval_s`` seconds (None or 0: never)."""
+    show_stats_logs()
+    app = build_app(engine, model_name, log_interval_s=log_interval_s)
+    uvicorn.run(app, host=host, port=port, log_level="info")

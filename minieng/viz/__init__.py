@@ -17,9 +17,11 @@ from minieng.viz.levers import (
     speculative_sweep,
     ttft_vs_hit_rate_figure,
 )
+from minieng.viz.logged_ratio import logged_ratio_figure
 from minieng.viz.phases import (
     curve,
     decode_bytes_and_tpot,
+    decode_mfu_projection,
     phase_costs,
     quantization_ratios,
     roofline,
@@ -37,9 +39,11 @@ __all__ = [
     "compared_cdfs",
     "curve",
     "decode_bytes_and_tpot",
+    "decode_mfu_projection",
     "goodput_sweep",
     "kv_concurrency",
     "latency_cdfs",
+    "logged_ratio_figure",
     "phase_costs",
     "quantization_ratios",
     "recompute_vs_cache_figure",

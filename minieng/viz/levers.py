@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from minieng.measure.metrics import common_tail
 from minieng.viz.style import PHASE_COLORS, legend
 
 
@@ -93,7 +94,8 @@ def chunked_prefill_tradeoff(
 
 
 def ttft_vs_hit_rate_figure(result: dict, title: str = "Prefix caching: TTFT against hit rate") -> Figure:
-    """``prefix_caching.ttft_vs_hit_rate``'s result: P50/P99 TTFT (ms) per measured hit rate, the
+    """``prefix_caching.ttft_vs_hit_rate``'s result: P50/P99 TTFT (ms; the max where a point has under 100
+    requests) per measured hit rate, the
     cold run, the proportional expectation (cold x (1 - hit rate)), and the article's two points (s,
     right axis: another machine and model, so compare the shape, not the values)."""
     fig = Figure(figsize=(7, 4.2), layout="constrained")
@@ -102,7 +104,10 @@ def ttft_vs_hit_rate_figure(result: dict, title: str = "Prefix caching: TTFT aga
     hits = [p["hit_rate"] * 100 for p in pts]
     cold = result["cold"]["ttft_ms"]["p50"]
     ax.plot(hits, [p["ttft_ms"]["p50"] for p in pts], "o-", color=PHASE_COLORS["prefill"], label="P50 TTFT")
-    ax.plot(hits, [p["ttft_ms"]["p99"] for p in pts], "s--", color=PHASE_COLORS["prefill"], alpha=0.5, label="P99 TTFT")
+    tail, key = common_tail([p["ttft_ms"] for p in pts])  # the max, "max of N", below the 100 a P99 needs
+    ax.plot(
+        hits, [p["ttft_ms"][key] for p in pts], "s--", color=PHASE_COLORS["prefill"], alpha=0.5, label=f"{tail} TTFT"
+    )
     ax.axhline(cold, color="black", lw=0.8, label=f"cache off: {cold:.0f} ms")
     grid = np.linspace(0, 100, 50)
     ax.plot(grid, cold * (1 - grid / 100), ":", color="grey", label="cold x (1 - hit rate)")

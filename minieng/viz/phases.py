@@ -198,3 +198,39 @@ def quantization_ratios(result: dict, title: str = "Quantization: time against t
     ax.set_title(title, fontsize=10)
     legend(ax, fontsize=7)
     return fig
+
+
+def decode_mfu_projection(
+    rows: Sequence[dict],
+    reader: tuple[str, float, float] | None = None,
+    title: str = "Projected: batch-1 decode's MFU on each datasheet device",
+) -> Figure:
+    """Batch-1 decode's MFU against each device's peak FLOP/s, projected from an MBU measured here
+    (``projection.project_decode_mfu``'s rows: ``device``, ``peak_tflops``, ``mfu_percent``), each
+    point named; the reader's device marked apart with its measured MFU.
+
+    Args:
+        rows: the projection, one dict per device.
+        reader: ``(label, peak TFLOP/s, measured MFU in percent)`` of the device measured here, or
+            None (nothing measured to mark).
+    """
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    xs = [r["peak_tflops"] for r in rows]
+    ys = [r["mfu_percent"] for r in rows]
+    ax.scatter(xs, ys, color=PHASE_COLORS["decode"], label="projected from the MBU measured here (datasheets)")
+    for r in rows:
+        ax.annotate(
+            r["device"], (r["peak_tflops"], r["mfu_percent"]), textcoords="offset points", xytext=(4, 3), fontsize=7
+        )
+    if reader is not None:
+        label, peak, mfu = reader
+        ax.scatter([peak], [mfu], marker="*", s=220, color="tab:red", zorder=3, label=f"measured here: {label}")
+        ax.annotate(label, (peak, mfu), textcoords="offset points", xytext=(6, -10), fontsize=8, color="tab:red")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("peak FLOP/s of the device (TFLOP/s, dense)")
+    ax.set_ylabel("batch-1 decode MFU (%)")
+    ax.set_title(title, fontsize=10)
+    legend(ax, fontsize=7, loc="lower left")
+    return fig

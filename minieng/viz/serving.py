@@ -11,13 +11,15 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from minieng.measure.metrics import labeled_percentile
 from minieng.viz.style import PHASE_COLORS, legend
 
 
 def latency_cdfs(
     series: dict[str, Sequence[float]], slos_ms: dict[str, float] | None = None, title: str = "Latency distributions"
 ) -> Figure:
-    """Empirical CDFs of latencies in ms, one panel per series (e.g. TTFT, TPOT, ITL), SLO lines dashed."""
+    """Empirical CDFs of latencies in ms, one panel per series (e.g. TTFT, TPOT, ITL), SLO lines dashed,
+    P50 and P99 marked (the max, named "max of N", where fewer than 100 values cannot support a P99)."""
     slos_ms = slos_ms or {}
     fig = Figure(figsize=(4 * max(1, len(series)), 3.5), layout="constrained")
     axes = fig.subplots(1, max(1, len(series)), squeeze=False)[0]
@@ -25,8 +27,9 @@ def latency_cdfs(
         v = np.sort(np.asarray(values, dtype=float))
         if len(v):
             ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post")
-            ax.axvline(np.percentile(v, 99), color="tab:red", lw=0.8, label=f"P99 {np.percentile(v, 99):.0f} ms")
-            ax.axvline(np.percentile(v, 50), color="tab:gray", lw=0.8, label=f"P50 {np.percentile(v, 50):.0f} ms")
+            for p, color in ((99, "tab:red"), (50, "tab:gray")):
+                label, value = labeled_percentile(v, p)  # "max of 24" where the sample is too small for a P99
+                ax.axvline(value, color=color, lw=0.8, label=f"{label}: {value:.0f} ms")
         if name in slos_ms:
             ax.axvline(slos_ms[name], color="black", ls="--", label=f"SLO {slos_ms[name]:g} ms")
         ax.set_xlabel(f"{name} (ms)")

@@ -80,6 +80,8 @@ def test_S6_near_linear_and_continuous():
     assert holds(v.s6_continuous(50.0, 30.0, 2.0, 4.0, noise=QUIET))
     assert fails(v.s6_continuous(30.0, 50.0, 2.0, 4.0, noise=QUIET))
     assert noisy(v.s6_continuous(31.0, 30.0, 2.0, 4.0, noise=0.1))
+    said = v.s6_continuous(50.0, 30.0, 5.0, 4.0, noise=QUIET, e2el_tail="max of 24")
+    assert fails(said) and "1.25x the E2EL (max of 24)" in said  # a tail named as what it is
 
 
 def test_S7_chunked_prefill():
@@ -109,6 +111,11 @@ def test_S10_goodput_picks_another_cap_than_raw_throughput():
     assert noisy(v.s10_goodput_cap([10.0, 30.0, 45.0], [0.5, 1.2, 1.19], caps=caps, noise=0.1))
     with pytest.raises(ValueError, match="six"):
         v.s10_goodput_cap([1.0] * 7, [1.0] * 7, caps=list(range(7)), noise=None)
+    # every request met the SLO under two caps: the goodput tie goes to the faster cap, no claim there
+    said = v.s10_goodput_cap([10.0, 30.0, 45.0], [0.5, 1.5, 1.5], caps=caps, noise=None)
+    assert fails(said) and "cap 16 gives both" in said
+    said = v.s10_goodput_cap([10.0, 30.0, 45.0], [0.0, 0.0, 0.0], caps=caps, noise=QUIET)
+    assert said.startswith("not testable here") and "SLO" in said
 
 
 def test_S11_is_judged_on_the_datasheet_where_the_device_has_one():
@@ -137,6 +144,62 @@ def test_S13_roofline_split_and_quantization():
     assert holds(v.s13_quantization(0.95, 0.4, noise=QUIET))
     assert fails(v.s13_quantization(0.5, 0.45, noise=QUIET))
     assert noisy(v.s13_quantization(0.9, 0.6, noise=0.1))
+
+
+def test_S3_bytes_ratio_through_quantization():
+    """Notebook 08's S3 row: a scheme's TPOT ratio against its bytes ratio (0.3x the bytes here)."""
+    said = v.s3_bytes_ratio(0.32, bytes_ratio=0.3, scheme="int8", noise=QUIET)
+    assert holds(said) and "above" not in said
+    said = v.s3_bytes_ratio(0.6, bytes_ratio=0.3, scheme="int8", noise=QUIET)
+    assert holds(said) and "per-op overhead" in said
+    said = v.s3_bytes_ratio(0.2, bytes_ratio=0.3, scheme="int8", noise=QUIET)
+    assert said.startswith(v.SUSPECT) and "faster than the bytes allow" in said
+    assert fails(v.s3_bytes_ratio(1.05, bytes_ratio=0.3, scheme="int8", noise=QUIET))
+    # 0.95x, under 1 by less than a ratio of two 5%-noisy timings can tell: too noisy, with the whole wording
+    said = v.s3_bytes_ratio(0.95, bytes_ratio=0.3, scheme="int8", noise=0.05)
+    assert noisy(said) and "at face value: holds above the bytes: int8: TPOT 0.95x" in said
+    # between "holds" and "holds above the bytes" the noise flips nothing: both hold
+    assert holds(v.s3_bytes_ratio(0.39, bytes_ratio=0.3, scheme="int8", noise=0.1))
+
+
+def test_w8a8_amplifies_float_noise_beyond_the_articles():
+    counts = dict(flips=5, positions=64, requests_changed=3, requests=8)
+    said = v.amplifies_float_noise(3.7, 7e-5, **counts)
+    assert holds(said) and "52,857x" in said and "5 of 64" in said
+    said = v.amplifies_float_noise(3.7, 7e-5, flips=0, positions=64, requests_changed=0, requests=8)
+    assert holds(said) and "no greedy token changed" in said
+    assert fails(v.amplifies_float_noise(0.017, 7e-5, **counts))  # 243x: int8's two digits, not W8A8's jump
+    assert fails(v.amplifies_float_noise(0.0, 0.0, **counts))
+    assert "did not move" in v.amplifies_float_noise(0.5, 0.0, **counts)
+
+
+def test_w8a8_prefill_beyond_the_articles():
+    assert holds(v.w8a8_prefill(0.4, 0.95, weight_only="int8", noise=QUIET))
+    assert fails(v.w8a8_prefill(1.1, 1.2, weight_only="int8", noise=QUIET))  # slower than float
+    assert fails(v.w8a8_prefill(0.9, 0.8, weight_only="int8", noise=QUIET))  # the weight-only scheme was faster
+    assert noisy(v.w8a8_prefill(0.97, 1.0, weight_only="int8", noise=0.05))
+
+
+def test_outliers_price_beyond_the_articles():
+    tok, ten = {"agreement": 0.9, "kl_nats": 0.05}, {"agreement": 0.7, "kl_nats": 0.3}
+    assert holds(v.outliers_price(tok, ten))
+    assert fails(v.outliers_price(ten, tok))
+    assert fails(v.outliers_price(tok, {"agreement": 0.9, "kl_nats": 0.04}))  # per tensor as good: no price
+
+
+def test_the_engines_quantization_target():
+    assert holds(v.quantization_target(0.35, agreement=0.92, scheme="w8a8", noise=QUIET))
+    assert fails(v.quantization_target(0.7, agreement=0.95, scheme="int8", noise=QUIET))
+    assert fails(v.quantization_target(None, agreement=None, scheme=None, noise=QUIET))
+    assert noisy(v.quantization_target(0.49, agreement=0.92, scheme="w8a8", noise=0.1))
+
+
+def test_greedy_speculative_output_is_lossless():
+    assert holds(v.greedy_lossless([1, 2, 3], [1, 2, 3], dtype="float32"))
+    said = v.greedy_lossless([1, 2, 4], [1, 2, 3], dtype="float32")
+    assert fails(said) and "token 2 of 3" in said
+    said = v.greedy_lossless([1, 2], [1, 2, 3], dtype="bfloat16")
+    assert fails(said) and "token 2 of 3" in said and "bfloat16" in said
 
 
 def test_S14_each_phase_follows_its_own_length():
@@ -178,17 +241,21 @@ def test_S18_decode_mfu_falls_with_peak_flops():
 
 def test_S19_prefix_caching_is_the_cheapest_lever():
     extra = {"prefix caching": -1e12, "chunked prefill": 0.0, "batching": 0.0}
-    assert holds(
-        v.s19_cheapest(
-            {"prefix caching": 1.2, "chunked prefill": -0.1, "batching": -0.3}, extra_flops=extra, noise=QUIET
-        )
-    )
-    assert fails(
-        v.s19_cheapest({"prefix caching": 0.1, "quantization": 0.4}, extra_flops={"prefix caching": -1}, noise=QUIET)
-    )
-    assert noisy(v.s19_cheapest({"prefix caching": 0.40, "quantization": 0.39}, extra_flops={}, noise=0.1))
+    # (TTFT without the lever, with it), seconds: caching 1.4 -> 0.2, chunking and batching cost a little
+    levers = {"prefix caching": (1.4, 0.2), "chunked prefill": (1.4, 1.5), "batching": (1.4, 1.7)}
+    assert holds(v.s19_cheapest(levers, extra_flops=extra, noise=QUIET))
+    quantization_wins = {"prefix caching": (1.4, 1.3), "quantization": (1.4, 1.0)}
+    assert fails(v.s19_cheapest(quantization_wins, extra_flops={"prefix caching": -1}, noise=QUIET))
+    assert fails(v.s19_cheapest(levers, extra_flops={"prefix caching": 1e9}, noise=QUIET))  # it computed more
+    # 0.40 s saved against 0.39 s: within 10% noise on the four timings
+    close = {"prefix caching": (1.0, 0.60), "quantization": (1.0, 0.61)}
+    assert noisy(v.s19_cheapest(close, extra_flops={}, noise=0.1))
+    # a small cost is the difference of two large timings: their noise can make it the largest saving
+    small_cost = {"prefix caching": (1.0, 0.9), "batching": (4.0, 4.05)}
+    assert noisy(v.s19_cheapest(small_cost, extra_flops={}, noise=0.1))
+    assert holds(v.s19_cheapest(small_cost, extra_flops={}, noise=None))  # at face value
     with pytest.raises(ValueError, match="prefix caching"):
-        v.s19_cheapest({"batching": 1.0}, extra_flops={}, noise=None)
+        v.s19_cheapest({"batching": (1.0, 1.1)}, extra_flops={}, noise=None)
 
 
 def test_S20_one_phase_about_ten_times_more_efficient():
@@ -217,3 +284,56 @@ def test_every_claim_has_a_verdict_tested_here():
 def test_a_busy_machine_reads_too_noisy_on_any_close_call():
     assert noisy(v.s20_efficiency_gap(50.0, 9.0, noise=BUSY))
     assert holds(v.s20_efficiency_gap(50.0, 1.0, noise=BUSY))  # a clear effect survives a busy machine
+
+
+def test_S11_a_suspect_figure_gets_no_verdict_and_overhead_is_named():
+    assert v.s11_prefill_mfu(None, 112.0, noise=QUIET, suspect=True).startswith("not testable here")
+    assert v.s11_decode_mfu(None, 104.0, noise=QUIET, suspect=True).startswith("not testable here")
+    said = v.s11_prefill_mfu(3.0, 9.0, noise=QUIET, limit="overhead")
+    assert fails(said) and "limited by overhead" in said
+    assert "overhead" not in v.s11_prefill_mfu(80.0, 90.0, noise=QUIET, limit="overhead")  # above: not overhead's doing
+
+
+def test_kv_bytes_join_the_weights_beyond_the_articles():
+    args = dict(floor_first_s=0.010, floor_last_s=0.020, limit_first="memory")  # the floor doubled
+    assert holds(v.kv_joins_weights(0.030, 0.048, noise=QUIET, **args))  # TPOT +60%, the floor +100%
+    said = v.kv_joins_weights(0.030, 0.033, noise=QUIET, **args)
+    assert fails(said) and "barely moved" in said
+    said = v.kv_joins_weights(0.030, 0.033, noise=QUIET, **(args | {"limit_first": "overhead"}))
+    assert fails(said) and "overhead" in said
+    assert noisy(v.kv_joins_weights(0.030, 0.045, noise=0.1, **args))  # +50%, on the line
+    said = v.kv_joins_weights(0.030, 0.060, noise=QUIET, floor_first_s=0.010, floor_last_s=0.011, limit_first="memory")
+    assert said.startswith("not testable here")
+
+
+def test_the_kv_cache_saves_time_beyond_the_articles():
+    assert holds(v.kv_cache_linear(12.0, 3.0, work_x=20.0, answer_tokens=512, noise=QUIET))
+    said = v.kv_cache_linear(3.0, 3.5, work_x=20.0, answer_tokens=512, noise=QUIET)
+    assert fails(said) and "saved nothing" in said
+    assert fails(v.kv_cache_linear(12.0, 3.0, work_x=1.0, answer_tokens=1, noise=QUIET))
+    assert noisy(v.kv_cache_linear(3.2, 3.0, work_x=20.0, answer_tokens=512, noise=0.1))
+
+
+def test_the_kv_pool_caps_concurrency_beyond_the_articles():
+    assert holds(v.kv_pool_caps(8, cap_at_prompt=10, num_preemptions=3))
+    said = v.kv_pool_caps(12, cap_at_prompt=10, num_preemptions=3)
+    assert fails(said) and "wrong block count" in said
+    said = v.kv_pool_caps(6, cap_at_prompt=10, num_preemptions=0)
+    assert fails(said) and "never ran dry" in said
+
+
+def test_client_and_engine_clocks_agree_on_tpot():
+    assert holds(v.clocks_agree(31.5, 30.0))  # 1.5 ms: within the 2 ms floor
+    assert holds(v.clocks_agree(108.0, 100.0))  # 8 ms: within 10%
+    said = v.clocks_agree(115.0, 100.0)
+    assert fails(said) and "15.0 ms off" in said
+
+
+def test_S17_needs_a_knob_that_moved_compute_and_a_faster_prefill():
+    # Both phases slower with more threads (cores fought over): prefill "gained" more, yet did not speed up.
+    said = v.s17_flops_knob(0.2, 1.5, 0.1, 1.4, noise=QUIET)
+    assert fails(said) and "did not speed prefill" in said
+    ceilings = dict(flops_few=40e9, flops_many=78e9, bandwidth_few=9e9, bandwidth_many=11e9)  # 1.95x vs 1.22x
+    assert holds(v.s17_flops_knob(2.0, 1.05, 0.05, 0.045, noise=QUIET, **ceilings))
+    moved_both = ceilings | {"bandwidth_many": 18e9}  # the copy doubled too: the knob is not a FLOP/s knob here
+    assert v.s17_flops_knob(2.0, 1.05, 0.05, 0.045, noise=QUIET, **moved_both).startswith("not testable here")

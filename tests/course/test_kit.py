@@ -255,3 +255,9 @@ def test_claims_tables_record_their_verdicts_and_the_index_shows_all_21_claims(t
     assert "07_prefix_caching: does not hold here: y" in table and "01_two_phases: holds: 12x" in table
     assert table.count("not measured yet") == 19
     assert "last verdict" not in format_index(index_entries({}), with_verdicts=False)
+
+
+def test_a_result_that_is_not_a_dict_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(TypeError, match="must return a JSON object"):
+        widgets.cached("rows", {}, lambda: [1, 2], directory=tmp_path)
+    assert not list(tmp_path.glob("*"))

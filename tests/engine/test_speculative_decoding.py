@@ -11,7 +11,8 @@
 - Coupled verification (what the engine runs for sampled requests) emits the target's keyed
   draws: a seeded request gives plain seeded sampling's tokens, whatever the pool, preemption or
   batch-mates, with prompt lookup and with the int8 self-draft.
-- Acceptance figures and the serving figures of multi-token emissions (TPOT < ITL).
+- Acceptance figures, counted over the tokens a request emits (drafts accepted past its stop are
+  dropped, and not counted), and the serving figures of multi-token emissions (TPOT < ITL).
 - KV rollback keeps the block accounting intact after every step, for the target and for the
   draft model's own cache, under preemption, chunked prefill, prefix caching and sampling.
 - Bad configurations are refused; prompt lookup finds the latest, longest match.
@@ -42,8 +43,10 @@ from hypothesis import strategies as st
 from pytest import approx
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
+from minieng.engine import llm_engine
 from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
 from minieng.engine.model_runner import verify
+from minieng.engine.output_processor import append_tokens
 from minieng.engine.sampling import KeyedRandom, probabilities, race
 from minieng.engine.sequence import Sequence
 from minieng.engine.setup import check_same_tokenizer
@@ -725,6 +728,32 @@ def test_spec_records_match_the_emissions(tiny_ref, method):
     assert all(rec.draft_s == 0.0 for rec in plain.step_records)
 
 
+def test_acceptance_counts_only_the_drafts_a_request_emits(tiny_llama):
+    """Issue 29: a greedy request whose draft proposes tokens past its EOS. The identical draft
+    (k = 4) accepts every draft: emissions of 1, then 5 tokens a step. With EOS set to output token
+    8 (the third of step 2, which covers tokens 6-10), that step emits 3 tokens and drops the
+    2 drafts accepted after EOS: they reached no user, so they count neither as proposed nor as
+    accepted (``LLMEngine._count_emitted_drafts``). Counting them, as before the issue, credits
+    the draft with 4 accepted tokens in a step that emitted 3."""
+    loaded = tiny_llama[1]
+    prompt = random_prompts([13], VOCAB, seed=6)[0]
+    ref = make_engine(loaded).generate([prompt], greedy(24))[0].token_ids
+    eos = ref[8]
+    assert eos not in ref[:8], "the reference emits its EOS earlier: pick another position"
+    with_eos = LoadedModel(loaded.model, loaded.tokenizer, loaded.hf_config, {eos}, None)
+    engine = spec_engine(with_eos, "self", 4)
+    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
+    assert out.token_ids == ref[:9] and out.finish_reason == "stop"
+    emitted = [n for _, n in out.times.emissions]
+    assert emitted == [1, 5, 3]
+    rows = engine.spec_records
+    assert [(r[2], r[3]) for r in rows] == [(4, 4), (3, 3)]  # the last: drafts 1-3 emitted, 4 dropped
+    accepted, proposed = accepted_and_proposed(engine)
+    assert accepted == sum(emitted[1:]) - 1  # every emitted token but the prefill's and step 1's bonus
+    acc = acceptance_metrics([r[3] for r in rows], [r[2] for r in rows])
+    assert acc.acceptance_rate == 1.0 and acc.num_draft_tokens == 7
+
+
 # -- 5. KV rollback keeps the block invariants --------------------------------------------------------
 
 
@@ -1052,21 +1081,33 @@ def with_letters(loaded: LoadedModel) -> LoadedModel:
 
 
 @pytest.mark.parametrize("method", ["self", "quantized"])
-def test_stop_token_inside_accepted_drafts_ends_the_output_there(tiny_llama, method):
+def test_stop_token_inside_accepted_drafts_ends_the_output_there(tiny_llama, method, monkeypatch):
     loaded = tiny_llama[1]
     prompt = random_prompts([13], VOCAB, seed=6)[0]
     ref = make_engine(loaded).generate([prompt], greedy(24))[0].token_ids
+    seen = []  # per emission: (the tokens the step produced, how many the request kept)
+
+    def recording(req, token_ids, *args):
+        kept, delta, status = append_tokens(req, token_ids, *args)
+        seen.append((len(token_ids), len(kept)))
+        return kept, delta, status
+
+    monkeypatch.setattr(llm_engine, "append_tokens", recording)
     dropped = 0  # accepted tokens dropped after a stop, over all cases
     for j in (4, 7, 10, 13):
         stop = ref[j]
         cut = ref[: ref.index(stop) + 1]
         params = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop], ignore_eos=True)
         engine = spec_engine(loaded, method, 4)
+        seen.clear()
         out = engine.generate([prompt], params)[0]
         assert out.token_ids == cut and out.finish_reason == "stop"
         assert sum(n for _, n in out.times.emissions) == len(cut)
-        if engine.spec_records and engine.spec_records[-1][0] == len(engine.step_records) - 1:
-            dropped += engine.spec_records[-1][3] + 1 - out.times.emissions[-1][1]
+        dropped += sum(produced - kept for produced, kept in seen)
+        # the acceptance figures count only the drafts emitted (issue 29): the last step's row, if
+        # it verified drafts, counts no position past the tokens that step emitted
+        last = [r for r in engine.spec_records if r[0] == len(engine.step_records) - 1]
+        assert all(max(r[2], r[3]) <= out.times.emissions[-1][1] for r in last)
         assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert dropped > 0, "no stop token fell inside a run of accepted drafts"
 

@@ -34,8 +34,11 @@ def worded(tiny_llama):
 
 def test_decode_point(worded):
     engine = make_engine(worded, max_num_seqs=8)
-    row = decode_point(engine, 4, prompt_tokens=12, output_tokens=6, peaks=[PEAK])
+    sheet = Peak("a datasheet twice the measured FLOP/s", 0.14, 30.0, "datasheet")
+    row = decode_point(engine, 4, prompt_tokens=12, output_tokens=6, peaks=[PEAK, sheet])
     assert row["batch_size"] == 4 and row["tok_s"] == pytest.approx(4 / row["tpot_s"])
+    by_peak = row["mfu_percent_by_peak"]
+    assert by_peak["measured"] == row["mfu_percent"] and by_peak["datasheet"] == pytest.approx(row["mfu_percent"] / 2)
     assert 0 < row["kv_bytes_share"] < 1 and row["mbu_percent"] > 0 and row["mfu_percent"] > 0
     assert row["intensity_flop_per_byte"] > 0 and row["wall_s"] > 0 and row["step_s"] > 0
 
@@ -171,3 +174,19 @@ def test_near_linear_batch_is_the_last_batch_of_an_unbroken_run():
 )
 def test_limiting_factor(intensity, mbu, expected):
     assert limiting_factor(row(8, 1.0, intensity, mbu), ridge_flop_per_byte=20.0) == expected
+
+
+def test_format_batching_names_a_tail_over_too_few_requests_the_max():
+    from minieng.lab.batching import format_batching
+    from minieng.measure.metrics import RequestMetrics, serving_metrics
+
+    def run(n, e2el_s):  # n requests of 3 tokens, the last token at e2el_s
+        reqs = [RequestMetrics.from_emissions(i, [(i + 0.1, 1), (i + e2el_s, 2)], 6) for i in range(n)]
+        return {"metrics": serving_metrics(reqs).to_dict(), "mean_sequences_per_step": 2.0}
+
+    lines = format_batching({"runs": {"static": run(24, 0.5), "continuous": run(120, 0.3)}})
+    assert lines[0].split() == ["static", "continuous"]
+    e2el = next(line for line in lines if line.startswith("E2EL max"))
+    assert e2el.startswith("E2EL max of 24 ms") and e2el.split()[-2:] == ["500", "300"]  # the maxima
+    assert "E2EL P50 ms" in "\n".join(lines) and "P99" not in "\n".join(lines)
+    assert next(line for line in lines if line.startswith("queue")).split() == ["queue", "ms", "N/A", "N/A"]

@@ -18,14 +18,17 @@ from minieng.engine import llm_engine as engine_module
 from minieng.lab.chunked_prefill import (
     budget_for,
     budget_sweep,
+    budget_tradeoff_verdict,
     choice_in_words,
     choose_long_prompt,
+    decode_first_verdict,
     estimate_sweep_s,
     long_prompt_run,
     measure_setting,
     predict_prefill_s,
     read_result,
     s7_verdict,
+    steps_without_decodes,
 )
 
 B, P, L = 3, 8, 96  # decoders, their prompt tokens, the long prompt's tokens
@@ -137,6 +140,30 @@ def test_s7_verdict_in_words(protection, price, bound, expected):
     assert s7_verdict({"itl_protection_x": protection, "ttft_price_x": price, "overhead_bound": bound}) == expected
 
 
+def test_decode_first_verdict_counts_the_steps_that_skipped_the_decodes():
+    assert (
+        decode_first_verdict(1, 0)
+        == "holds: no chunked step skipped the decodes; chunking off paused them for 1 step(s)"
+    )
+    assert decode_first_verdict(1, 2).startswith("does not hold here: 2 chunked step(s)")
+    assert decode_first_verdict(0, 0).startswith("does not hold here: chunking off never paused")
+
+
+def test_budget_tradeoff_verdict_needs_shorter_gaps_and_a_longer_ttft():
+    assert budget_tradeoff_verdict(20.0, 80.0, 300.0, 200.0, overhead_bound=False) == (
+        "holds: 4.0x shorter gaps for 1.50x the TTFT"
+    )
+    assert budget_tradeoff_verdict(20.0, 80.0, 300.0, 200.0, overhead_bound=True).endswith(
+        "(overhead-bound chunk steps)"
+    )
+    assert budget_tradeoff_verdict(80.0, 80.0, 300.0, 200.0, overhead_bound=False).startswith(
+        "does not hold here: the smallest budget did not shorten the worst gap"
+    )
+    assert budget_tradeoff_verdict(20.0, 80.0, 200.0, 200.0, overhead_bound=False).startswith(
+        "does not hold here: the smallest budget cost the newcomer no TTFT"
+    )
+
+
 def test_the_same_tokens_whatever_the_policy(tiny_engine, tiny_llama):
     """The experiment changes when tokens come, never which: the decoders' outputs agree."""
     decoders, long_prompt = prompts(tiny_llama)
@@ -164,6 +191,8 @@ def test_measure_and_sweep_keep_every_run_and_take_medians(tiny_engine, tiny_lla
     assert sweep["off"]["budget_tokens"] is None and [r["budget_tokens"] for r in sweep["on"]] == [19, 40]
     assert seen == ["chunked prefill: off", "chunked prefill: budget 19 tokens", "chunked prefill: budget 40 tokens"]
     assert sweep["long_prompt_tokens"] == 32 and sweep["num_decoders"] == B
+    # chunking off prefills the prompt in a step of its own; decode-first never skips the decodes
+    assert steps_without_decodes(sweep) == (1, 0)
     with pytest.raises(ValueError, match="repeats"):
         measure_setting(engine, decoders, long_prompt, 19, repeats=0)
 

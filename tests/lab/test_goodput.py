@@ -47,3 +47,16 @@ def test_the_sweep_leaves_the_given_engine_alone(tiny_engine):
 def test_bad_caps_are_refused(tiny_engine, caps):
     with pytest.raises(ValueError):
         batch_cap_sweep(tiny_engine(), *_workload(2)[:1], caps, SLO(ttft_ms=1), prompts=_workload(2)[1])
+
+
+def test_format_sweep_names_a_tail_over_too_few_requests_the_max(tiny_engine):
+    """10 requests a point: no P99 (it needs 100), so the table shows each point's max and says so."""
+    specs, prompts = _workload()
+    result = batch_cap_sweep(tiny_engine(), specs, [(1, 16), (4, 16)], SLO(ttft_ms=60_000), prompts=prompts)
+    for p in result["points"]:
+        assert p["ttft_ms"]["count"] == 10 and p["ttft_ms"]["max"] >= p["ttft_p99_ms"]
+    lines = format_sweep(result)
+    assert "max TTFT ms" in lines[1] and "P99" not in lines[1]
+    assert lines[-1] == "  (max: too few requests a point for a P99: TTFT max of 10, TPOT max of 10)"
+    row = lines[2].split()
+    assert float(row[3]) == pytest.approx(result["points"][0]["ttft_ms"]["max"], abs=0.5)

@@ -18,6 +18,7 @@ from minieng.lab.gpu_utilization import (
     OUTSIDE_OPS,
     decode_for,
     decode_utilization,
+    graphs_verdict,
     is_matmul,
     op_shares,
     op_times,
@@ -194,3 +195,9 @@ def test_decode_ops_counts_one_decode_step_and_leaves_the_engine_idle(tiny_engin
     assert got["batch_size"] == 2 and got["computing_per_layer"] == 14 and got["ops_per_layer"] == 24
     assert got["step_ops"] > 24 * len(engine.model.layers)  # the step's own ops beside the layers'
     assert not engine.has_unfinished_requests() and not engine.requests
+
+
+def test_graphs_verdict_on_a_gpu_and_not_testable_on_a_cpu():
+    assert graphs_verdict(14.0, 2.2, cuda=True) == "holds: CUDA graphs cut TPOT 6.36x"
+    assert graphs_verdict(14.0, 13.0, cuda=True).startswith("does not hold here: CUDA graphs cut TPOT only 1.08x")
+    assert graphs_verdict(40.0, 40.0, cuda=False).startswith("not testable here: a CPU launches no kernels")

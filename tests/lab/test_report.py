@@ -146,3 +146,78 @@ def test_quantization_section_prints_ratios_beside_predictions():
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("int8 "))
     assert "1.006" in line and "0.80x (0.70)" in line and "0.40x (0.26)" in line and "2.00x" in line
     assert "96.5%" in line and "int8: int8 kernel" in text
+
+
+def test_serving_section_names_a_p99_over_too_few_requests_the_max():
+    from minieng.measure.metrics import summarize_ms
+
+    few = summarize_ms([0.1, 0.2, 0.3, 0.4] * 6)  # 24 requests: no sample lies above a P99
+    many = summarize_ms([0.01 * (i % 7 + 1) for i in range(120)])  # 120 gaps: a real P99
+    report = {
+        "workload": {
+            "kind": "poisson",
+            "num_requests": 24,
+            "last_arrival_s": 3.0,
+            "prompt_tokens_total": 240,
+            "output_tokens_total": 144,
+        },
+        "metrics": {
+            "completed": 24,
+            "aborted": 0,
+            "failed": 0,
+            "duration_s": 5.0,
+            "num_preemptions": 0,
+            "output_throughput_tok_s": 28.8,
+            "prefill_throughput_tok_s": 48.0,
+            "request_throughput_req_s": 4.8,
+            "ttft_ms": few,
+            "tpot_ms": few,
+            "itl_ms": many,
+            "e2el_ms": few,
+            "num_excluded_from_tpot": 0,
+        },
+    }
+    lines = format_serving(report)
+    ttft = next(line for line in lines if line.strip().startswith("TTFT"))
+    itl = next(line for line in lines if line.strip().startswith("ITL"))
+    assert ttft.split()[1:] == ["24", "250.0", "250.0", "400.0", "-", "400.0"]  # P90 supported by 24, P99 not
+    assert "-" not in itl.split() and f"{many['p99']:.1f}" in itl
+    assert "TTFT max of 24, TPOT max of 24, E2EL max of 24" in "\n".join(lines)
+    assert "ITL max of" not in "\n".join(lines)
+
+
+def test_prefix_section_shows_each_points_max_when_it_has_too_few_requests_for_a_p99():
+    from minieng.lab.report import format_prefix
+    from minieng.measure.metrics import summarize_ms
+
+    def point(shared, hit, ttft_s):
+        return {"shared_tokens": shared, "hit_rate": hit, "ttft_ms": summarize_ms(ttft_s)}
+
+    result = {
+        "prompt_tokens": 256,
+        "block_size": 16,
+        "cold": {"ttft_ms": summarize_ms([0.1, 0.1, 0.1, 0.5])},
+        "points": [point(128, 0.5, [0.05, 0.05, 0.05, 0.3]), point(240, 0.94, [0.01, 0.01, 0.01, 0.2])],
+        "seed_points": [{"hit_rate": 0.97, "ttft_s": 0.87}],
+    }
+    lines = format_prefix(result)
+    assert "max TTFT ms" in lines[1] and "P99" not in lines[1]
+    assert lines[2].split()[-2] == "500.0" and lines[4].split()[-2] == "200.0"  # the maxima, not interpolations
+    assert "  (max: the max of 4 requests a point, too few for a P99)" in lines
+
+
+def test_two_clocks_table_names_each_tail_by_its_sample():
+    from minieng.lab.report import format_two_clocks
+    from minieng.measure.metrics import RequestMetrics, serving_metrics
+
+    def run(offset_s):  # 24 requests of 50 tokens: 24 TTFTs (no P99), 1,176 gaps (a P99)
+        reqs = [
+            RequestMetrics.from_emissions(i, [(i + offset_s + 0.01 * k, 1) for k in range(1, 51)], 8) for i in range(24)
+        ]
+        return serving_metrics(reqs)
+
+    lines = format_two_clocks(run(0.002), run(0.0))  # the client sees every token 2 ms later
+    ttft = next(line for line in lines if line.strip().startswith("TTFT"))
+    itl = next(line for line in lines if line.strip().startswith("ITL"))
+    assert ttft.split()[1:4] == ["24", "12.0", "10.0"] and ttft.endswith("max of 24")
+    assert itl.endswith("P99") and itl.split()[1] == "1176"

@@ -11,6 +11,9 @@ from minieng.measure.metrics import (
     SLO,
     RequestMetrics,
     acceptance_metrics,
+    common_tail,
+    labeled_percentile,
+    percentile_label,
     request_metrics,
     run_duration_s,
     serving_metrics,
@@ -250,3 +253,45 @@ def test_acceptance_empty_and_invalid():
         acceptance_metrics([-1], 3)
     with pytest.raises(ValueError):
         acceptance_metrics([1, 1], [2])  # one proposal count for two drafts
+
+
+def test_percentile_label_names_the_max_when_the_sample_is_too_small_for_the_percentile():
+    assert percentile_label(99, 4) == "max of 4"
+    assert percentile_label(99, 24) == "max of 24"
+    assert percentile_label(99, 99) == "max of 99"
+    assert percentile_label(99, 100) == "P99"
+    assert percentile_label(90, 10) == "P90"  # 10 * 0.1 == 1 despite float rounding
+    assert percentile_label(90, 9) == "max of 9"
+    assert percentile_label(95, 19) == "max of 19"
+    assert percentile_label(95, 20) == "P95"
+    assert percentile_label(50, 2) == "P50"
+    assert percentile_label(99.9, 1000) == "P99.9"
+    assert percentile_label(99, 0) == "max of 0"
+    for bad in ((0, 10), (101, 10), (99, -1)):
+        with pytest.raises(ValueError):
+            percentile_label(*bad)
+
+
+def test_labeled_percentile_gives_the_max_under_its_name_when_the_percentile_is_unsupported():
+    few = [1.0, 2.0, 3.0, 10.0]
+    assert labeled_percentile(few, 99) == ("max of 4", 10.0)
+    assert labeled_percentile(few, 50) == ("P50", 2.5)
+    many = list(range(1, 201))
+    label, value = labeled_percentile(many, 99)
+    assert label == "P99" and value == approx(np.percentile(many, 99)) and value < 200
+    assert labeled_percentile([], 99) == ("max of 0", None)
+    stats = summarize_ms([x / 1e3 for x in few])  # seconds in, ms out
+    assert labeled_percentile(stats, 99) == ("max of 4", approx(10.0))
+    assert labeled_percentile(stats, 50) == ("P50", approx(2.5))
+    assert labeled_percentile(summarize_ms([]), 99) == ("max of 0", None)
+    with pytest.raises(ValueError):
+        labeled_percentile(stats, 75)  # not one of the summary's percentiles
+
+
+def test_common_tail_falls_back_to_the_max_when_any_row_is_too_small_for_a_p99():
+    big, small = summarize_ms([0.001] * 150), summarize_ms([0.001] * 24)
+    assert common_tail([big, big]) == ("P99", "p99")
+    assert common_tail([big, small]) == ("max of 24", "max")
+    assert common_tail([big], 95) == ("P95", "p95")
+    with pytest.raises(ValueError):
+        common_tail([])

@@ -306,3 +306,38 @@ def test_kv_sweep_is_capped_by_the_pool_the_batch_and_the_budget():
     assert not plan["reached"] and len(plan["contexts"]) >= 3 and plan["batch_size"] < 64
     with pytest.raises(ValueError):
         kv_sweep_plan(cpu_probe(), 538e6, 46080, 0, max_context=8150, max_tokens=23296, max_batch=64)
+
+
+# -- prefill_batch_length (claim S16's sweep) ------------------------------------------------------
+
+
+def test_prefill_batch_length_passes_the_knee_within_the_budgets():
+    from minieng.measure.sweep_plan import prefill_batch_length
+
+    probe = {"knee_tokens": 128, "knee_reached": True, "prefill_tok_s": 800.0, "overhead_s": 0.0}
+    plan = prefill_batch_length(probe, [1, 2, 4, 8], max_tokens=8192)
+    assert plan == {"prompt_tokens": 256, "past_knee": True, "why": None}  # min_tokens, past a knee of 128
+    # A knee above min_tokens: the knee.
+    assert prefill_batch_length(probe | {"knee_tokens": 512}, [1, 2, 4, 8], 8192)["prompt_tokens"] == 512
+    # The token budget caps it: 8 prompts in 1,024 tokens leave 128 each (still the knee).
+    assert prefill_batch_length(probe, [1, 2, 4, 8], max_tokens=1024)["prompt_tokens"] == 128
+    # The time budget: 15 prompts at 800 tok/s in 3 s leave 160 tokens each.
+    plan = prefill_batch_length(probe, [1, 2, 4, 8], 8192, budget_s=3.0)
+    assert plan["prompt_tokens"] == 160 and plan["past_knee"]
+    # A time budget never pushes it under the knee: past it is the point (a slow device overruns the budget).
+    assert prefill_batch_length(probe, [1, 2, 4, 8], 8192, budget_s=1.0)["prompt_tokens"] == 128
+    # The token budget can: said so.
+    plan = prefill_batch_length(probe, [1, 2, 4, 8], max_tokens=800)
+    assert plan["prompt_tokens"] == 96 and not plan["past_knee"] and "under the probe's knee" in plan["why"]
+
+
+def test_prefill_batch_length_without_a_knee_and_refusals():
+    from minieng.measure.sweep_plan import prefill_batch_length
+
+    probe = {"knee_tokens": 2048, "knee_reached": False, "prefill_tok_s": 1e5, "overhead_s": 0.01}
+    plan = prefill_batch_length(probe, [1, 2], 8192, min_tokens=16)
+    assert plan["prompt_tokens"] == 16 and not plan["past_knee"] and "still growing" in plan["why"]
+    with pytest.raises(ValueError, match="batch sizes"):
+        prefill_batch_length(probe, [], 8192)
+    with pytest.raises(ValueError, match="fewer than 16 tokens"):
+        prefill_batch_length(probe, [1, 8], 100)

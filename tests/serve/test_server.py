@@ -11,6 +11,8 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import logging
+import re
 import threading
 import time
 
@@ -851,6 +853,50 @@ def test_soak_a_thousand_mixed_requests(text_model):
     assert first["answered"] + first["aborted"] + first["refused"] == 500
     assert len(finished) == sum(c["answered"] + c["aborted"] for c in (first, second))
     assert rss_after_second - rss_after_first < 64, (rss_after_first, rss_after_second)
+
+
+# -- vLLM's stats line -------------------------------------------------------------------------------
+
+STATS_LINE = re.compile(
+    r"Engine 000: Avg prompt throughput: (\d+\.\d) tokens/s, Avg generation throughput: (\d+\.\d) tokens/s, "
+    r"Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: (\d+\.\d)%, Prefix cache hit rate: (\d+\.\d)%"
+)
+
+
+def test_the_server_logs_vllms_stats_line_every_interval(tiny_engine, caplog):
+    """S1: the server logs prompt and generation throughput as vLLM's LoggingStatLogger counts them;
+    two quiet intervals later the line drops to DEBUG, as vLLM's does. A tiny model and token ids:
+    no tokenizer to load."""
+    caplog.set_level(logging.DEBUG, logger="minieng.serve.async_engine")
+    engine = tiny_engine()  # blocks of 4 tokens
+    shared = list(range(10, 26))  # four blocks, cached by the first request for the second
+    with ServerThread(build_app(engine, MODEL, log_interval_s=0.1)) as server:
+        for tail in ([30, 31, 32, 33], [40, 41, 42, 43, 44]):
+            body = {"model": MODEL, "prompt": shared + tail, "max_tokens": 3, "ignore_eos": True}
+            assert httpx.post(f"{server.base_url}/completions", json=body, timeout=30).status_code == 200
+
+        def lines(level):
+            return [STATS_LINE.fullmatch(r.getMessage()) for r in caplog.records if r.levelno == level]
+
+        assert wait_until(lambda: len(lines(logging.DEBUG)) >= 1), "quiet intervals are logged at DEBUG"
+    info = lines(logging.INFO)
+    assert info and all(info), [r.getMessage() for r in caplog.records]
+    assert any(float(m[1]) > 0 for m in info) and any(float(m[2]) > 0 for m in info)
+    last = info[-1]  # after both requests: nothing running, hits 16 of the 20 + 21 tokens looked up
+    assert (last[3], last[4], last[6]) == ("0", "0", f"{100 * 16 / 41:.1f}")
+
+
+def test_log_interval_zero_logs_no_stats(tiny_engine, caplog):
+    caplog.set_level(logging.DEBUG, logger="minieng.serve.async_engine")
+    app = build_app(tiny_engine(), MODEL, log_interval_s=0)
+    with ServerThread(app) as server:
+        body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}
+        assert httpx.post(f"{server.base_url}/completions", json=body, timeout=30).status_code == 200
+        time.sleep(0.2)
+        assert app.state.engine_loop.stat_logger is None
+    assert not any(STATS_LINE.search(r.getMessage()) for r in caplog.records)
+    with pytest.raises(ValueError, match="log_interval_s"):
+        build_app(tiny_engine(), MODEL, log_interval_s=-1)
 
 
 # -- the load generator --------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def test_latency_cdfs_with_an_empty_series_and_slos():
     assert labels(fig)[2][1] == "fraction of gaps"
     ttft_ax = fig.axes[0]
     legend = [t.get_text() for t in ttft_ax.get_legend().get_texts()]
-    assert any(t.startswith("SLO 250") for t in legend) and any(t.startswith("P99") for t in legend)
+    assert any(t.startswith("SLO 250") for t in legend) and "max of 4: 300 ms" in legend  # 4 values: no P99
+    assert not any(t.startswith("P99") for t in legend) and any(t.startswith("P50") for t in legend)
 
 
 def test_latency_cdfs_of_nothing():
@@ -152,7 +153,7 @@ def test_ttft_vs_hit_rate():
         "shared_tokens": shared,
         "user_tokens": 1024 - shared,
         "hit_rate": hit,
-        "ttft_ms": {"p50": p50, "p99": p50 * 1.1},
+        "ttft_ms": {"p50": p50, "p99": p50 * 1.1, "max": p50 * 1.2, "count": 8},
         "cache": True,
     }
     result = {
@@ -167,6 +168,8 @@ def test_ttft_vs_hit_rate():
     ax = fig.axes[0]
     assert ax.get_xlabel() == "prefix cache hit rate (% of prompt tokens)" and "TTFT (ms)" in ax.get_ylabel()
     assert fig.axes[1].get_ylabel() == "article's TTFT (s)"
+    tail = next(line for line in ax.get_lines() if line.get_label() == "max of 8 TTFT")  # 8 requests: no P99
+    assert list(tail.get_ydata()) == pytest.approx([1100.0 * 1.2, 650.0 * 1.2, 170.0 * 1.2])
 
 
 def test_speculative_sweep():
@@ -247,6 +250,24 @@ def test_decode_bytes_and_tpot_stacks_kv_on_the_weights():
     ]
     left = fig.axes[0]
     assert len(left.patches) == 6 and [t.get_text() for t in left.get_xticklabels()] == ["16", "1,024", "4,096"]
+
+
+def test_decode_mfu_projection_names_each_device_and_marks_the_reader():
+    from minieng.measure.projection import project_decode_mfu
+
+    rows = project_decode_mfu(55.0, 1.0)
+    fig = plots.decode_mfu_projection(rows, reader=("this H200", 989.0, 0.8))
+    png(fig)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and "peak FLOP/s" in ax.get_xlabel() and "MFU" in ax.get_ylabel()
+    names = {t.get_text() for t in ax.texts}
+    assert {r["device"] for r in rows} <= names and "this H200" in names
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("projected" in t for t in legend) and any("measured" in t for t in legend)
+    # The reader's point sits at its measured MFU, not on the projection.
+    star = ax.collections[-1].get_offsets()
+    assert tuple(star[0]) == (989.0, 0.8)
+    png(plots.decode_mfu_projection(rows))  # nothing measured to mark
 
 
 def test_recompute_vs_cache():
@@ -361,6 +382,8 @@ def test_batching_timeline_and_compared_cdfs():
     fig = plots.compared_cdfs(runs)
     png(fig)
     assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "E2EL (ms)"]
+    ttft_legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "max of 2: 50 ms" in ttft_legend and not any("P99" in t for t in ttft_legend)  # 2 values: no P99
 
 
 def test_quantization_ratios_draws_measured_bars_and_predicted_marks():
@@ -434,6 +457,7 @@ FIGURES = [
     "top_ops_figure",
     "goodput_sweep",
     "decode_bytes_and_tpot",
+    "decode_mfu_projection",
     "recompute_vs_cache_figure",
     "block_tables",
     "kv_concurrency",
