@@ -269,3 +269,17 @@ def test_model_reaches_only_the_notebooks_it_names(tmp_path, monkeypatch):
         for name in ("00_a", "01_b")
     }
     assert printed == {"00_a": "model: None\n", "01_b": "model: SmolLM2-135M\n"}
+
+
+def test_each_claim_lists_the_notebooks_whose_closing_tables_name_it():
+    """The claims index (README, notebook 00) says where each claim is measured: the notebooks whose
+    claims_table rows name it, and no other."""
+    from pathlib import Path
+
+    named = {cid: set() for cid in claims.ARTICLE_CLAIMS}
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        for cid in claims.claims_in_source(source):
+            named[cid].add(path.name[:2])
+    assert {cid: set(c.notebooks) for cid, c in claims.ARTICLE_CLAIMS.items()} == named
