@@ -597,8 +597,8 @@ def s14_slopes(
 ) -> str:
     """S14: three requests, (short prompt, short answer), (long prompt, short answer), (short
     prompt, long answer), each timed as TTFT and decode time (E2EL - TTFT). Growing the prompt must
-    grow TTFT ``OWN_LENGTH_X`` times more (as a ratio) than it grows the decode time; growing the
-    answer must grow the decode time that much more than TTFT."""
+    grow TTFT at least ``OWN_LENGTH_X`` times, and ``OWN_LENGTH_X`` times more (as a ratio) than it
+    grows the decode time; growing the answer must do the same for the decode time against TTFT."""
 
     def judge(
         ttft_short_s, ttft_long_prompt_s, ttft_long_output_s, decode_short_s, decode_long_prompt_s, decode_long_output_s
@@ -609,7 +609,8 @@ def s14_slopes(
             f"longer prompt: TTFT x{prompt_ttft:.1f}, decode x{prompt_decode:.1f}; "
             f"longer answer: decode x{output_decode:.1f}, TTFT x{output_ttft:.1f}"
         )
-        if prompt_ttft >= OWN_LENGTH_X * prompt_decode and output_decode >= OWN_LENGTH_X * output_ttft:
+        own = min(prompt_ttft, output_decode) >= OWN_LENGTH_X  # each phase grew with its own length
+        if own and prompt_ttft >= OWN_LENGTH_X * prompt_decode and output_decode >= OWN_LENGTH_X * output_ttft:
             return f"{HOLDS}: {said}"
         return f"{FAILS}: {said}"
 
