@@ -4,7 +4,7 @@ the arrival rate, and static against continuous batching on one workload."""
 from __future__ import annotations
 
 import pytest
-from helpers import assert_same_or_near_tie, bos_tokenizer, hf_next_logits, make_engine, random_prompts
+from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 
 from minieng.config import ModelConfig
 from minieng.lab import batching as batch_experiment
@@ -20,16 +20,8 @@ from minieng.lab.batching import (
 from minieng.measure.peaks import Peak
 from minieng.measure.work import decode_work
 from minieng.measure.workloads import RequestSpec, fixed_workload, poisson_workload, spread_output_lengths
-from minieng.model.loader import LoadedModel
 
 PEAK = Peak("measured cpu float32", 0.07, 15.0, "measured")
-
-
-@pytest.fixture(scope="module")
-def worded(tiny_llama):
-    """The tiny Llama with a word-level tokenizer, so text prompts can be cut for it."""
-    loaded = tiny_llama[1]
-    return LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, set(), None)
 
 
 def test_decode_point(worded):

@@ -8,13 +8,11 @@ token the step runs, so every gap and TTFT is known in advance.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 from helpers import random_prompts
 
 from minieng import ModelConfig
-from minieng.engine import llm_engine as engine_module
 from minieng.lab.chunked_prefill import (
     budget_for,
     budget_sweep,
@@ -38,25 +36,6 @@ def prompts(tiny_llama, long_tokens=L, decoders=B, decoder_tokens=P):
     vocab = tiny_llama[1].model.config.vocab_size
     ids = random_prompts([decoder_tokens] * decoders + [long_tokens], vocab, seed=1)
     return ids[:-1], ids[-1]
-
-
-@pytest.fixture
-def fake_clock(monkeypatch):
-    """The engine's clock advances only inside the model runner: 1 ms per step + 1 ms per token."""
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
-
-    def install(engine):
-        execute = engine.runner.execute
-
-        def timed(scheduled):
-            clock.now += 1e-3 * (1 + sum(n for _, n in scheduled))
-            return execute(scheduled)
-
-        engine.runner.execute = timed
-        return engine
-
-    return install
 
 
 def test_chunking_off_stalls_every_decoder_once_for_the_whole_prompt(tiny_engine, tiny_llama, fake_clock):

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers import bos_tokenizer, make_engine
+from helpers import make_engine
 
 from minieng.lab.phase_costs import CASES, phase_cost_grid
-from minieng.model.loader import LoadedModel
-
-
-@pytest.fixture(scope="module")
-def worded(tiny_llama):
-    loaded = tiny_llama[1]
-    return LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, set(), None)
 
 
 def test_the_grid_times_each_case_with_its_own_lengths(worded):

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import bos_tokenizer, make_engine
+from helpers import make_engine
 
 from minieng.lab.phase_levers import prefill_batch_sweep, thread_knob
 from minieng.measure.peaks import Peak
-from minieng.model.loader import LoadedModel
 
 PEAK = Peak("measured cpu float32", 0.07, 15.0, "measured")
-
-
-@pytest.fixture(scope="module")
-def worded(tiny_llama):
-    """The tiny Llama with a word-level tokenizer, so text prompts can be cut for it."""
-    loaded = tiny_llama[1]
-    return LoadedModel(loaded.model, bos_tokenizer(), loaded.hf_config, set(), None)
 
 
 def test_prefill_batch_sweep_runs_each_batch_in_one_step(worded):

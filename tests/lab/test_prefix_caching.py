@@ -8,12 +8,10 @@ step plus 1 ms per token the step runs, so every TTFT is known in advance.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 from helpers import random_prompts
 
-from minieng.engine import llm_engine as engine_module
 from minieng.lab import prefix_caching
 from minieng.lab.prefix_caching import (
     block_floor_verdict,
@@ -35,25 +33,6 @@ def ids_for_text(monkeypatch, tiny_llama):
     monkeypatch.setattr(
         prefix_caching, "text_prompts", lambda tokenizer, n, count=1: random_prompts([n] * count, vocab, seed=n)
     )
-
-
-@pytest.fixture
-def fake_clock(monkeypatch):
-    """The engine's clock advances only inside the model runner: 1 ms per step + 1 ms per token."""
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: clock.now))
-
-    def install(engine):
-        execute = engine.runner.execute
-
-        def timed(scheduled):
-            clock.now += 1e-3 * (1 + sum(n for _, n in scheduled))
-            return execute(scheduled)
-
-        engine.runner.execute = timed
-        return engine
-
-    return install
 
 
 @pytest.fixture
