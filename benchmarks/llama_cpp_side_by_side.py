@@ -7,7 +7,7 @@ file as it is, in its own 4-bit kernels; minieng dequantizes it to float32 once
 in the same process and the same quiet window, contenders alternating round by round:
 
 - batch-1 TPOT (ms): a 16-token prompt, then ``--output-tokens`` greedy tokens; minieng's is its
-  request's TPOT (``lab.bench.minieng_decode``), llama.cpp's the mean of its one-token evals, each
+  request's TPOT (``lab.probes.minieng_decode``), llama.cpp's the mean of its one-token evals, each
   with the argmax of its logits (minieng's steps sample too);
 - prefill (tokens/s): one ``--prompt-tokens`` prompt of real text (``measure.workloads``), its TTFT.
 
@@ -93,12 +93,12 @@ class Minieng:
         self.compile_s = self.engine.runner.compile_s
 
     def decode_tpot_s(self, prompt: list[int], output_tokens: int) -> float:
-        from minieng.lab.bench import minieng_decode
+        from minieng.lab.probes import minieng_decode
 
         return minieng_decode(self.engine, [prompt], output_tokens)[0]
 
     def prefill_s(self, prompt: list[int]) -> float:
-        from minieng.lab.bench import minieng_prefill
+        from minieng.lab.probes import minieng_prefill
 
         return minieng_prefill(self.engine, [prompt])[0]
 
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    from minieng.lab.bench import warm_up
+    from minieng.lab.probes import warm_up
     from minieng.measure.workloads import text_prompts
     from minieng.model.loader import default_gguf_path
 

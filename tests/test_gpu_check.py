@@ -1,5 +1,6 @@
 """``benchmarks/gpu_check.py`` in smoke mode on the CPU: every section runs and its JSON holds
-the figures the GPU run reports (their values mean nothing on tiny shapes)."""
+the figures the GPU run reports (their values mean nothing on tiny shapes). The checks' parts,
+one by one: tests/lab/test_gpu_check.py."""
 
 from __future__ import annotations
 
@@ -78,39 +79,6 @@ def load_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def test_a_decode_row_is_labelled_by_the_steps_that_replayed_a_graph():
-    """A batch too wide for any bucket runs eagerly: its row must not print "graphs"."""
-    mode = load_script().decode_mode
-    assert mode({"graphed_steps": 16, "steps": 16}) == "graphs"
-    assert mode({"graphed_steps": 0, "steps": 16}) == "eager"
-    assert mode({"graphed_steps": 5, "steps": 16}) == "graphs 5/16"
-
-
-def test_greedy_parity_runs_the_reference_through_eos(tiny_llama):
-    """transformers' ``generate`` stops at the checkpoint's EOS whatever it is told; minieng's side
-    ignores EOS. The reference must run as many tokens, and runs of different lengths are refused
-    rather than read as agreement."""
-    import pytest
-    import torch
-
-    script = load_script()
-    hf = tiny_llama[0]
-    prompt = [5, 17, 42, 9]
-    first = int(hf(torch.tensor([prompt])).logits[0, -1].argmax())
-    hf.generation_config.eos_token_id = first  # the very first greedy token is EOS
-    stopped = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(prompt) :]
-    assert len(stopped) < 8  # what the old comparison read as a full agreement
-    tokens = script.reference_greedy(hf, prompt, 8)
-    assert len(tokens) == 8 and tokens[0] == first
-    with torch.no_grad():  # each token the argmax after the ones before it
-        for i in range(8):
-            assert tokens[i] == int(hf(torch.tensor([prompt + tokens[:i]])).logits[0, -1].argmax())
-    assert script.greedy_agreement(tokens, tokens) == 8
-    assert script.greedy_agreement(tokens, tokens[:3] + [t + 1 for t in tokens[3:]]) == 3
-    with pytest.raises(ValueError, match="same length"):
-        script.greedy_agreement(tokens, tokens[:1])
 
 
 def test_notebooks_runs_00_to_04_in_smoke_mode_and_keeps_their_claims(monkeypatch, tmp_path):

@@ -1,6 +1,6 @@
 """Every ``minieng.X`` a reader is pointed at, in the notebooks, the README and docs/, exists.
 
-Issue 29: the course named five things that had moved away (``minieng.flops``, ``minieng.ceilings``,
+The course once named five things that had moved away (``minieng.flops``, ``minieng.ceilings``,
 ...). A name resolves when its longest importable module prefix imports and the rest are attributes.
 """
 

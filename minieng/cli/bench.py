@@ -12,7 +12,7 @@ from minieng.cli.args import engine_args, engine_from_args, int_list, slo_from_a
 from minieng.config import QUANTIZATION_SCHEMES
 from minieng.lab.bench import BenchConfig, run_bench
 from minieng.lab.prefix_caching import multi_turn, ttft_vs_hit_rate, zero_hit_overhead
-from minieng.lab.quantization_lab import QuantBenchConfig, run_quantization
+from minieng.lab.quantization import QuantBenchConfig, run_quantization
 from minieng.lab.replay import serving_bench
 from minieng.lab.report import check_targets, format_table
 from minieng.lab.speculative import speculative_bench

@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,10 +22,6 @@ import torch
 from minieng.course.claims import CLAIMS_MIMETYPE, claim_ids, format_index, index_entries, noise_note
 from minieng.measure import harness  # harness.environment, read at call time (tests patch it)
 from minieng.measure.harness import smoke_mode
-
-
-def in_colab() -> bool:
-    return "google.colab" in sys.modules
 
 
 class CachedResult(dict):

@@ -132,7 +132,7 @@ def s3_bytes_ratio(tpot_ratio: float, *, bytes_ratio: float, scheme: str, noise)
     """S3 through quantization: if a decode step costs its bytes / bandwidth (TPOT_min, DESIGN.md
     section 5), a scheme's batch-1 TPOT over the float model's (``tpot_ratio``, measured within
     rounds) follows the ratio of their decode steps' bytes (``bytes_ratio``, counted:
-    ``work.decode_work`` with the scheme's ``matmul_bytes``; exact).
+    ``flops_bytes.decode_work`` with the scheme's ``matmul_bytes``; exact).
 
     Four verdicts: holds (within ``BYTES_OVERHEAD_X`` above the bytes); holds above the bytes
     (per-op overhead: the part of a step that is not reading weights, which no byte saving
@@ -299,11 +299,13 @@ def s6_continuous(
 
 def s7_chunked(reading: dict, gap_off_s: float, gap_on_s: float, ttft_off_s: float, ttft_on_s: float, *, noise) -> str:
     """S7: chunked prefill shortens the running decodes' worst gap at a small TTFT price
-    (``lab.s7_verdict`` on ``lab.read_result``'s reading, with the four timings moved by the noise)."""
-    from minieng.lab import s7_verdict  # the lesson's own reading of its run
+    (``lab.decode_protection_verdict`` on ``lab.read_result``'s reading, with the four timings moved by the noise)."""
+    from minieng.lab import decode_protection_verdict  # the lesson's own reading of its run
 
     def judge(gap_off_s, gap_on_s, ttft_off_s, ttft_on_s):
-        return s7_verdict(reading | {"itl_protection_x": gap_off_s / gap_on_s, "ttft_price_x": ttft_on_s / ttft_off_s})
+        return decode_protection_verdict(
+            reading | {"itl_protection_x": gap_off_s / gap_on_s, "ttft_price_x": ttft_on_s / ttft_off_s}
+        )
 
     return verdict(judge, noise, gap_off_s=gap_off_s, gap_on_s=gap_on_s, ttft_off_s=ttft_off_s, ttft_on_s=ttft_on_s)
 
@@ -473,7 +475,7 @@ def s13_quantization(ttft_ratio: float, tpot_ratio: float, *, noise) -> str:
 # -- beyond the articles: the engine's own claims (notebooks 08 and 09) -----------------------------
 
 # W8A8 amplifies float noise when the same nudge moves its logits this many times the float model's:
-# three orders of magnitude. On the workshop's CPU a 1e-6 nudge moved the default model's logits by
+# three orders of magnitude. On a 2-core AMD EPYC a 1e-6 nudge moved the default model's logits by
 # 7e-5 in float32, 0.017 with int8 (activations in two int8 digits: ~240x) and 3.7 with W8A8 (~50,000x).
 AMPLIFY_X = 1000.0
 

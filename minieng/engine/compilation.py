@@ -19,7 +19,7 @@ start-up (``warm_up``), and none after. On CUDA the compiled regions run inside 
 decode graphs.
 
 Plain decode steps on a CPU (one query per sequence) run a whole compiled step instead
-(``model.decode_step``: embedding to logits in one graph, attention an opaque operator): the
+(``model.compiled_decode``: embedding to logits in one graph, attention an opaque operator): the
 regions' graphs are called 60 times a step in a 30-layer model, and each call pays Dynamo's guard
 check and wrapper, which cost the default model's batch-1 step more than the fusion saved (the
 step ran slower than eager). One graph checks its guards once. On CUDA decode steps replay
@@ -35,12 +35,15 @@ import os
 import shutil
 import time
 import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from minieng.engine.memory_plan import throwaway_forward
 from minieng.model.attention import AttentionMetadata, build_metadata
-from minieng.model.decode_step import decode_forward
+from minieng.model.compiled_decode import decode_forward
 from minieng.model.kv_cache import KVCache
 from minieng.model.llama import DecoderLayer, LlamaForCausalLM
 
@@ -49,6 +52,40 @@ _REGIONS = None  # compiled once per process, shared by every engine that compil
 # The narrowest block table a compiled decode step sees: torch specializes a size of 1, so a
 # width of 1 would be a graph of its own. Padding is masked (``attention.decode_mask``).
 MIN_DECODE_WIDTH = 2
+
+
+@dataclass(frozen=True)
+class CompiledParts:
+    """What ``compile=True`` built for one engine's model: the layers' compiled ``regions``, the
+    compiled ``decode`` step (a CPU's; None on CUDA, whose decode steps replay CUDA graphs) and the
+    seconds compiling them took at start-up (``compile_s``). All None: the model runs eagerly."""
+
+    regions: tuple | None = None
+    decode: Callable | None = None
+    compile_s: float | None = None
+
+
+EAGER = CompiledParts()
+
+
+def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
+    """Compile ``model``'s parts now (``regions``, ``warm_up``; on a CPU the whole decode step too,
+    ``compile_decode_step``, warmed up over ``kv_cache``), so no request pays for it. Where it cannot
+    compile (no compiler, or the compiler fails), warns why and returns ``EAGER``: the engine runs."""
+    device = kv_cache.kv.device
+    why = compiler_missing(device)
+    if why is None:
+        try:
+            regions_ = regions()
+            compile_s = warm_up(model, device, regions_)
+            if device.type == "cuda" or model.tp.size > 1:  # decode_forward is one rank's, on a CPU
+                return CompiledParts(regions_, None, compile_s)
+            decode = compile_decode_step()
+            return CompiledParts(regions_, decode, compile_s + warm_up_decode(decode, model, kv_cache))
+        except Exception as e:  # noqa: BLE001 (any compiler failure: the engine still runs, eagerly)
+            why = f"torch.compile failed ({type(e).__name__}: {str(e)[:300]})"
+    warnings.warn(f"compile=True: {why}; the engine runs eagerly", stacklevel=4)
+    return EAGER
 
 
 def regions() -> tuple:
@@ -93,18 +130,14 @@ def compile_decode_step():
 
     Dynamo checks no guard on the model's modules and parameters (``guard_filter_fn``:
     ``skip_guard_on_all_nn_modules_unsafe``, torch 2.7 and later), which it would otherwise check
-    every step: on the workshop's CPU that took the default model's W8A8 batch-1 forward (the
-    compiled step called directly, alternated in one process, medians of 9 rounds) from 11.8 to
-    11.2 ms, and from 13.8 to 12.2 ms in a noisier run. That is sound only while the function sees
-    one model, whose modules do not change: Dynamo keeps graphs per code object, so each engine
-    compiles a copy of the function with a code object of its own (graphs of two models in one
-    cache, chosen without those guards, once ran the wrong one: a ``KeyError`` on a quantized
-    layer's ``weight``). ``fullgraph=True``: a graph break fails the warm-up, and the engine runs
-    eagerly, rather than leaving pieces to caches that other models share.
-
-    Inductor's C++ wrapper (``cpp_wrapper``, the calls of the step's ~300 kernels and operators
-    in C++ rather than Python) was tried: 14.3 against 14.7 ms for the same forward, and its first
-    compile took 45 s (the Python wrapper's, cached, 6 s). Not worth it."""
+    every step (about 5% of the W8A8 batch-1 forward on a 2-core CPU: docs/measurements.md). That is
+    sound only while the function sees one model, whose modules do not change: Dynamo keeps graphs
+    per code object, so each engine compiles a copy of the function with a code object of its own
+    (graphs of two models in one cache, chosen without those guards, once ran the wrong one: a
+    ``KeyError`` on a quantized layer's ``weight``). ``fullgraph=True``: a graph break fails the
+    warm-up, and the engine runs eagerly, rather than leaving pieces to caches that other models
+    share. Inductor's C++ wrapper (``cpp_wrapper``) is left out: 3% faster, and its first compile
+    took 45 s against 6 s (docs/measurements.md)."""
     f = decode_forward
     own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)

@@ -33,9 +33,11 @@ eagerly on them, so the bucketing and padding logic is tested without a GPU.
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
+from minieng.config import EngineConfig
 from minieng.model.attention import AttentionMetadata, block_table_tensor, decode_mask
 from minieng.model.kv_cache import KVCache
 from minieng.model.llama import LlamaForCausalLM
@@ -179,7 +181,7 @@ class DecodeGraphs:
         """Capture every bucket, largest first (later graphs reuse the first one's memory pool).
 
         Raises whatever the capture raises (out of memory, an op that cannot be captured); the
-        engine then runs eagerly (``setup.decode_graphs``).
+        engine then runs eagerly (``capture_decode_graphs``).
         """
         start = time.perf_counter()
         pool = None
@@ -232,3 +234,46 @@ class DecodeGraphs:
             self.graphs[key].replay()
             return self.logits[: n * q]
         return self._forward(q, b, w)[: n * q]
+
+
+def capture_decode_graphs(
+    config: EngineConfig,
+    model: LlamaForCausalLM,
+    kv_cache: KVCache,
+    max_model_len: int,
+    max_gather_tokens: int | None,
+    query_lens: tuple[int, ...] | None = None,
+    regions=None,
+) -> DecodeGraphs | None:
+    """CUDA graphs of the decode step over ``kv_cache``: None on a CPU, with ``enforce_eager``, with
+    tensor parallelism (collectives inside captured graphs are untested here), or, with a warning
+    that says what to lower, when the capture fails (out of memory, an op the capture refuses).
+
+    ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
+    decoding every verification width 2 .. k + 1 (experiments lower k at run time).
+    ``max_gather_tokens``: the decode's gather budget (``memory_plan.gather_budget_tokens``): a
+    bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the
+    graphs' pool), so the scratch and the warm-up beside it fit the memory the KV sizing left out.
+    """
+    if kv_cache.k.device.type != "cuda" or config.enforce_eager or config.tensor_parallel_size > 1:
+        return None
+    if query_lens is None:
+        query_lens = tuple(range(1, config.num_speculative_tokens + 2))
+    try:
+        return DecodeGraphs(
+            model,
+            kv_cache,
+            config.max_num_seqs,
+            max_model_len,
+            max_gather_tokens,
+            query_lens=query_lens,
+            regions=regions,
+            attention_backend=config.attention_backend,
+        )
+    except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
+        warnings.warn(
+            f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
+            "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.",
+            stacklevel=4,
+        )
+        return None

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from minieng.config import SamplingParams
+from minieng.config import EngineConfig, SamplingParams
 from minieng.engine.block_manager import BlockManager
 from minieng.engine.model_runner import ModelRunner
 from minieng.engine.sampling import probabilities, race
 from minieng.engine.sequence import Sequence
-from minieng.model.kv_cache import KVCache
 from minieng.model.llama import LlamaForCausalLM
 
 GREEDY = SamplingParams(temperature=0)
@@ -66,18 +65,27 @@ class DraftSequence(Sequence):
 class DraftModelDrafter:
     """A draft model with its own paged KV cache, proposing k tokens by k batched single-token steps.
 
-    Args:
-        model: the draft (same tokenizer and vocabulary as the target; checked by the engine).
-        num_blocks, block_size: its KV pool.
+    ``runner``: the draft's ``ModelRunner``, with its own KV pool and block manager
+    (``DraftModelDrafter.build`` makes it). The draft shares the target's tokenizer and vocabulary
+    (``loader.check_same_tokenizer``).
     """
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int):
-        param = next(model.parameters())
-        self.model = model
-        self.kv_cache = KVCache(model.config, num_blocks, block_size, param.dtype, param.device)
-        self.block_manager = BlockManager(num_blocks, block_size)
-        self.runner = ModelRunner(model, self.kv_cache, self.block_manager, param.device)
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.model = runner.model
+        self.kv_cache = runner.kv_cache
+        self.block_manager = runner.block_manager
         self.seqs: dict[str, DraftSequence] = {}
+
+    @classmethod
+    def build(cls, config: EngineConfig, model: LlamaForCausalLM, num_blocks: int, max_model_len: int):
+        """The drafter of ``model`` with a pool of ``num_blocks`` blocks (and, on CUDA, decode
+        graphs of one query per sequence: drafts are proposed one token a step). Not compiled."""
+        block_manager = BlockManager(num_blocks, config.block_size)
+        runner = ModelRunner.build(
+            config, model, num_blocks, block_manager, max_model_len, compile=False, query_lens=(1,)
+        )
+        return cls(runner)
 
     def free(self, request_id: str) -> None:
         """Forget a finished or preempted request's draft cache."""
@@ -147,3 +155,13 @@ class DraftModelDrafter:
                 d.prompt_token_ids.append(token)
             active = [i for i in active if len(tokens[i]) == step + 1]
         return tokens
+
+
+def make_drafter(config: EngineConfig, draft_model: LlamaForCausalLM | None, num_blocks: int, max_model_len: int):
+    """The engine's drafter: prompt lookup (no ``draft_model``), or the draft model with its own KV
+    pool of ``num_blocks`` blocks; None without speculative decoding."""
+    if not config.num_speculative_tokens:
+        return None
+    if draft_model is None:
+        return PromptLookupDrafter(config.ngram_max)
+    return DraftModelDrafter.build(config, draft_model, num_blocks, max_model_len)

@@ -5,7 +5,7 @@ al. 2024): a prefill engine runs a request's prompt and samples its first token,
 request leaves it, K/V included, and joins a decode engine's running batch, which goes on from
 the second token without computing the prompt again. Here both engines live in one process and
 the hand-off is a tensor copy between their KV pools; how long a real link would take is the
-business of ``disagg_model``, not of this module.
+business of ``lab.disagg_simulation``, not of this module.
 
 - ``export_prefilled``: in the source engine, a request whose prompt is computed and whose first
   token is out leaves the scheduler; its blocks go back to the source pool (the full ones stay in

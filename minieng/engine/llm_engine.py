@@ -19,21 +19,22 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from minieng.config import EngineConfig, SamplingParams
-from minieng.device import select_device, select_dtype, synchronize
+from minieng.device import synchronize
+from minieng.engine import offline
 from minieng.engine.block_manager import BlockManager
 from minieng.engine.chat_template import EMPTY_PROMPT, Message, Prompt, chat_token_ids, check_text
 from minieng.engine.detokenizer import IncrementalDetokenizer
-from minieng.engine.memory_plan import plan_memory
-from minieng.engine import offline
+from minieng.engine.drafters import make_drafter
+from minieng.engine.kv_sizing import size_kv_pool
+from minieng.engine.model_loading import load_engine_models
+from minieng.engine.model_runner import ModelRunner
 from minieng.engine.output_processor import RequestState, append_tokens, make_output
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
 from minieng.engine.scheduler import Scheduler
 from minieng.engine.sequence import Sequence, SequenceStatus
-from minieng.engine import setup
-from minieng.model.kv_cache import KVCache
-from minieng.model.parallel import shard_config
-from minieng.model.loader import LoadedModel, load_config
+from minieng.engine.workers import closing_on_error
+from minieng.model.loader import LoadedModel
 
 
 class LLMEngine:
@@ -50,71 +51,38 @@ class LLMEngine:
     Raises:
         ValueError: for a model that cannot be loaded, or a KV budget too small for one sequence
             of ``max_model_len`` tokens; for a tensor-parallel size the model or the machine cannot
-            split (``setup.check_tensor_parallel_engine``).
+            split (``config_checks.check_tensor_parallel_engine``).
         workers.WorkerError: a tensor-parallel worker that failed to start or load.
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, **overrides):
-        config = replace(config or EngineConfig(), **overrides)
-        self.config = config
-        if loaded is None:
-            self.device = select_device(config.device)
-            self.dtype = select_dtype(config.dtype, self.device)
-            resolved = load_config(config.model)
-            model_config = resolved[2]
-            max_position = model_config.max_position_embeddings
-        else:
-            param = next(loaded.model.parameters())
-            self.device, self.dtype = param.device, param.dtype
-            model_config, max_position = loaded.model.config, loaded.model.rope.max_position
-        self.model_config = model_config
-        # The shape this process's pool holds: the model's, or rank 0's share of its KV heads (the
-        # largest: every rank's pool has as many blocks, and rank 0's budget sizes them).
-        rank_config = shard_config(model_config, config.tensor_parallel_size)
-        self.max_model_len = setup.check_max_model_len(config.max_model_len, max_position)
-        num_blocks = setup.configured_kv_blocks(config, rank_config, self.dtype, self.device)
-        setup.check_tensor_parallel_engine(config, model_config, self.device, loaded)
-        setup.check_engine_quantization(config, model_config, self.device, self.dtype)  # before any weight loads
-        setup.check_attention_backend(config, model_config, self.device)
-        self.workers = None  # the other tensor-parallel ranks (engine.workers), when there are any
-        loaded_here = loaded is None
-        if loaded_here:
-            # refuse with advice before allocating anything
-            plan_memory(rank_config, self.dtype, num_blocks or 0, config.block_size, self.device).check()
-            loaded, self.workers = setup.load_ranks(config, self.device, self.dtype, self.max_model_len, resolved)
-            if self.workers:  # stopped when the engine is collected, if nobody closed it
-                weakref.finalize(self, self.workers.close)
-        with setup.closing_workers_on_error(self.workers):  # a failure below leaves no worker behind
-            draft_model = (
-                setup.load_draft(config, loaded, self.max_model_len) if config.num_speculative_tokens else None
-            )
-            config, self.model = setup.engine_model(config, loaded.model)  # the config names a loaded model's scheme
-            self.config = config
-            if loaded_here:  # nobody else holds the float matrices: let them go
-                loaded = replace(loaded, model=self.model)
-            self.loaded, self.tokenizer = loaded, loaded.tokenizer
-            # The bytes the matrix products read per step, scales included (None: dtype bytes per weight).
-            self.matmul_bytes = setup.engine_matmul_bytes(config, model_config, self.dtype)
-            if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
-                models = [self.model] + ([draft_model] if draft_model is not None else [])
-                num_blocks = setup.device_sized_kv_blocks(config, models, self.max_model_len)
-            self.max_model_len = setup.fit_max_model_len(
-                config, rank_config, self.dtype, self.max_model_len, num_blocks
-            )
-            self.memory_plan = plan_memory(
-                rank_config, self.dtype, num_blocks, config.block_size, self.device, self.matmul_bytes
-            )
-            self.kv_cache = KVCache(rank_config, num_blocks, config.block_size, self.dtype, self.device)
-            self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        models = load_engine_models(replace(config or EngineConfig(), **overrides), loaded)
+        self.config = config = models.config  # it names the scheme of a model quantized before it came
+        self.loaded, self.model, self.workers = models.loaded, models.model, models.workers
+        if self.workers:  # stopped when the engine is collected, if nobody closed it
+            weakref.finalize(self, self.workers.close)
+        self.tokenizer, self.model_config = self.loaded.tokenizer, self.model.config
+        self.matmul_bytes = models.matmul_bytes  # the products' weight bytes, scales included (None: dtype's)
+        weight = self.model.embed_tokens.weight  # in the compute dtype, on the engine's device
+        self.device, self.dtype = weight.device, weight.dtype
+        with closing_on_error(self.workers):  # a failure below leaves no worker behind
+            pool = size_kv_pool(config, models.with_kv_pools, models.max_model_len, self.matmul_bytes)
+            self.max_model_len, self.memory_plan = pool.max_model_len, pool.plan
+            self.block_manager = BlockManager(pool.num_blocks, config.block_size, config.enable_prefix_caching)
             self.scheduler = Scheduler(config, self.block_manager)
-            self.runner = setup.make_runner(
-                config, self.model, self.kv_cache, self.block_manager, self.max_model_len, self.workers
+            self.runner = ModelRunner.build(
+                config, self.model, pool.num_blocks, self.block_manager, self.max_model_len, self.workers
             )
-            self.drafter = setup.make_drafter(config, draft_model, num_blocks, self.max_model_len)
+            self.kv_cache = self.runner.kv_cache
+            self.drafter = make_drafter(config, models.draft_model, pool.num_blocks, self.max_model_len)
+        self._start_records()
+
+    def _start_records(self) -> None:
+        """No request yet, and empty records."""
         self.requests: dict[str, RequestState] = {}
         # The time source of every timestamp the engine records (arrivals by default, steps,
-        # emissions). A model of several devices on one machine gives each engine a clock of its
-        # own (``disagg_model.VirtualClock``); durations are always real.
+        # emissions). A simulation of several devices on one machine gives each engine a clock of its
+        # own (``lab.disagg_simulation.VirtualClock``); durations are always real.
         self.clock: Callable[[], float] = time.perf_counter
         self.step_records: list[StepRecord] = []
         # One row per verification: (step index, request id, drafts proposed, drafts accepted),
@@ -139,7 +107,7 @@ class LLMEngine:
 
     def chat_prompt(self, messages: str | list[Message]) -> list[int]:
         """Token ids of a conversation through the model's chat template, the generation prompt
-        added, for ``add_request``/``generate``/``stream`` (``chat.chat_token_ids``: tokenized once,
+        added, for ``add_request``/``generate``/``stream`` (``chat_template.chat_token_ids``: tokenized once,
         so no second BOS). ``messages``: ``[{"role": "user", "content": ...}, ...]`` or a str
         (one user message). Raises ``ValueError`` without a chat template, for an empty user message,
         or for text that is not valid Unicode (a lone surrogate)."""
@@ -284,7 +252,7 @@ class LLMEngine:
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one step: draft, schedule, run the model, advance the requests, record the step.
+        """Run one step: draft, schedule, execute (the model runner), process the tokens, record.
         Returns an output for every request that emitted tokens or finished."""
         start = self.clock()
         draft_s = self._draft()
@@ -292,23 +260,37 @@ class LLMEngine:
         if not plan.scheduled:
             return []
         # The plan's composition, read now: finishing a sequence below resets its state.
-        num_prefill_tokens, num_decode_seqs = plan.num_prefill_tokens, plan.num_decode_seqs
+        composition = (plan.num_prefill_tokens, len(plan.scheduled) - plan.num_decode_seqs, plan.num_decode_seqs)
         emitted = self.runner.execute(plan.scheduled)
         synchronize(self.device)
         end = self.clock()
-        chunks = self._advance(plan.scheduled, emitted)
-        outputs = [self._append(self.requests[rid], tokens, end) for rid, tokens in emitted.items()]
-        for seq, _ in plan.scheduled:
+        outputs, chunks = self._process(plan.scheduled, emitted, end)
+        self._record(start, end, composition, len(plan.preempted), chunks, draft_s, lookups)
+        return outputs
+
+    def _process(self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]], now: float):
+        """Advance the scheduled sequences past the KV the step wrote, append each request's emitted
+        tokens (finishing those that stop) and cache the full blocks of those still running.
+        Returns the step's outputs and its ``StepRecord.chunks``."""
+        chunks = self._advance(scheduled, emitted)
+        outputs = [self._append(self.requests[rid], tokens, now) for rid, tokens in emitted.items()]
+        for seq, _ in scheduled:
             if not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
+        return outputs, chunks
+
+    def _record(self, start: float, end: float, composition, num_preempted: int, chunks, draft_s: float, lookups):
+        """Append the step's ``StepRecord``: ``composition`` is (prefill tokens, prefill sequences,
+        decode sequences), read before the step changed them; the rest is read now."""
+        num_prefill_tokens, num_prefill_seqs, num_decode_seqs = composition
         self.step_records.append(
             StepRecord(
                 start_s=start,
                 duration_s=end - start,
                 num_prefill_tokens=num_prefill_tokens,
-                num_prefill_seqs=len(plan.scheduled) - num_decode_seqs,
+                num_prefill_seqs=num_prefill_seqs,
                 num_decode_seqs=num_decode_seqs,
-                num_preempted=len(plan.preempted),
+                num_preempted=num_preempted,
                 num_running=len(self.scheduler.running),
                 num_waiting=len(self.scheduler.waiting),
                 num_used_blocks=self.block_manager.num_used_blocks,
@@ -321,7 +303,6 @@ class LLMEngine:
                 prefix_cache_lookups=lookups,
             )
         )
-        return outputs
 
     def _draft(self) -> float:
         """Speculative decoding: the drafter proposes tokens for the running sequences. Seconds it took."""

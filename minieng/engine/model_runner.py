@@ -24,9 +24,19 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from minieng.config import EngineConfig
 from minieng.device import synchronize
 from minieng.engine.block_manager import BlockManager
-from minieng.engine.compilation import MIN_DECODE_WIDTH, fits_decode_step, run_decode
+from minieng.engine.compilation import (
+    EAGER,
+    MIN_DECODE_WIDTH,
+    CompiledParts,
+    compile_model,
+    fits_decode_step,
+    run_decode,
+)
+from minieng.engine.cuda_graph import capture_decode_graphs
+from minieng.engine.kv_sizing import gather_budget_tokens
 from minieng.engine.sampling import probabilities, sample
 from minieng.engine.sequence import Sequence
 from minieng.engine.verification import verify_coupled, verify_greedy
@@ -66,9 +76,12 @@ class NonFiniteLogitsError(RuntimeError):
 class ModelRunner:
     """Runs scheduled batches through ``model`` over ``kv_cache``.
 
+    ``ModelRunner.build`` makes one with everything it owns (its KV pool, compiled parts, CUDA
+    graphs, gather budget, the other ranks' pools); the constructor takes them ready-made.
     ``graphs``: a ``cuda_graph.DecodeGraphs`` that decode steps replay, or None (always eager).
     ``max_gather_tokens``: the most keys an eager step's decodes gather per layer at once
-    (``setup.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
+    (``kv_sizing.gather_budget_tokens``; wider batches are attended in groups); None: no limit.
+    ``compiled``: what ``compile=True`` built (``compilation.CompiledParts``), or ``EAGER``.
     ``workers``: the other ranks of a tensor-parallel model (``workers.Workers``): each step's
     layout goes to them before this rank runs it, so all run it in lockstep. A worker's own
     runner has no block manager: it runs the layouts it is sent (``run_layout``).
@@ -78,27 +91,61 @@ class ModelRunner:
         self,
         model: LlamaForCausalLM,
         kv_cache: KVCache,
-        block_manager: BlockManager,
-        device: torch.device,
+        block_manager: BlockManager | None,
         graphs=None,
         max_gather_tokens: int | None = None,
-        regions=None,
+        compiled: CompiledParts = EAGER,
         attention_backend: str = "sdpa",
         workers=None,
     ):
         self.model = model
         self.workers = workers
-        self.regions = regions  # the layers' compiled parts (engine.compilation), or None: eager
-        self.compiled_decode = None  # the compiled decode step (compilation.compile_decode_step), or None
+        self.regions = compiled.regions  # the layers' compiled parts (engine.compilation), or None: eager
+        self.compiled_decode = compiled.decode  # the compiled CPU decode step, or None
+        self.compile_s = compiled.compile_s  # seconds compiling took at start-up, or None: eager
         self.attention_backend = attention_backend  # the decodes' attention: "sdpa" or "triton"
         self.kv_cache = kv_cache
         self.block_manager = block_manager
-        self.device = device
+        self.device = kv_cache.kv.device
         self.graphs = graphs
         self.max_gather_tokens = max_gather_tokens
         self.last_forward_s = 0.0
         self.last_comm_s = 0.0  # of last_forward_s, this rank's time in tensor-parallel collectives
         self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
+
+    @classmethod
+    def build(
+        cls,
+        config: EngineConfig,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_manager: BlockManager,
+        max_model_len: int,
+        workers=None,
+        compile: bool | None = None,
+        query_lens: tuple[int, ...] | None = None,
+    ) -> ModelRunner:
+        """A runner of ``model`` with what it owns, built in the order each needs the last:
+
+        1. its KV pool: ``num_blocks`` blocks of ``config.block_size`` tokens in ``model``'s dtype,
+           on its device, in the shape of this rank's share (``model.local_config``);
+        2. the decodes' gather budget (``kv_sizing.gather_budget_tokens``), and the other ranks'
+           pools of as many blocks (``workers.Workers.allocate_kv``: the block manager's blocks are
+           every rank's);
+        3. with ``compile`` (default ``config.compile``) the compiled parts
+           (``compilation.compile_model``; the seconds it took in ``compile_s``);
+        4. on CUDA, the decode step's graphs for ``query_lens`` (``cuda_graph.capture_decode_graphs``).
+        """
+        param = next(model.parameters())
+        kv_cache = KVCache(model.local_config, num_blocks, config.block_size, param.dtype, param.device)
+        gather_tokens = gather_budget_tokens(kv_cache)
+        if workers is not None:
+            workers.allocate_kv(num_blocks, gather_tokens)
+        compiled = compile_model(model, kv_cache) if (config.compile if compile is None else compile) else EAGER
+        graphs = capture_decode_graphs(
+            config, model, kv_cache, max_model_len, gather_tokens, query_lens, compiled.regions
+        )
+        return cls(model, kv_cache, block_manager, graphs, gather_tokens, compiled, config.attention_backend, workers)
 
     def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
         """Lay out a step. ``scheduled``: (sequence, new tokens) in any order."""
@@ -157,8 +204,7 @@ class ModelRunner:
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
         """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
 
-        A decode step replays a CUDA graph when one fits it, or runs the compiled decode step
-        (``compile=True`` on a CPU) when it is a plain one; anything else runs the model's forward.
+        A decode step runs ``decode``, any other ``prefill`` (``run_layout``).
         Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
         """
         fresh = self.block_manager.take_fresh_blocks()
@@ -173,13 +219,19 @@ class ModelRunner:
         return self._check(logits), lay.sampling
 
     def run_layout(self, lay: StepLayout, fresh_blocks: list[int]) -> torch.Tensor:
-        """Zero ``fresh_blocks`` (allocated since the last step), then run ``lay``: a CUDA graph's
-        replay when one fits, the compiled decode step when it fits (``compilation.fits_decode_step``),
-        else the model's forward (its layers' compiled regions with ``compile=True``). Returns the
-        logits [rows that sample, vocab]."""
+        """Zero ``fresh_blocks`` (allocated since the last step), then run ``lay``: a step of
+        single-token rows (or of k + 1 rows each, verifying drafts) is a ``decode``; any step with
+        a multi-token chunk is a ``prefill`` (a mixed step included). Returns the logits
+        [rows that sample, vocab]."""
         self.kv_cache.zero_blocks(fresh_blocks)
         self.last_step_graphed = False
-        if self.graphs is not None and not lay.chunks:
+        return self.prefill(lay) if lay.chunks else self.decode(lay)
+
+    def decode(self, lay: StepLayout) -> torch.Tensor:
+        """A decode step, by the fastest of its three forwards that fits it: a CUDA graph's replay
+        (``cuda_graph.DecodeGraphs.run``), the compiled CPU decode step (``compilation.run_decode``,
+        when ``compilation.fits_decode_step``), else the model's eager forward."""
+        if self.graphs is not None:
             logits = self.graphs.run(lay)
             if logits is not None:
                 self.last_step_graphed = True
@@ -189,6 +241,12 @@ class ModelRunner:
             return sampled_rows(
                 run_decode(self.compiled_decode, self.model, self.kv_cache, input_ids, positions, meta), lay
             )
+        return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
+
+    def prefill(self, lay: StepLayout) -> torch.Tensor:
+        """A step with prompt chunks (decodes beside them, in a mixed step): the model's forward,
+        eager, its layers' compiled regions with ``compile=True``."""
+        input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:

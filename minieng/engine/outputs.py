@@ -35,7 +35,7 @@ class StepRecord:
     num_context_tokens, num_logits_rows)``: the tokens run this step, the tokens already in the
     KV cache before them, and the rows the LM head ran on (0 for a prompt chunk that stops
     mid-prompt, 1, or k + 1 for a decode verifying k drafts). FLOPs and bytes of the step follow
-    from it (``work.step_work``). Built by keyword (``LLMEngine.step``).
+    from it (``flops_bytes.step_work``). Built by keyword (``LLMEngine.step``).
     """
 
     start_s: float

@@ -37,6 +37,7 @@ import atexit
 import signal
 import threading
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -57,6 +58,17 @@ JOIN_TIMEOUT_S = 10  # a worker asked to leave gets this long before it is kille
 
 class WorkerError(RuntimeError):
     """A tensor-parallel worker failed or exited; the engine cannot step any further."""
+
+
+@contextmanager
+def closing_on_error(workers: Workers | None):
+    """Close ``workers`` if the block raises: an engine that fails to build leaves no process behind."""
+    try:
+        yield
+    except BaseException:
+        if workers is not None:
+            workers.close()
+        raise
 
 
 def rank_devices(device: torch.device, size: int) -> list[torch.device]:
@@ -139,7 +151,11 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
                 num_blocks, max_gather_tokens = args
                 kv_cache = KVCache(model.local_config, num_blocks, config.block_size, dtype, device)
                 runner = ModelRunner(
-                    model, kv_cache, None, device, None, max_gather_tokens, attention_backend=config.attention_backend
+                    model,
+                    kv_cache,
+                    None,
+                    max_gather_tokens=max_gather_tokens,
+                    attention_backend=config.attention_backend,
                 )
             elif command == "time_all_reduce":
                 sizes_bytes, repeats, message_dtype = args

@@ -13,7 +13,6 @@ from minieng.lab.batching import (
     near_linear_batch,
     sustainable_rate,
 )
-from minieng.lab.bench import estimate_s, minieng_decode, minieng_prefill, probe_speed
 from minieng.lab.chunked_prefill import (
     budget_for,
     budget_sweep,
@@ -25,7 +24,7 @@ from minieng.lab.chunked_prefill import (
     budget_tradeoff_verdict,
     decode_first_verdict,
     read_result,
-    s7_verdict,
+    decode_protection_verdict,
     steps_without_decodes,
 )
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
@@ -40,7 +39,7 @@ from minieng.lab.gpu_utilization import (
     trace_series,
     utilization_rows,
 )
-from minieng.lab.kv_cache_lab import (
+from minieng.lab.kv_cache import (
     concurrency_run,
     live_block_tables,
     recompute_budget_tokens,
@@ -68,6 +67,7 @@ from minieng.lab.prefix_caching import (
     ttft_levers,
     ttft_vs_hit_rate,
 )
+from minieng.lab.probes import estimate_s, minieng_decode, minieng_prefill, probe_speed
 from minieng.lab.quant_quality import (
     activation_outliers,
     estimate_amplification_s,
@@ -77,7 +77,7 @@ from minieng.lab.quant_quality import (
     reference_sequences,
     staggered_prompts,
 )
-from minieng.lab.quantization_lab import (
+from minieng.lab.quantization import (
     QuantBenchConfig,
     device_schemes,
     format_predicted,
@@ -87,6 +87,7 @@ from minieng.lab.quantization_lab import (
 )
 from minieng.lab.report import format_quantization, format_two_clocks
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
+from minieng.lab.step_flops import counted_steps
 from minieng.lab.tensor_parallel import TensorParallelRun, format_tensor_parallel, measure_tensor_parallel
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
 from minieng.lab.model_for_device import CourseModel, course_model, downloads_allowed
@@ -109,6 +110,7 @@ __all__ = [
     "compare_disaggregation",
     "compute_bound_batch",
     "concurrency_run",
+    "counted_steps",
     "course_model",
     "CourseModel",
     "decode_for",
@@ -168,7 +170,7 @@ __all__ = [
     "reference_sequences",
     "run_k",
     "run_quantization",
-    "s7_verdict",
+    "decode_protection_verdict",
     "sequences_that_fit",
     "shared_prefix_prompts",
     "steps_without_decodes",

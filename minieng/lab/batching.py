@@ -3,7 +3,7 @@ continuous batching on the same arrivals.
 
 A decode step reads every weight once whatever the batch, so while the step is bound by those
 reads (or by its fixed overhead: launches, Python), b sequences cost little more than one:
-aggregate tok/s = b / TPOT grows almost b-fold while TPOT barely moves (claim S6). It stops
+aggregate tok/s = b / TPOT grows almost b-fold while TPOT barely moves (continuous batching's promise). It stops
 when something that grows with b takes over: the arithmetic (the step's matrix products turn
 compute-bound once the step's FLOP per byte passes the ridge point), the K/V that every sequence
 reads, or the KV pool, which caps how many sequences fit at all.
@@ -20,20 +20,20 @@ import time
 
 from minieng.config import ModelConfig
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import minieng_decode, warm_up
+from minieng.lab.probes import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
+from minieng.measure.flops_bytes import decode_work, step_work
 from minieng.measure.metrics import common_tail, request_metrics, serving_metrics
 from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
-from minieng.measure.work import decode_work, step_work
 from minieng.measure.workloads import RequestSpec, text_prompts
 
 
 def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_tokens: int, peaks) -> dict:
     """``batch_size`` sequences of ``prompt_tokens``-token prompts decoding ``output_tokens``
-    tokens together (``bench.minieng_decode``): median TPOT (s), aggregate tok/s (batch / TPOT),
+    tokens together (``probes.minieng_decode``): median TPOT (s), aggregate tok/s (batch / TPOT),
     and of the decode-only steps MFU, MBU (against ``peaks[0]``), FLOP per byte and the share of
-    the bytes that is K/V (``work.step_work``); ``wall_s``, the point's own run time;
+    the bytes that is K/V (``flops_bytes.step_work``); ``wall_s``, the point's own run time;
     ``mfu_percent_by_peak``: MFU against every peak given, by its source ("measured", "datasheet")."""
     start = time.perf_counter()
     tpot, steps = minieng_decode(engine, text_prompts(engine.tokenizer, prompt_tokens, batch_size), output_tokens)
@@ -117,7 +117,7 @@ def near_linear_batch(rows: list[dict], efficiency: float = NEAR_LINEAR) -> int:
 def limiting_factor(row: dict, ridge_flop_per_byte: float, share: float = BOUND_SHARE) -> str:
     """What bounds a decode step, by the roofline and the measured ceilings: ``"compute"`` when
     its FLOP per byte is at or past the ridge point, else ``"bandwidth"`` when it moved at least
-    ``share`` of the measured bandwidth (MBU, of the bytes ``work.step_work`` counts), else
+    ``share`` of the measured bandwidth (MBU, of the bytes ``flops_bytes.step_work`` counts), else
     ``"overhead"``: neither the counted arithmetic nor the counted bytes take its time, work they
     leave out does (kernel launches, Python, small ops, the copies of each sequence's K/V that
     ``attention.py`` gathers before attending)."""
@@ -152,7 +152,7 @@ def compute_bound_batch(
     max_batch: int = 1 << 16,
 ) -> int | None:
     """The smallest decode batch whose step is compute-bound by the roofline: FLOP per byte of
-    ``work.decode_work`` (every sequence at ``context_tokens`` of context) at or past the ridge
+    ``flops_bytes.decode_work`` (every sequence at ``context_tokens`` of context) at or past the ridge
     point. None when no batch up to ``max_batch`` gets there: each sequence adds its K/V reads to
     the bytes, so the intensity levels off, below the ridge on a device whose ridge is high.
     Raises ``ValueError`` for a ridge <= 0."""

@@ -15,13 +15,14 @@ on the scheduler's policy (``scheduler.py``, docs/architecture.md, The scheduler
 
 Each run records, per decoder, its ITL trace around the arrival, and the newcomer's TTFT and
 prefill steps; ``budget_sweep`` repeats that for chunking off and several budgets. How long the
-prompt must be is the device's question: ``choose_long_prompt`` reads ``bench.probe_speed``'s
+prompt must be is the device's question: ``choose_long_prompt`` reads ``probes.probe_speed``'s
 probe so that the prefill lasts many decode steps and lies past the knee where it turns
 compute-bound. On a GPU where a small model is launch-bound, every step costs a fixed floor, and
 ``read_result`` says when that floor, not the prompt's arithmetic, sets a figure.
 
-Nascimento's article "O erro de resumir performance a um número" (Igor Nascimento): a 40,000-token prompt arriving mid-generation stalls everyone decoding;
-chunking protects their TPOT at the price of a slightly higher TTFT for the newcomer (claim S7).
+Nascimento's article "O erro de resumir performance a um número": a 40,000-token prompt arriving
+mid-generation stalls everyone decoding; chunking protects their TPOT at the price of a slightly
+higher TTFT for the newcomer (``decode_protection_verdict`` judges a run against that).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import statistics
 
 from minieng.config import ModelConfig, SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import estimate_s
+from minieng.lab.probes import estimate_s
+from minieng.measure.flops_bytes import prefill_work
 from minieng.measure.metrics import RequestMetrics
-from minieng.measure.work import prefill_work
 from minieng.units import cdiv
 
 SLOWED_FACTOR = 2.0  # a gap over this many baseline gaps counts as slowed
@@ -45,7 +46,7 @@ OVERHEAD_BOUND_SHARE = 0.5  # a step whose fixed cost is at least this share of 
 
 def predict_prefill_s(probe: dict, model_config: ModelConfig, prompt_tokens: int) -> float:
     """A whole prompt's prefill time on this device: the probe's per-step overhead plus the
-    prompt's FLOPs (``work.prefill_work``: the linear layers and attention's n^2 term) at the best
+    prompt's FLOPs (``flops_bytes.prefill_work``: the linear layers and attention's n^2 term) at the best
     FLOP/s the probe's prefills reached beyond that overhead.
 
     ``sweep_plan.predict_ttft_s`` scales the best tok/s linearly, which is right near the knee and an
@@ -82,7 +83,7 @@ def choose_long_prompt(
     max_prompt_tokens: int | None = None,
     multiple: int = 16,
 ) -> dict:
-    """The newcomer's prompt length on this device, from ``bench.probe_speed``'s probe.
+    """The newcomer's prompt length on this device, from ``probes.probe_speed``'s probe.
 
     Two wishes: its prefill alone should last ``stall_steps`` batch-1 decode steps (a stall the
     trace cannot hide), and it should lie at least ``knee_multiple`` x the knee, where prefill is
@@ -186,7 +187,7 @@ def estimate_sweep_s(
     runs_per_setting: int = 1,
 ) -> float:
     """Rough seconds for ``runs_per_setting`` runs at each budget (None: chunking off): the
-    decoders' prompts and decode steps (``bench.estimate_s``), the long prompt
+    decoders' prompts and decode steps (``probes.estimate_s``), the long prompt
     (``predict_prefill_s``), and the step's fixed cost again for every further chunk."""
     total = 0.0
     for budget in budgets:
@@ -434,9 +435,11 @@ def read_result(off: dict, on: dict, overhead_s: float = 0.0) -> dict:
     }
 
 
-def s7_verdict(reading: dict, small_price_x: float = 1.5) -> str:
-    """Claim S7 against one reading (``read_result``): are the decodes protected, and is the
-    newcomer's TTFT price small (at most ``small_price_x``)?"""
+def decode_protection_verdict(reading: dict, small_price_x: float = 1.5) -> str:
+    """Does chunked prefill protect the running decodes at a small price, on one reading
+    (``read_result``)? Protected: the worst inter-token gap with chunking off is more than
+    ``SLOWED_FACTOR`` times the gap with it on; small: the newcomer's TTFT with chunking on is at most
+    ``small_price_x`` times its TTFT with it off. Returns "holds", "partly: ..." or "does not hold here: ..."."""
     protected = reading["itl_protection_x"] > SLOWED_FACTOR
     small = reading["ttft_price_x"] <= small_price_x
     if protected and small:

@@ -1,10 +1,10 @@
-"""Colocated against disaggregated serving on one workload, in the measured model (claim S9).
+"""Colocated against disaggregated serving on one workload, in the measured simulation.
 
-``disagg_model`` is the model (each engine a device with its own clock, the KV link); this is
+``disagg_simulation`` is the simulation (each engine a device with its own clock, the KV link); this is
 the experiment a notebook runs: the same requests on one colocated engine, on as many colocated
 replicas as the disaggregated setup has engines (the same devices and KV memory: the fair
 baseline), and on prefill + decode engines, optionally beside a real-time run of the colocated
-engine (``replay.run_workload``) that checks the model's colocated twin against the wall
+engine (``replay.run_workload``) that checks the simulation's colocated twin against the wall
 clock. The result is one JSON-serializable dict with serving metrics per run (``metrics``),
 goodput per device (DistServe's figure of merit), the KV transfers and every request's
 timeline; ``format_comparison`` prints it, ``run_metrics`` re-counts a run under another SLO,
@@ -20,8 +20,7 @@ from dataclasses import asdict, replace
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
-from minieng.lab.bench import estimate_s, warm_up
-from minieng.lab.disagg_model import (
+from minieng.lab.disagg_simulation import (
     COLOCATED,
     DEFAULT_LINK_BANDWIDTH_GBPS,
     ClusterRun,
@@ -30,6 +29,7 @@ from minieng.lab.disagg_model import (
     disaggregated_replay,
     interleave,
 )
+from minieng.lab.probes import estimate_s, warm_up
 from minieng.lab.replay import run_workload
 from minieng.measure.metrics import (
     SLO,
@@ -60,24 +60,24 @@ def compare_disaggregation(
     params: Callable[[RequestSpec], SamplingParams] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
-    """Colocated against disaggregated serving on the same requests, in the model; a JSON dict.
+    """Colocated against disaggregated serving on the same requests, in the simulation; a JSON dict.
 
     Runs, each on fresh engines sharing ``engine``'s weights and configuration (KV pools empty,
     prefix caches cold; every engine's pool ``comparison_pool``'s, unless the overrides say
-    otherwise), after one short warm-up. The three model runs advance a step each in turn, so a
+    otherwise), after one short warm-up. The three simulated runs advance a step each in turn, so a
     machine slowing down (other work on it) slows them alike:
 
-    - ``colocated``: one engine, one device (the model's twin of ``replay.run_workload``);
+    - ``colocated``: one engine, one device (the simulation's twin of ``replay.run_workload``);
     - ``colocated_xN``: N = ``num_prefill + num_decode`` colocated replicas, as many devices as
       the disaggregated setup;
     - ``disaggregated``: ``num_prefill`` prefill and ``num_decode`` decode engines;
     - ``colocated_real_time`` (``real_time_baseline=True``): one engine replayed in real time by
-      ``replay.run_workload``, wall clock: how far the model's colocated twin is from a real run.
+      ``replay.run_workload``, wall clock: how far the simulation's colocated twin is from a real run.
 
     Args:
         engine: supplies the weights and the configuration of every engine.
         slo: goodput is counted against it (DistServe's definition, ``metrics.SLO``).
-        prompts, params: as ``disagg_model.replay_disaggregated``.
+        prompts, params: as ``disagg_simulation.replay_disaggregated``.
         link_bandwidth_gbps: the assumed link, GB/s (``DEFAULT_LINK_BANDWIDTH_GBPS``).
         prefill_overrides, decode_overrides: ``EngineConfig`` fields for the prefill or decode
             engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization; a
@@ -87,7 +87,7 @@ def compare_disaggregation(
     Returns:
         ``{"assumptions", "slo", "runs", "transfers", "timeline", "outputs_identical", "wall_s"}``:
         ``runs`` a list, per run: ``name``, ``label``, ``num_devices``, ``roles``, ``clock``
-        ("model" or "wall"), ``duration_s``, ``metrics`` (``ServingMetrics.to_dict()``),
+        ("simulated" or "wall"), ``duration_s``, ``metrics`` (``ServingMetrics.to_dict()``),
         ``goodput_per_device_req_s``, ``step_ms`` (``summarize_ms`` of steps with a prefill chunk
         and of decode-only steps) and ``requests`` (per request ``RequestMetrics`` as dicts, for
         ``run_metrics`` under other SLOs); ``transfers`` a summary of the hand-offs (count, bytes,
@@ -118,7 +118,7 @@ def compare_disaggregation(
     del warm
     n = num_prefill + num_decode
     say(
-        f"model: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
+        f"simulated: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
         "engines, a step of each in turn"
     )
     colocated, replicas, disagg = interleave(
@@ -194,7 +194,7 @@ def comparison_pool(engine: LLMEngine, specs: list[RequestSpec]) -> dict:
 
 
 def _run_record(run: ClusterRun, label: str, slo: SLO | None) -> dict:
-    return _record(run.name, label, run.roles, "model", run.outputs, [s for steps in run.steps for s in steps], slo)
+    return _record(run.name, label, run.roles, "simulated", run.outputs, [s for steps in run.steps for s in steps], slo)
 
 
 def _record(
@@ -277,9 +277,9 @@ def format_comparison(result: dict) -> list[str]:
 def estimate_comparison_s(
     probe: dict, specs: list[RequestSpec], max_num_seqs: int = 64, real_time_baseline: bool = False
 ) -> float:
-    """Rough seconds ``compare_disaggregation`` takes, from ``bench.probe_speed``'s figures.
+    """Rough seconds ``compare_disaggregation`` takes, from ``probes.probe_speed``'s figures.
 
-    The model skips idle time, so each of its three runs costs the workload's compute: every
+    The simulation skips idle time, so each of its three runs costs the workload's compute: every
     prompt prefilled once, plus the decode steps, counted as batch-1 steps of ``decode_step_s``.
     Decode steps are the output tokens divided by the mean number of requests decoding together,
     estimated by Little's law (arrival rate x time to decode one request), at least 1 and at

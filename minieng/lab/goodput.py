@@ -1,4 +1,5 @@
-"""Raw throughput is not goodput: one workload replayed under several batch caps (claim S10).
+"""Raw throughput is not goodput: one workload replayed under several batch caps, each judged by
+goodput and P99 as well as throughput.
 
 Each point of the sweep is a fresh engine sharing the model's weights, configured with a
 ``max_num_seqs`` (how many requests run together) and a ``max_num_batched_tokens`` (the step's

@@ -190,7 +190,7 @@ def utilization_rows(result: dict, source: str = "measured") -> list[tuple[str, 
 
 
 def trace_series(result: dict, source: str = "measured") -> dict:
-    """``decode_utilization``'s result as ``plots.utilization_trace`` series: NVML's util.gpu and
+    """``decode_utilization``'s result as ``viz.phases.utilization_trace`` series: NVML's util.gpu and
     the GPM fields it reported (a field N/A throughout is left out, not drawn as 0), and MFU and
     MBU per step (against the first peak, named ``source``)."""
     series = {}

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
-from minieng.lab.bench import estimate_s, warm_up
+from minieng.lab.probes import estimate_s, warm_up
 from minieng.measure.logged_throughput import LoggedStats, logged_intervals
 from minieng.measure.workloads import text_prompts
 
@@ -182,7 +182,7 @@ def logged_ratio_estimate_s(
     probe: dict, shared_tokens: int, user_tokens: int, output_tokens: int, num_requests: int, max_running: int = 8
 ) -> float:
     """Rough seconds of ``logged_ratio_sweep`` with ``default_settings`` on the device ``probe``
-    (``bench.probe_speed``) describes: four loads computing the turns, the cached prefix's two
+    (``probes.probe_speed``) describes: four loads computing the turns, the cached prefix's two
     warm-ups, the shared prompts whole with the cache off; decode steps one request at a time
     (three loads) or ``max_running`` together (two)."""
     prefill_tokens = 4 * num_requests * user_tokens + 2 * shared_tokens + num_requests * (shared_tokens + user_tokens)

@@ -28,7 +28,7 @@ import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import minieng_decode, warm_up
+from minieng.lab.probes import minieng_decode, warm_up
 from minieng.measure.model_choice import ModelChoice, choose_model, fixed_cost_per_layer_s
 from minieng.measure.peaks import device_free_bytes
 from minieng.measure.workloads import text_prompts

@@ -1,4 +1,4 @@
-"""Claim S14's experiment: which length each phase's cost follows.
+"""Which length each phase's cost follows: prefill the prompt's, decode the answer's.
 
 Three requests on one engine: a short prompt with a short answer, the same answer after a long
 prompt, and the short prompt with a long answer. Each is timed as TTFT (the prefill, from
@@ -23,7 +23,7 @@ CASES = ("short", "long_prompt", "long_output")
 def phase_cost_grid(
     engine: LLMEngine, prompt_tokens: tuple[int, int], output_tokens: tuple[int, int], repeats: int = 1
 ) -> dict[str, dict]:
-    """Time the three requests of S14, each alone, ``repeats`` times (medians reported).
+    """Time the three requests (``CASES``), each alone, ``repeats`` times (medians reported).
 
     ``prompt_tokens``: (short, long) prompt lengths in tokens; ``output_tokens``: (short, long)
     answer lengths, each at least 2 (a decode time needs a second token). Returns, per case of

@@ -1,11 +1,11 @@
 """Notebook 03's two prefill experiments, beside decode's lesson: what a bigger batch and more
 FLOP/s buy each phase.
 
-- ``prefill_batch_sweep`` (claim S16): 1, 2, 4, 8 prompts of one length prefilled together in one
-  step. Past the knee one prompt already keeps the device computing, so more prompts add work in
+- ``prefill_batch_sweep``: 1, 2, 4, 8 prompts of one length prefilled together in one step.
+  Past the knee one prompt already keeps the device computing, so more prompts add work in
   proportion and prefill tok/s stays flat; below it, or where one prompt leaves the device idle (a
   small model on a large GPU), the batch fills idle FLOP/s and tok/s grows.
-- ``thread_knob`` (claim S17): on a CPU, torch's intra-op threads multiply the FLOP/s a matrix
+- ``thread_knob``: on a CPU, torch's intra-op threads multiply the FLOP/s a matrix
   product reaches far more than the bytes a copy moves; TTFT (compute-bound) and TPOT
   (memory-bound) are timed at each thread count, with both ceilings beside them.
 """
@@ -19,7 +19,7 @@ import torch
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import minieng_decode, minieng_prefill, warm_up
+from minieng.lab.probes import minieng_decode, minieng_prefill, warm_up
 from minieng.measure.peaks import measure_copy, measure_matmul
 from minieng.measure.roofline import phase_utilization
 from minieng.measure.workloads import text_prompts

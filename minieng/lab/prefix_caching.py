@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
+from minieng.measure.flops_bytes import prefill_work, step_work
 from minieng.measure.metrics import request_metrics, summarize_ms
-from minieng.measure.work import prefill_work, step_work
 from minieng.measure.workloads import text_prompts
 from minieng.units import cdiv
 
-SEED_POINTS = [(0.97, 0.87), (0.855, 1.72)]  # (hit rate, TTFT s) from the vLLM panel of Nascimento's article
+ARTICLE_POINTS = [(0.97, 0.87), (0.855, 1.72)]  # (hit rate, TTFT s) from the vLLM panel of Nascimento's article
 
 
 @dataclass
@@ -94,14 +94,14 @@ def ttft_vs_hit_rate(
         "block_size": engine.block_manager.block_size,
         "cold": asdict(cold),
         "points": [asdict(p) for p in points],
-        "seed_points": [{"hit_rate": h, "ttft_s": t} for h, t in SEED_POINTS],
+        "article_points": [{"hit_rate": h, "ttft_s": t} for h, t in ARTICLE_POINTS],
     }
 
 
-def hit_rate_pair(sweep: dict, near_hit_rate: float = SEED_POINTS[1][0]) -> tuple[dict, dict]:
-    """The two points of ``ttft_vs_hit_rate``'s sweep that claim S5 compares, as the article's panel
-    does (97% and 85.5%): the highest hit rate measured, and among the lower ones the point nearest
-    ``near_hit_rate``. Returns ``(near, high)``, two of ``sweep["points"]``. Raises ``ValueError``
+def hit_rate_pair(sweep: dict, near_hit_rate: float = ARTICLE_POINTS[1][0]) -> tuple[dict, dict]:
+    """The two points of ``ttft_vs_hit_rate``'s sweep that the hit-rate comparison uses, as the
+    article's panel does (97% and 85.5%): the highest hit rate measured, and among the lower ones the
+    point nearest ``near_hit_rate``. Returns ``(near, high)``, two of ``sweep["points"]``. Raises ``ValueError``
     when the sweep has no two distinct hit rates."""
     high = max(sweep["points"], key=lambda p: p["hit_rate"])
     lower = [p for p in sweep["points"] if p["hit_rate"] < high["hit_rate"]]
@@ -195,11 +195,12 @@ def ttft_levers(
     decoder_prompt_tokens: int = 32,
     warmup_runs: int = 0,
 ) -> dict:
-    """Claim S19: what each lever on TTFT saves or costs, on one long prompt (``sweep["prompt_tokens"]``
-    tokens of real text), and what it spends for that: FLOPs and memory.
+    """Is prefix caching the cheapest lever? What each lever on TTFT saves or costs, on one long
+    prompt (``sweep["prompt_tokens"]`` tokens of real text), and what it spends for that: FLOPs and
+    memory.
 
     - prefix caching, read from ``ttft_vs_hit_rate``'s ``sweep``: its cold TTFT (cache off, P50)
-      against its highest-hit point's (P50). It computes fewer FLOPs (``work.prefill_work`` with the
+      against its highest-hit point's (P50). It computes fewer FLOPs (``flops_bytes.prefill_work`` with the
       cached tokens, against none) and keeps the cached prefix's K/V in memory between requests.
     - the baseline: the prompt alone, cache off, whole in one step (measured here, once);
     - chunked prefill: the same prompt alone, cut into steps of ``chunk_tokens`` tokens (measured);
@@ -207,7 +208,7 @@ def ttft_levers(
       ``decoder_prompt_tokens``-token prompts that are decoding (decode-first; a budget that takes
       the whole prompt beside their tokens: one step) (measured).
 
-    Each lever's ``extra_flops``: the FLOPs of the steps its first token waited for (``work.step_work``
+    Each lever's ``extra_flops``: the FLOPs of the steps its first token waited for (``flops_bytes.step_work``
     on the recorded chunks), beyond the prompt's prefill alone: for chunked prefill 0 (the same causal
     work, cut up), for batching the decodes that ran beside it. ``extra_memory_bytes``: the K/V it
     keeps beyond the request's own: the cached prefix, or the decoders' K/V held beside it. Quantization,

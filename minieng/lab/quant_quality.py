@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.memory_plan import throwaway_forward
-from minieng.lab.bench import estimate_s
+from minieng.lab.probes import estimate_s
 from minieng.measure.workloads import text_prompts
 from minieng.model.quantization import DEFAULT_GROUP_SIZE, quantize_model
 from minieng.units import cdiv

@@ -5,7 +5,7 @@ Formatting only: every figure was measured by ``bench`` or ``replay`` and sits i
 
 from __future__ import annotations
 
-from minieng.lab.quantization_lab import decode_vs_prefill
+from minieng.lab.quantization import decode_vs_prefill
 from minieng.lab.speculative import format_speculative
 from minieng.measure.metrics import ServingMetrics, common_tail, percentile_label
 from minieng.measure.roofline import format_percent
@@ -175,8 +175,8 @@ def _phase_ratio(pr: dict) -> list[str]:
     lines = [
         "",
         "Two phases: prefill tok/s / batch-1 decode tok/s",
-        f"  Nascimento's article (vLLM panel): {pr['seed_vllm_prefill_tok_s']:,.1f} / {pr['seed_vllm_decode_tok_s']:.0f}"
-        f" = {pr['seed_ratio_x']:.1f}x",
+        f"  Nascimento's article (vLLM panel): {pr['article_vllm_prefill_tok_s']:,.1f}"
+        f" / {pr['article_vllm_decode_tok_s']:.0f} = {pr['article_ratio_x']:.1f}x",
     ]
     for name in ("minieng", "transformers"):
         if f"{name}_ratio_x" in pr:
@@ -285,7 +285,7 @@ def format_prefix(result: dict) -> list[str]:
         lines.append(f"  at {high[0]['hit_rate']:.1%} hits TTFT is {speedup:.1f}x lower than cache off (target >= 5x)")
     lines.append(
         "  Nascimento's article: "
-        + ", ".join(f"{s['hit_rate']:.1%} -> {s['ttft_s']:.2f} s" for s in result["seed_points"])
+        + ", ".join(f"{s['hit_rate']:.1%} -> {s['ttft_s']:.2f} s" for s in result["article_points"])
     )
     if result.get("zero_hit_overhead"):
         z = result["zero_hit_overhead"]
@@ -306,7 +306,7 @@ def format_prefix(result: dict) -> list[str]:
 
 def format_quantization(result: dict) -> list[str]:
     """The ``--quantization`` section: per scheme, bytes, TTFT and TPOT as ratios to the float
-    model beside the roofline's prediction, then accuracy (``quantization_lab.run_quantization``)."""
+    model beside the roofline's prediction, then accuracy (``lab.quantization.run_quantization``)."""
     cfg = result["config"]
     batches = cfg["batch_sizes"]
     lines = [

@@ -1,5 +1,5 @@
-"""Tensor parallelism measured (claim S4): a decode step on one rank and on p, the all-reduce's
-toll, and the paper model held against both.
+"""Tensor parallelism measured (two devices add their bandwidth, less the link's toll): a decode
+step on one rank and on p, the all-reduce's toll, and the paper model held against both.
 
 ``measure_tensor_parallel`` builds the same model at ``tensor_parallel_size`` 1 and p, in turn
 (one engine alive at a time, each with a KV pool of ``kv_cache_memory_gib`` per rank), and times
@@ -7,12 +7,12 @@ batch decodes on each: TPOT (vLLM's definition), each decode step's forward pass
 rank 0's time in collectives (``StepRecord.comm_s``: the ``2 x layers + 2`` all-reduces and
 gathers of ``model.parallel``, waits for the other rank included). At p it also sweeps the
 all-reduce over message sizes on the engine's own process group, and fits the ring model's hop
-latency and link bandwidth to it (``tp_model.fit_link``). The fit reads each size's fastest
-quarter (its 25th percentile), not its median: on the workshop's CPU an all-reduce between two
-processes either completes at the link's pace or waits for the kernel's next timer tick, and a
+latency and link bandwidth to it (``tp_estimate.fit_link``). The fit reads each size's fastest
+quarter (its 25th percentile), not its median: on a 2-core CPU an all-reduce between two
+processes (gloo) either completes at the link's pace or waits for the kernel's next timer tick, and a
 median flips between the two (docs/measurements.md). The table shows both.
 
-The paper model (``tp_model.tensor_parallel_decode``) is then fed what was measured instead of
+The paper model (``tp_estimate.tensor_parallel_decode``) is then fed what was measured instead of
 what it assumed: the bandwidth one rank reads at (the p = 1 step's bytes over its forward time)
 and the measured link. Two readings of "p devices": the paper's, p devices each with its own
 memory (p times the bandwidth), and this machine's when the ranks are processes on one CPU
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import minieng_decode, warm_up
-from minieng.measure.tp_model import Link, TensorParallelStep, fit_link, tensor_parallel_decode
-from minieng.measure.work import decode_work
+from minieng.lab.probes import minieng_decode, warm_up
+from minieng.measure.flops_bytes import decode_work
+from minieng.measure.tp_estimate import Link, TensorParallelStep, fit_link, tensor_parallel_decode
 from minieng.measure.workloads import text_prompts
 
 # Message sizes (bytes) of the sweep: from far below one token's activations (hidden x dtype bytes:
@@ -49,7 +49,7 @@ class SplitStep:
     forward_s: float  # the forward pass of a decode step, collectives included
     comm_s: float  # of forward_s, rank 0's time in collectives
     collectives_per_step: float
-    bytes_per_step: float  # weights and KV a step reads, all ranks together (``work.decode_work``)
+    bytes_per_step: float  # weights and KV a step reads, all ranks together (``flops_bytes.decode_work``)
     kv_bytes_per_step: float  # of bytes_per_step, the KV cache's (read and written)
 
     @property

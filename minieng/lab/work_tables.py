@@ -1,6 +1,6 @@
 """The tables the course prints from a model's shape alone: computed, not measured.
 
-Each function returns a table's lines (``print("\\n".join(...))``), from ``measure.work``'s
+Each function returns a table's lines (``print("\\n".join(...))``), from ``measure.flops_bytes``'s
 formulas: a prefill's FLOPs against the article's 2·P·n, each step's FLOPs, bytes and side of the
 ridge, and the KV cache's bytes per token beside the weights.
 """
@@ -8,7 +8,7 @@ ridge, and the KV cache's bytes per token beside the weights.
 from __future__ import annotations
 
 from minieng.config import ModelConfig
-from minieng.measure.work import decode_work, prefill_work
+from minieng.measure.flops_bytes import decode_work, prefill_work
 from minieng.units import GIB
 
 

@@ -5,7 +5,13 @@ an engine. The names below are what the notebooks use.
 """
 
 from minieng.measure.ceilings import machine_ceilings
-from minieng.measure.flop_count import counted_steps
+from minieng.measure.flops_bytes import (
+    attention_crossover_tokens,
+    decode_ridge_batch,
+    decode_work,
+    prefill_work,
+    step_work,
+)
 from minieng.measure.harness import smoke_mode
 from minieng.measure.logged_throughput import LoggedStats, logged_intervals
 from minieng.measure.metrics import (
@@ -17,6 +23,7 @@ from minieng.measure.metrics import (
     serving_metrics,
     summarize_ms,
 )
+from minieng.measure.model_choice import ModelChoice, choose_model
 from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
 from minieng.measure.peaks import Peak, check_environment, datasheet_peak
 from minieng.measure.projection import (
@@ -42,8 +49,7 @@ from minieng.measure.sweep_plan import (
     prefill_batch_length,
     prefill_sweep_lengths,
 )
-from minieng.measure.tp_model import LINKS, fit_link, tensor_parallel_decode
-from minieng.measure.work import attention_crossover_tokens, decode_ridge_batch, decode_work, prefill_work, step_work
+from minieng.measure.tp_estimate import LINKS, fit_link, tensor_parallel_decode
 from minieng.measure.workloads import (
     poisson_workload,
     read_trace,
@@ -53,7 +59,6 @@ from minieng.measure.workloads import (
     text_prompts,
     workload_prompts,
 )
-from minieng.measure.model_choice import ModelChoice, choose_model
 
 __all__ = [
     "attainable_flops",
@@ -62,7 +67,6 @@ __all__ = [
     "datasheet_peaks",
     "choose_model",
     "common_tail",
-    "counted_steps",
     "datasheet_peak",
     "decode_ridge_batch",
     "decode_sweep_batches",

@@ -42,7 +42,7 @@ from minieng.measure.harness import Measurement, smoke_mode
 from minieng.measure.peaks import Peak, ceiling_sizes, measure_ceilings, measure_copy, measure_matmul
 
 # Rounds x runs of a first measurement (smoke mode: one round of 3), and runs of the repeat that
-# reads the noise at every call. On the workshop's 2-core CPU a round costs about a second.
+# reads the noise at every call. On a 2-core x86 CPU a round costs about a second.
 ROUNDS, REPEATS, SMOKE_ROUNDS, SMOKE_REPEATS = 3, 5, 1, 3
 NOISE_REPEATS, SMOKE_NOISE_REPEATS = 5, 3
 # Noise.level's words: under 10% a machine is "quiet", under 25% "noisy", beyond that "busy".

@@ -1,34 +1,23 @@
-"""FLOPs as torch counts them: FlopCounterMode over the engine's own steps, beside ``work.step_work``.
+"""FLOPs as torch counts them: ``FlopCounterMode`` with the formulas it lacks for the engine's kernels.
 
-``torch.utils.flop_counter.FlopCounterMode`` sees every op a step dispatches and counts the
-matrix products from their shapes, 2 m n k each. It knows nothing of the model: it is an
-independent check of the analytic count. On the engine's steps:
-
-- linear layers run as ``aten.mm``/``aten.addmm`` (CUDA, other CPUs) or oneDNN's linear on x86-64
-  CPUs (``llama.linear``, whose formula ``register_flop_formulas`` adds): the count equals ``step_work``'s
-  matmul + LM head FLOPs exactly (a bias inside addmm is counted by neither);
-- attention runs as SDPA, counted as the dense score rectangle of the shapes the kernel was
-  handed (torch's formula for the CUDA kernels; ``register_flop_formulas`` adds it for the CPU's):
-  ``step_work``'s causal count plus the masked triangle of each prefill chunk
-  (``work.masked_attention_flops``), plus, for decodes, the padding of the batch's keys to
-  whole blocks (a kernel's layout, which the analytic count leaves out).
-
-Norms, RoPE, softmax, SiLU and sampling are not matrix products: neither side counts them.
-A step that replays a CUDA graph dispatches no op, so counting needs an eager engine
-(``enforce_eager=True``).
+``torch.utils.flop_counter.FlopCounterMode`` sees every op a function dispatches and counts the
+matrix products from their shapes, 2 m n k each. It knows nothing of the model, so it is an
+independent check of the analytic count (``flops_bytes.step_work``). Two kernels the engine runs
+have no formula in torch: the CPU's fused SDPA and oneDNN's linear (``llama.linear`` on x86-64
+CPUs); ``register_flop_formulas`` adds them. ``counted_flops`` counts one call, per op name;
+``LINEAR_OPS`` and ``ATTENTION_OPS`` name the ops of the linear layers and of attention.
+``lab.step_flops`` runs an engine's steps under it, beside ``step_work``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula, sdpa_flop_count
 
-from minieng.config import SamplingParams
-from minieng.measure.work import masked_attention_flops, step_work
 from minieng.model.llama import ONEDNN_LINEAR
 
 # FlopCounterMode's op names (``str(op)`` of its OpOverloadPackets).
@@ -71,42 +60,3 @@ def counted_flops(fn: Callable[[], object]) -> dict[str, int]:
     with FlopCounterMode(display=False) as counter:
         fn()
     return {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-
-
-def counted_steps(engine, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[dict]:
-    """Send ``prompts`` (greedy, ``max_tokens`` each) and run every step under FlopCounterMode.
-
-    Returns one dict per step: ``chunks`` (the ``StepRecord``'s), ``counted_linear_flops`` and
-    ``linear_flops`` (``step_work``'s matmul + LM head), ``counted_attention_flops`` and
-    ``attention_flops`` (the causal count), ``masked_attention_flops`` (the prefill chunks'
-    masked triangles), and ``other_flops``: what FlopCounterMode counted in any other op.
-    Raises ``ValueError`` for an engine that replays CUDA graphs (FlopCounterMode sees none of
-    a graph's ops) or when requests are already running (their steps would mix in).
-    """
-    if engine.runner.graphs is not None:
-        raise ValueError(
-            "this engine replays CUDA graphs, whose ops FlopCounterMode cannot see: count on "
-            "LLMEngine(loaded=engine.loaded, enforce_eager=True, ...)"
-        )
-    if engine.has_unfinished_requests():
-        raise ValueError("the engine has requests running: counted_steps needs it idle")
-    params = SamplingParams.fixed_length(max_tokens)
-    for prompt in prompts:
-        engine.add_request(list(prompt), params)
-    rows = []
-    while engine.has_unfinished_requests():
-        counts = counted_flops(engine.step)
-        chunks = engine.step_records[-1].chunks
-        work = step_work(engine.model_config, chunks, engine.dtype.itemsize)
-        rows.append(
-            {
-                "chunks": [list(c) for c in chunks],
-                "counted_linear_flops": sum(counts.get(op, 0) for op in LINEAR_OPS),
-                "linear_flops": work.matmul_flops + work.lm_head_flops,
-                "counted_attention_flops": sum(counts.get(op, 0) for op in ATTENTION_OPS),
-                "attention_flops": work.attention_flops,
-                "masked_attention_flops": masked_attention_flops(engine.model_config, chunks),
-                "other_flops": {op: n for op, n in counts.items() if op not in LINEAR_OPS + ATTENTION_OPS},
-            }
-        )
-    return rows

@@ -5,7 +5,7 @@ when reading its bytes takes most of a step. A first-order model of a decode ste
 
     step_s = fixed_s + bytes / bandwidth
 
-where ``bytes`` is what the step reads (``work.decode_work``: the weights, and the KV cache of
+where ``bytes`` is what the step reads (``flops_bytes.decode_work``: the weights, and the KV cache of
 its context) and ``fixed_s`` what it pays whatever its size: kernel launches, host work, small
 ops. ``fixed_s`` grows with the layers (each layer launches the same handful of ops), so it is
 kept per layer, measured on the device with the embedded model (``fixed_cost_per_layer_s``).
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minieng.config import PUBLISHED_SHAPES, ModelConfig, published_config
-from minieng.measure.work import decode_work
+from minieng.measure.flops_bytes import decode_work
 
 DOMINANCE = 3.0  # bytes / bandwidth >= 3 x fixed cost: reading bytes is >= 75% of the step
 MEMORY_FRACTION = 0.4  # of the free device memory, for the weights

@@ -206,7 +206,7 @@ def measure_matmul(device: torch.device, dtype: torch.dtype, n: int | None = Non
     ``n`` defaults to ``ceiling_sizes``' (2048 on a CPU; on a GPU up to 8192, as free memory allows).
     The product is ``llama.linear``, the kernel the engine's linear layers run, so that MFU
     compares the engine's products with the best its own kernel does. On an x86-64 CPU in float32
-    that is oneDNN, which ran a 2048-cube at 0.18-0.19 TFLOP/s on the workshop's 2-core EPYC where
+    that is oneDNN, which ran a 2048-cube at 0.18-0.19 TFLOP/s on a 2-core AMD EPYC (Zen 4) where
     ``a @ b`` (MKL's sgemm) ran at 0.12-0.14: with the slower kernel as
     the ceiling, a long prefill read 90% MFU. Elsewhere it is ``F.linear`` (cuBLAS on CUDA). The
     measurement's fingerprint records ``matmul_n``.

@@ -7,7 +7,7 @@ reached here (its MFU or its MBU). Every row these functions return is a project
 must label it so.
 
 - Batch-1 decode reads its bytes at MBU x bandwidth, so it does MBU x bandwidth x I FLOP/s, I its
-  arithmetic intensity (FLOP/byte, ``work.decode_work``), and its MFU on a device of peak P is
+  arithmetic intensity (FLOP/byte, ``flops_bytes.decode_work``), and its MFU on a device of peak P is
   MBU x bandwidth x I / P = MBU x I / ridge (``project_decode_mfu``): the larger a device's ridge
   point, the idler batch-1 decode leaves it.
 - A prefill of F FLOPs at MFU m takes F / (m x P); a decode step of B bytes at MBU u takes
@@ -43,7 +43,7 @@ def project_decode_mfu(
     Args:
         mbu_percent: batch-1 decode's MBU measured here, in percent (0, 100].
         intensity_flop_per_byte: the step's arithmetic intensity in the devices' dtype (FLOP/byte;
-            ``work.decode_work(cfg, 1, context, 2)`` for the bf16/fp16 the datasheet peaks are for).
+            ``flops_bytes.decode_work(cfg, 1, context, 2)`` for the bf16/fp16 the datasheet peaks are for).
         devices: the peaks to project onto (default: ``datasheet_peaks()``).
     Returns:
         one dict per device, by ascending peak: ``device``, ``peak_tflops``, ``bandwidth_gbps``,
@@ -86,8 +86,8 @@ def project_phase_times(
     here: TTFT = FLOPs / (peak x MFU), TPOT = bytes / (bandwidth x MBU) (module docstring).
 
     Args:
-        prefill_flops: one prefill's FLOPs (``work.prefill_work(...).total_flops``).
-        decode_bytes: one batch-1 decode step's bytes in the devices' dtype (``work.decode_work``).
+        prefill_flops: one prefill's FLOPs (``flops_bytes.prefill_work(...).total_flops``).
+        decode_bytes: one batch-1 decode step's bytes in the devices' dtype (``flops_bytes.decode_work``).
         prefill_mfu_percent, decode_mbu_percent: measured here, in percent (0, 100].
         devices: the peaks to project onto (default: ``datasheet_peaks()``).
     Returns:

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from minieng.config import ModelConfig
-from minieng.measure.work import step_work
+from minieng.measure.flops_bytes import step_work
 from minieng.model.weight_bytes import MatmulBytes
 
 
@@ -202,7 +202,7 @@ def _ms(seconds: float) -> str:
 
 
 def roofline_bound(flops: float, nbytes: float, seconds: float, peak_flops: float, bandwidth: float) -> Bound:
-    """``Bound`` of ``work`` and ``nbytes`` done in ``seconds`` on a machine of ``peak_flops`` FLOP/s
+    """``Bound`` of ``flops`` and ``nbytes`` done in ``seconds`` on a machine of ``peak_flops`` FLOP/s
     and ``bandwidth`` bytes/s. Raises ``ValueError`` for a non-positive time, peak or bandwidth."""
     if seconds <= 0 or peak_flops <= 0 or bandwidth <= 0:
         raise ValueError(f"need seconds, peak_flops and bandwidth > 0; got {seconds}, {peak_flops}, {bandwidth}")

@@ -8,14 +8,14 @@ within a few hundred tokens; on an H200 a 135M model's TTFT stays flat (~13 ms) 
 A sweep that stops before the knee times the overhead, not the prefill: a linear + quadratic fit
 of it finds no n^2 term, or a negative one.
 
-So the notebooks take their lengths from the device: ``bench.probe_speed`` times prefill at
+So the notebooks take their lengths from the device: ``probes.probe_speed`` times prefill at
 doubling lengths (``scan_prefill`` decides how far, within a time budget), ``prefill_knee`` reads
 the knee off the timings, ``prefill_sweep_lengths`` spans from below it to well above it (capped by
 the longest prompt the engine takes and a time budget), and ``fit_ttft`` fits TTFT = a + b n + c n^2
 over the compute-bound part and says whether c is significantly positive.
 
 Decode sweeps are sized the same way: ``decode_sweep_batches`` climbs from batch 1 to past the
-batch where decode turns compute-bound (``work.decode_ridge_batch``), and ``kv_sweep_plan``
+batch where decode turns compute-bound (``flops_bytes.decode_ridge_batch``), and ``kv_sweep_plan``
 picks a batch and contexts at which the KV cache a step reads outgrows what the step already
 costs (the weights, and on a GPU the per-step overhead that hides them).
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from minieng.measure.work import prefill_work
+from minieng.measure.flops_bytes import prefill_work
 
 KNEE_TOLERANCE = 0.15  # tok/s within 15% of every longer length's: it has stopped growing
 
@@ -126,7 +126,7 @@ def predict_ttft_s(probe: dict, prompt_tokens: int, model_config=None, count: in
     """A prefill's rough time from a probe: ``overhead_s + prompt_tokens / prefill_tok_s``, where
     ``prefill_tok_s`` is the best rate the probe saw. That ignores the n^2 term (an underestimate
     at long context) unless ``model_config`` is given: then the linear term is scaled by the
-    prompt's FLOPs over its linear FLOPs (``work.prefill_work``), attention included. ``count``
+    prompt's FLOPs over its linear FLOPs (``flops_bytes.prefill_work``), attention included. ``count``
     prompts sent together (a batch about to decode) share the steps: one fixed cost, not one each."""
     scale = 1.0
     if model_config is not None:
@@ -162,7 +162,7 @@ def prefill_sweep_lengths(
     """Prompt lengths for a prefill sweep on this device: from below the knee to well above it.
 
     Args:
-        probe: ``bench.probe_speed``'s result (``knee_tokens``, ``knee_reached``, ``prefill_tok_s``,
+        probe: ``probes.probe_speed``'s result (``knee_tokens``, ``knee_reached``, ``prefill_tok_s``,
             ``overhead_s``, ``max_prompt_tokens``).
         n_points: how many lengths. With the knee reached, about a third lie below it (down to
             knee / 4) and the rest from the knee up, so a fit of the compute-bound range has
@@ -304,8 +304,8 @@ def decode_sweep_batches(
     """Batch sizes for a decode sweep on this device: from 1 along the memory-bound slope to past the ridge.
 
     Args:
-        probe: ``bench.probe_speed``'s result.
-        ridge_batch: the batch where decode turns compute-bound (``work.decode_ridge_batch``), or
+        probe: ``probes.probe_speed``'s result.
+        ridge_batch: the batch where decode turns compute-bound (``flops_bytes.decode_ridge_batch``), or
             None when no batch does (then the sweep climbs to ``max_batch``).
         max_batch: the largest batch the engine takes (``max_num_seqs``, the KV pool).
         steps, prompt_tokens: each batch prefills ``prompt_tokens`` per sequence, then decodes
@@ -361,7 +361,7 @@ def kv_sweep_plan(
     sequences on a tie: a batch so large that the budget leaves it one context measures nothing).
 
     Args:
-        probe: ``bench.probe_speed``'s result (``decode_step_s``, ``prefill_tok_s``, ``overhead_s``).
+        probe: ``probes.probe_speed``'s result (``decode_step_s``, ``prefill_tok_s``, ``overhead_s``).
         bandwidth: bytes/s (the measured ceiling).
         max_context: the longest context a sequence may reach (``max_model_len`` less the decode).
         max_tokens: the KV pool's tokens (batch x context stays within it).

@@ -32,7 +32,7 @@ Everything that depends only on the batch (block tables, masks) is built once pe
 
 The decodes' gathered K/V is a copy of ``batch x width x block_size`` keys and values per layer:
 at 64 sequences of 8k context on a T4, 4.3 GB. An eager step may not hold more than the memory
-plan set aside for it (``max_gather_tokens``, ``setup.gather_budget_tokens``): a wider
+plan set aside for it (``max_gather_tokens``, ``kv_sizing.gather_budget_tokens``): a wider
 batch is attended in groups of sequences, each gathered in turn (``decode_group_size``).
 
 torch's FlopCounterMode counts the CUDA SDPA kernels (flash, memory-efficient, cuDNN) as the
@@ -244,7 +244,7 @@ def plain_decode_attention(
     q: torch.Tensor, cache: torch.Tensor, block_ids: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Attention of ``batch`` decodes of one query each, ``paged_attention``'s plain case as a
-    function of tensors alone (``decode_step``): q [batch, heads, head_dim / 2, 2] over one layer's
+    function of tensors alone (``compiled_decode``): q [batch, heads, head_dim / 2, 2] over one layer's
     ``cache`` [num_blocks, block_size, 2 * kv_heads, head_dim] at the blocks ``block_ids``
     [batch * width] (the block tables, flattened), under ``mask`` [batch, 1, 1, width * block_size].
     Returns [batch, heads * head_dim]."""

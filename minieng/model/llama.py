@@ -43,8 +43,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
     On an x86-64 CPU in float32 the product runs in oneDNN (``torch.ops.mkldnn._linear_pointwise``,
     the op torch.compile's CPU backend emits for linear layers) instead of ``F.linear``, which
-    calls MKL's sgemm: on the workshop's 2-core EPYC the default model's 30 layers of products took
-    21.8 ms at batch 1 against 36.9 ms (docs/measurements.md has the rest). MKL's small-M GEMM reads
+    calls MKL's sgemm: on a 2-core AMD EPYC (Zen 4) the default model's 30 layers of products took
+    about 0.6x sgemm's time at batch 1 (docs/measurements.md, ``model/llama.py``). MKL's small-M GEMM reads
     the weights well below the copy bandwidth, so decode sat far from the memory roofline for a
     reason that was the kernel's, not physics'.
     Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.

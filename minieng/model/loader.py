@@ -317,3 +317,19 @@ def load_model(
 
 def _has_tokenizer(path: Path) -> bool:
     return any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Raise ``ValueError`` unless the draft reads and writes the target's token ids."""
+    tv, dv = target.model.config.vocab_size, draft.model.config.vocab_size
+    if tv != dv:
+        raise ValueError(
+            f"draft_model vocabulary has {dv} tokens, the target's {tv}: use a draft of the "
+            "same family (it must share the target's tokenizer)"
+        )
+    if (
+        target.tokenizer is not None
+        and draft.tokenizer is not None
+        and target.tokenizer.get_vocab() != draft.tokenizer.get_vocab()
+    ):
+        raise ValueError("draft_model's tokenizer differs from the target's: use a draft of the same family")

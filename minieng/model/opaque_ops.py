@@ -9,9 +9,9 @@ that gives the compiler only its output's shape (vLLM declares its attention the
 
 They are declared with ``torch.library.Library`` (a schema and a kernel) rather than
 ``torch.library.custom_op``: both are opaque to the compiler, but custom_op's Python wrapper costs
-more per call. On the workshop's CPU (``torch.profiler``, the default model's W8A8 decode step at
-batch 1) the paged attention's call spent about 100 us in its wrapper as a custom_op and 30 us this
-way, fbgemm's product 36 and 18 us: with 151 such calls, about 4 ms of a 15-17 ms step.
+more per call, and a decode step makes one call per product and per attention. Declared this way,
+the default model's compiled W8A8 decode step on a 2-core AMD EPYC (Zen 4) spent about 4 ms less in
+the wrappers (docs/measurements.md, ``model/opaque_ops.py``).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from minieng.units import cdiv
 
 # The op's C++ entry point, below its two Python layers: the packet's argument checks and, as the
 # op takes a packed-weights object (a TorchBind op), torch's scan of every argument for fake
-# objects. With the other trims in ``FbgemmLinear.forward`` this took the int8 engine's batch-1
-# decode step from 21.9 to 21.1 ms on the workshop CPU (interleaved A/B, medians of 8 rounds).
+# objects. With the other trims in ``FbgemmLinear.forward`` this saved about 4% of the int8 engine's
+# batch-1 decode step on a 2-core AMD EPYC (docs/measurements.md, ``model/quant_kernels.py``).
 @functools.cache
 def _fbgemm_linear():
     """The op, resolved on first use (never at import: a torch without fbgemm must still import this)."""

@@ -1,4 +1,4 @@
-"""Quantization: fewer bytes per weight, the lever aimed at decode (claim S13).
+"""Quantization: fewer bytes per weight, the lever aimed at decode (bandwidth-bound), not prefill.
 
 Decode rereads every weight each step, so its floor is weight bytes / bandwidth (TPOT_min,
 docs/architecture.md, FLOPs and bytes); prefill is compute-bound, and bytes barely move it. The schemes
@@ -19,15 +19,16 @@ the norms keep the model's dtype, and so does the KV cache:
   embeddings moves W8A8's logits by units (float32's by ~1e-4) and flips some greedy choices, so
   its greedy tokens can change with the batch or the compiler (``lab.quant_quality``).
   8-bit codes, except on a CPU whose int8 GEMM would overflow them (AVX2 without VNNI): 7 there
-  (``quant_kernels.fbgemm_activation_levels``). The bit matters: greedy agreement with the float
-  SmolLM2-135M over 256 positions of 4 held-out prompts (``bench --quantization``) was 90.2%
-  with 8-bit codes (the kernel, workshop CPU) and 82.4% with 7 (the reference, simulated).
+  (``quant_kernels.fbgemm_activation_levels``). The bit matters: with 7-bit codes, greedy agreement
+  with the float SmolLM2-135M (``bench --quantization``) fell by about 8 points
+  (docs/measurements.md, ``model/quantization.py``).
 
 What runs where (``KERNELS``), and why. On a CPU the weight-only kernels torch and torchao offer
-lose to fp32 (``torch._weight_int8pack_mm`` took 2.8x fp32's time at batch 1 on the workshop's
-CPU; docs/measurements.md has the whole table), while fbgemm's int8 GEMM (``quantized::linear_*``)
-takes about 0.3x: so both int8 schemes run in fbgemm (``FbgemmLinear``), W8A8 directly and
-weight-only int8 by writing each token's activations as two int8 digits through the same GEMM.
+lose to fp32 (``torch._weight_int8pack_mm`` took 2.8x fp32's time at batch 1 on a 2-core AMD EPYC,
+Zen 4 with AVX-512 VNNI; docs/measurements.md has the whole table), while fbgemm's int8 GEMM
+(``quantized::linear_*``) beats fp32: so both int8 schemes run in fbgemm (``FbgemmLinear``), W8A8
+directly and weight-only int8 by writing each token's activations as two int8 digits through the
+same GEMM.
 int4 has no CPU kernel that pays and is refused there; its accuracy can still be measured with the
 dequantized reference (``reference_model``). CUDA (``benchmarks/gpu_check.py`` measures it): int4
 is tinygemm, ``torch._weight_int4pack_mm`` (bfloat16 only), the kernel behind gpt-fast's int4;
@@ -70,7 +71,7 @@ KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
 REFUSED: dict[tuple[str, str], str] = {
     ("int4", "cpu"): (
         "no CPU int4 kernel beats fp32: torch's _weight_int4pack_mm_for_cpu took 5.8x fp32's time on "
-        "the default model's layers at batch 1 (measured; see minieng/model/quantization.py)"
+        "the default model's layers at batch 1 (measured: docs/measurements.md)"
     ),
 }
 
@@ -272,7 +273,7 @@ def check_quantization(
 
 def matmul_bytes(model_config: ModelConfig, scheme: str | None, group_size: int, dtype_bytes: float) -> MatmulBytes:
     """Bytes the matrix products read per step, scales included: the decoder layers' weights
-    and the LM head's, for ``work.step_work`` and the memory plan.
+    and the LM head's, for ``flops_bytes.step_work`` and the memory plan.
 
     None: parameters x ``dtype_bytes``. int8 and W8A8: 1 byte per weight and one scale per
     output channel. int4: half a byte per weight and a scale and a zero per group of

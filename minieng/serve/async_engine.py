@@ -120,11 +120,6 @@ class AsyncEngine:
             self._aborts.add(request_id)
             self._wake.set()
 
-    @property
-    def num_active(self) -> int:
-        """Requests submitted and not yet finished."""
-        return len(self._queues)
-
     def _between_steps(self) -> None:
         engine = self.engine
         for request_id, ids, params, arrival_s in self._submitted:

@@ -21,7 +21,7 @@ from minieng.viz.style import PHASE_COLORS, legend
 def recompute_vs_cache_figure(
     result: dict, knee_tokens: int | None = None, title: str = "Generating with and without the KV cache"
 ) -> Figure:
-    """``kv_cache_lab.recompute_vs_cache``'s result in three panels: the wait for each token
+    """``lab.kv_cache.recompute_vs_cache``'s result in three panels: the wait for each token
     against the sequence length it is computed at (the prefill knee dotted, when given), the
     cumulative time, and the cumulative work (token-passes through the model) against the
     answer's length."""
@@ -56,7 +56,7 @@ def recompute_vs_cache_figure(
 def block_tables(
     snapshot: dict, columns: int = 32, title: str = "The KV pool and the block tables of a live batch"
 ) -> Figure:
-    """``kv_cache_lab.block_table_snapshot``: the pool's blocks in id order, coloured by the
+    """``lab.kv_cache.block_table_snapshot``: the pool's blocks in id order, coloured by the
     sequence holding them (white: free; hatched: a sequence's last, partly filled block), and
     below, each running sequence's block table: its blocks in token order, by physical id."""
     seqs = snapshot["sequences"]
@@ -131,7 +131,7 @@ def block_tables(
 
 
 def kv_concurrency(result: dict, title: str = "The KV pool caps the batch") -> Figure:
-    """``kv_cache_lab.concurrency_run``: sequences in each step, with the caps from the pool (at
+    """``lab.kv_cache.concurrency_run``: sequences in each step, with the caps from the pool (at
     prompt length and at full length) and ``max_num_seqs`` (drawn when it is near them, else named
     in the title), blocks in use (right axis) and preemptions (red ticks)."""
     fig = Figure(figsize=(8, 3.6), layout="constrained")

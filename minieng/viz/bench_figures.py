@@ -1,6 +1,7 @@
 """The bench's figures as PNG files (``python -m minieng bench --plot DIR``): the roofline with the
 sweeps' points, and, when those runs were made, the serving run's latency CDFs, step timeline and
-NVML trace, the speculative, prefix-cache and quantization sweeps. Drawing is ``plots.py``'s."""
+NVML trace, the speculative, prefix-cache and quantization sweeps. The drawing is done by
+``phases``, ``levers`` and ``serving``; this module only picks the figures and writes the files."""
 
 from __future__ import annotations
 

@@ -117,8 +117,8 @@ def ttft_vs_hit_rate_figure(result: dict, title: str = "Prefix caching: TTFT aga
     ax.set_ylim(bottom=0)
     article = ax.twinx()
     article.scatter(
-        [p["hit_rate"] * 100 for p in result["seed_points"]],
-        [p["ttft_s"] for p in result["seed_points"]],
+        [p["hit_rate"] * 100 for p in result["article_points"]],
+        [p["ttft_s"] for p in result["article_points"]],
         marker="*",
         s=120,
         color="tab:purple",
@@ -127,8 +127,8 @@ def ttft_vs_hit_rate_figure(result: dict, title: str = "Prefix caching: TTFT aga
     article.set_ylabel("article's TTFT (s)", color="tab:purple")
     article.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()
-    seed_handles = article.get_legend_handles_labels()
-    ax.legend(handles[0] + seed_handles[0], handles[1] + seed_handles[1], fontsize=8, loc="lower left")
+    article_handles = article.get_legend_handles_labels()
+    ax.legend(handles[0] + article_handles[0], handles[1] + article_handles[1], fontsize=8, loc="lower left")
     ax.set_title(title)
     return fig
 

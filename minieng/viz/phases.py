@@ -167,7 +167,7 @@ def top_ops_figure(shares: dict, title: str = "Where a decode step's time goes")
 
 
 def quantization_ratios(result: dict, title: str = "Quantization: time against the float model, per phase") -> Figure:
-    """``quantization_lab.run_quantization``'s result: per scheme, TTFT and each batch's TPOT as a
+    """``lab.quantization.run_quantization``'s result: per scheme, TTFT and each batch's TPOT as a
     ratio to the float model (bars: measured; black marks: the roofline's prediction, bytes for
     decode and FLOP rate for prefill). Below 1 is faster."""
     rows = result["rows"][1:]

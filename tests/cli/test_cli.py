@@ -23,7 +23,7 @@ from minieng.cli import bench as cli_bench
 from minieng.cli import main as cli
 from minieng.lab import bench
 from minieng.lab.report import format_table
-from minieng.measure import peaks as hardware
+from minieng.measure import peaks
 from minieng.viz import bench_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -190,9 +190,9 @@ def shared_model_cli(monkeypatch, default_model):
         )
 
     def small_ceilings(device, dtype, repeats=5):
-        mm = hardware.measure_matmul(device, dtype, n=256, repeats=2)
-        cp = hardware.measure_copy(device, nbytes=16 * 1024**2, repeats=2)
-        return hardware.Peak(f"measured {device.type}", mm.p90 / 1e12, cp.p90 / 1e9, "measured"), mm, cp
+        mm = peaks.measure_matmul(device, dtype, n=256, repeats=2)
+        cp = peaks.measure_copy(device, nbytes=16 * 1024**2, repeats=2)
+        return peaks.Peak(f"measured {device.type}", mm.p90 / 1e12, cp.p90 / 1e9, "measured"), mm, cp
 
     patch_engine(monkeypatch, engine)
     monkeypatch.setattr(bench, "measure_ceilings", small_ceilings)
@@ -321,7 +321,7 @@ def test_bench_serving_json_holds_no_python_objects(capsys, monkeypatch, shared_
     end up in the JSON as its repr string. (The ceilings and warm-up are skipped: a fixed peak.)"""
     from dataclasses import asdict
 
-    peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
+    peak = peaks.Peak("made-up", 1.0, 10.0, "measured")
     monkeypatch.setattr(
         bench,
         "run_bench",
@@ -382,7 +382,7 @@ def test_save_figures_with_telemetry(tmp_path, tiny_engine):
     run.telemetry = [
         Sample(run.start_s + 0.01 * i, 90.0, 40.0, 70.0, 1400.0, 2**30, 50.0, 0, None, None, None) for i in range(5)
     ]
-    peak = hardware.Peak("made-up", 1.0, 10.0, "measured")
+    peak = peaks.Peak("made-up", 1.0, 10.0, "measured")
     serving = serving_report(run, engine.model_config, 4, [peak], SLO(ttft_ms=50.0))
     result = {
         "environment": {"device_name": "fake GPU"},

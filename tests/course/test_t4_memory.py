@@ -22,8 +22,8 @@ from minieng.config import published_config
 from minieng.lab.model_for_device import PROBE_KV_GIB
 from minieng.measure.model_choice import choose_model
 from minieng.engine.memory_plan import HEADROOM, plan_memory
-from minieng.engine.setup import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
-from minieng.measure import peaks as hardware
+from minieng.engine.kv_sizing import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
+from minieng.measure import peaks
 from minieng.model.kv_cache import num_blocks_for_budget
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
@@ -146,7 +146,7 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
         need = min(max_model_len, 4096) if capped else max_model_len
         assert tokens >= need, f"{path.name}: a pool of {tokens} tokens for max_model_len={max_model_len}"
     # The ceilings' buffers, sized on the empty T4 (the notebook reads them before any engine).
-    n, copy_bytes = hardware.ceiling_sizes(t4, FP16)
+    n, copy_bytes = peaks.ceiling_sizes(t4, FP16)
     ceilings = 3 * n * n * FP16.itemsize + 2 * copy_bytes
     # What the notebook's engines hold at once, with their graphs' scratch, plus the ceilings'
     # buffers as if they were still there: within the 90% an engine leaves for the rest.
@@ -177,5 +177,5 @@ def test_the_old_setup_of_notebook_01_would_not_fit(t4, shapes):
     device_sized = min(64 * 8192 * per_token, int(0.9 * T4_TOTAL) - model.num_params * 2 - CUDA_CONTEXT)
     free_after = T4_TOTAL - CUDA_CONTEXT - model.num_params * 2 - device_sized
     assert device_sized > 10 * GIB and free_after < 2 * 2 * GIB  # the old copy's buffers could not fit
-    n, copy_bytes = hardware.ceiling_sizes(t4, FP16, free_bytes=free_after)  # now they are sized to fit
+    n, copy_bytes = peaks.ceiling_sizes(t4, FP16, free_bytes=free_after)  # now they are sized to fit
     assert 3 * n * n * 2 + 2 * copy_bytes <= free_after

@@ -61,7 +61,7 @@ def test_compiled_w8a8_gives_the_eager_w8a8_tokens(tiny_llama, compiled, decode_
     across no code boundary in this sample. On the default model it does: W8A8 turns such a
     last-bit difference into logit shifts of whole units (``tests/lab/test_quant_quality.py``), and
     compiled W8A8 wrote other greedy tokens than eager W8A8 for 38 of 40 requests of 16-55 prompt
-    tokens and 24 output tokens (measured on the workshop's CPU, two threads; compiled float32 wrote
+    tokens and 24 output tokens (measured on a 2-core x86 CPU, two threads; compiled float32 wrote
     eager's tokens for all 48 requests tried). Compiled W8A8 is the same scheme, not the same tokens."""
     prompts = random_prompts([3, 17, 40, 9], tiny_llama[1].model.config.vocab_size, seed=5)
     kw = dict(max_num_seqs=8, max_num_batched_tokens=64)

@@ -288,7 +288,7 @@ def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
     """The issue's case: SmolLM2-1.7B's shape in fp16 on a T4 (15 GiB), 64 sequences of 8k context.
     Ungrouped, one layer's gathered K/V is 4.3 GB; grouped, it fits half the scratch kept out of
     the KV pool, whatever the batch."""
-    from minieng.engine.setup import GATHER_SCRATCH_FRACTION, gather_budget_for
+    from minieng.engine.kv_sizing import GATHER_SCRATCH_FRACTION, gather_budget_for
     from minieng.model.attention import decode_group_size
 
     total = 15 * 1024**3
@@ -308,18 +308,18 @@ def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
 def test_the_gather_scratch_is_kept_out_of_the_pool_with_or_without_graphs(tiny_llama, monkeypatch):
     """enforce_eager runs every decode eagerly, gathering as much as a graph would: the KV pool
     sized from the device keeps the same scratch out (simulated: the device's sizing replaced)."""
-    import minieng.engine.setup as setup
+    import minieng.engine.kv_sizing as kv_sizing
 
     seen = []
     monkeypatch.setattr(
-        setup,
+        kv_sizing,
         "device_kv_blocks",
         lambda *args, **kw: seen.append(args[4] if len(args) > 4 else kw["reserve_fraction"]) or 100,
     )
     for eager in (False, True):
         config = EngineConfig(device="cpu", max_model_len=256, enforce_eager=eager)
-        assert setup.device_sized_kv_blocks(config, [tiny_llama[1].model], 256) == 100
-    assert seen == [setup.GATHER_SCRATCH_FRACTION] * 2
+        assert kv_sizing.device_sized_kv_blocks(config, [tiny_llama[1].model], 256) == 100
+    assert seen == [kv_sizing.GATHER_SCRATCH_FRACTION] * 2
 
 
 def test_default_max_model_len_is_capped_to_the_pool(tiny_llama):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, device
-from minieng.engine import setup as engine_setup
+from minieng.engine import model_loading
 from minieng.engine.memory_plan import MemoryPlan, plan_memory
 from minieng.units import GIB
 
@@ -142,7 +142,7 @@ def _engine_config(model_dir) -> EngineConfig:
 
 def test_engine_refuses_before_loading_when_host_ram_is_short(tiny_model_dir, monkeypatch):
     loads = []
-    monkeypatch.setattr(engine_setup, "load_model", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
+    monkeypatch.setattr(model_loading, "load_model", lambda *a, **k: loads.append(a) or pytest.fail("loaded"))
     # plan_memory looks host memory up in minieng.measure.peaks when it runs.
     monkeypatch.setattr(device, "host_memory_bytes", lambda: (4096, 1024))
     with pytest.raises(ValueError) as err:

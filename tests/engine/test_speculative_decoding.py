@@ -49,7 +49,7 @@ from minieng.engine.model_runner import verify
 from minieng.engine.output_processor import append_tokens
 from minieng.engine.sampling import KeyedRandom, probabilities, race
 from minieng.engine.sequence import Sequence
-from minieng.engine.setup import check_same_tokenizer
+from minieng.model.loader import check_same_tokenizer
 from minieng.engine.verification import verify_coupled, verify_greedy, verify_sampled
 from minieng.lab.speculative import expected_tokens_per_step
 from minieng.measure.metrics import acceptance_metrics, request_metrics, serving_metrics

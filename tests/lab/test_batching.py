@@ -17,8 +17,8 @@ from minieng.lab.batching import (
     near_linear_batch,
     sustainable_rate,
 )
+from minieng.measure.flops_bytes import decode_work
 from minieng.measure.peaks import Peak
-from minieng.measure.work import decode_work
 from minieng.measure.workloads import RequestSpec, fixed_workload, poisson_workload, spread_output_lengths
 
 PEAK = Peak("measured cpu float32", 0.07, 15.0, "measured")

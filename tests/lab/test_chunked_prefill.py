@@ -20,12 +20,12 @@ from minieng.lab.chunked_prefill import (
     choice_in_words,
     choose_long_prompt,
     decode_first_verdict,
+    decode_protection_verdict,
     estimate_sweep_s,
     long_prompt_run,
     measure_setting,
     predict_prefill_s,
     read_result,
-    s7_verdict,
     steps_without_decodes,
 )
 
@@ -75,7 +75,7 @@ def test_chunking_on_bounds_every_gap_by_one_budget_and_never_skips_a_decode(tin
     assert not engine.config.enable_chunked_prefill  # restored
 
 
-def test_reading_off_against_on_and_the_s7_verdict(tiny_engine, tiny_llama, fake_clock):
+def test_reading_off_against_on_and_the_decode_protection_verdict(tiny_engine, tiny_llama, fake_clock):
     engine = fake_clock(tiny_engine(max_num_seqs=4, max_num_batched_tokens=256))
     decoders, long_prompt = prompts(tiny_llama)
     off = long_prompt_run(engine, decoders, long_prompt, None, inject_after_steps=1, tail_steps=0)
@@ -87,7 +87,7 @@ def test_reading_off_against_on_and_the_s7_verdict(tiny_engine, tiny_llama, fake
     assert reading["ttft_extra_ms"] == pytest.approx(6 * (1 + B) - 1)
     assert reading["extra_per_step_ms"] == pytest.approx((6 * (1 + B) - 1) / 6)
     assert reading["overhead_share"] == 0 and not reading["overhead_bound"]
-    assert s7_verdict(reading) == "holds"
+    assert decode_protection_verdict(reading) == "holds"
     # A per-step overhead of 15 ms is most of a 20 ms chunk step: overhead-bound.
     heavy = read_result(off, on, overhead_s=15e-3)
     assert heavy["overhead_share"] == pytest.approx(0.75) and heavy["overhead_bound"]
@@ -115,8 +115,11 @@ def test_reading_off_against_on_and_the_s7_verdict(tiny_engine, tiny_llama, fake
         ),
     ],
 )
-def test_s7_verdict_in_words(protection, price, bound, expected):
-    assert s7_verdict({"itl_protection_x": protection, "ttft_price_x": price, "overhead_bound": bound}) == expected
+def test_decode_protection_verdict_in_words(protection, price, bound, expected):
+    assert (
+        decode_protection_verdict({"itl_protection_x": protection, "ttft_price_x": price, "overhead_bound": bound})
+        == expected
+    )
 
 
 def test_decode_first_verdict_counts_the_steps_that_skipped_the_decodes():

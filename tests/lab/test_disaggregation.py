@@ -22,7 +22,7 @@ from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random
 
 from minieng import SamplingParams
 from minieng.engine.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
-from minieng.lab.disagg_model import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
+from minieng.lab.disagg_simulation import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
 from minieng.lab.disaggregation import (
     compare_disaggregation,
     comparison_pool,

@@ -21,7 +21,7 @@ from minieng.lab.prefix_caching import (
     ttft_levers,
     ttft_vs_hit_rate,
 )
-from minieng.measure.work import prefill_work, step_work
+from minieng.measure.flops_bytes import prefill_work, step_work
 
 P = 64  # the prompt's tokens; blocks of 4 (``make_engine``)
 

@@ -47,7 +47,11 @@ def bench_result():
                 "utilization": utilization(0.031, 0.29),
             }
         ],
-        "phase_ratio": {"seed_vllm_prefill_tok_s": 12968.6, "seed_vllm_decode_tok_s": 95.0, "seed_ratio_x": 136.5},
+        "phase_ratio": {
+            "article_vllm_prefill_tok_s": 12968.6,
+            "article_vllm_decode_tok_s": 95.0,
+            "article_ratio_x": 136.5,
+        },
     }
 
 
@@ -198,7 +202,7 @@ def test_prefix_section_shows_each_points_max_when_it_has_too_few_requests_for_a
         "block_size": 16,
         "cold": {"ttft_ms": summarize_ms([0.1, 0.1, 0.1, 0.5])},
         "points": [point(128, 0.5, [0.05, 0.05, 0.05, 0.3]), point(240, 0.94, [0.01, 0.01, 0.01, 0.2])],
-        "seed_points": [{"hit_rate": 0.97, "ttft_s": 0.87}],
+        "article_points": [{"hit_rate": 0.97, "ttft_s": 0.87}],
     }
     lines = format_prefix(result)
     assert "max TTFT ms" in lines[1] and "P99" not in lines[1]

@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pytest
 
 from minieng.lab.tensor_parallel import ModelledStep, SplitStep, TensorParallelRun, format_tensor_parallel
-from minieng.measure.tp_model import fit_link, tensor_parallel_decode
+from minieng.measure.tp_estimate import fit_link, tensor_parallel_decode
 
 
 @pytest.fixture

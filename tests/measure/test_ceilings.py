@@ -208,9 +208,9 @@ def test_a_repeat_that_beats_the_stored_best_raises_it(tmp_path, monkeypatch):
 
 
 def test_machine_ceilings_end_to_end_on_the_cpu(tmp_path, monkeypatch):
-    from minieng.measure import peaks as hardware
+    from minieng.measure import peaks
 
-    monkeypatch.setattr(hardware, "ceiling_sizes", lambda device, dtype: (64, 1 << 20))
+    monkeypatch.setattr(peaks, "ceiling_sizes", lambda device, dtype: (64, 1 << 20))
     c = machine_ceilings("cpu", "auto", directory=tmp_path)
     assert c.dtype == "float32" and c.matmul.fingerprint["matmul_n"] == 64
     assert c.noise is not None and c.noise.relative is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from minieng.config import PUBLISHED_SHAPES, published_config
+from minieng.measure.flops_bytes import decode_work
 from minieng.measure.model_choice import (
     DOMINANCE,
     MEMORY_FRACTION,
@@ -20,7 +21,6 @@ from minieng.measure.model_choice import (
     predict,
 )
 from minieng.measure.peaks import datasheet_peak
-from minieng.measure.work import decode_work
 
 GB = 1e9
 GRAPHED = 20e-6  # s per layer

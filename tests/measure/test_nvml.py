@@ -24,12 +24,12 @@ from fake_nvml import (
 )
 
 from minieng.engine.outputs import StepRecord
-from minieng.measure import nvml as telemetry
+from minieng.measure import nvml
 from minieng.measure.nvml import DeviceId, Sample, TelemetrySampler, find_nvml_handle, samples_per_step, summarize
 
 
-def run_sampler(nvml, seconds=0.25, interval_s=0.02, **kwargs) -> TelemetrySampler:
-    with TelemetrySampler(interval_s=interval_s, nvml=nvml, **kwargs) as sampler:
+def run_sampler(fake, seconds=0.25, interval_s=0.02, **kwargs) -> TelemetrySampler:
+    with TelemetrySampler(interval_s=interval_s, nvml=fake, **kwargs) as sampler:
         time.sleep(seconds)
     return sampler
 
@@ -77,8 +77,8 @@ def test_gpm_query_with_real_ctypes_structures():
 
 
 def test_sampler_records_every_field_at_the_interval():
-    nvml = FakeNVML()
-    sampler = run_sampler(nvml, seconds=0.3, interval_s=0.02)
+    fake = FakeNVML()
+    sampler = run_sampler(fake, seconds=0.3, interval_s=0.02)
     samples = sampler.samples
     assert sampler.available and sampler.unavailable_reason is None
     # ~15 expected; loose bounds so a slow CI machine does not fail (the schedule never runs ahead)
@@ -92,9 +92,9 @@ def test_sampler_records_every_field_at_the_interval():
     assert (s.sm_occupancy_percent, s.dram_bw_util_percent, s.tensor_util_percent) == (12.5, 80.0, 3.0)
     # GPM needs two samples: the first has none; each later one spans consecutive samples
     assert samples[0].sm_occupancy_percent is None
-    assert nvml.gpm_queries == [(i, i + 1) for i in range(1, len(samples))]
+    assert fake.gpm_queries == [(i, i + 1) for i in range(1, len(samples))]
     assert sampler.na_reasons == {}
-    assert nvml.initialized == 0, "nvmlInit and nvmlShutdown must pair up"
+    assert fake.initialized == 0, "nvmlInit and nvmlShutdown must pair up"
 
 
 def test_sampler_clock_is_the_engine_clock():
@@ -135,8 +135,8 @@ def test_torch_index_0_is_nvml_index_1_matched_by_uuid(monkeypatch):
     )  # PCI deliberately wrong
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    nvml = FakeNVML(two_gpus())
-    sampler = run_sampler(nvml, seconds=0.05, device=0)
+    fake = FakeNVML(two_gpus())
+    sampler = run_sampler(fake, seconds=0.05, device=0)
     assert sampler.available
     assert sampler.samples[0].power_w == 200.0
 
@@ -150,25 +150,25 @@ def test_match_by_pci_when_uuid_differs():
 
 
 def test_no_matching_device_is_unavailable():
-    nvml = FakeNVML(two_gpus())
-    sampler = run_sampler(nvml, seconds=0.02, device=DeviceId("cccc", (0, 1, 0)))
+    fake = FakeNVML(two_gpus())
+    sampler = run_sampler(fake, seconds=0.02, device=DeviceId("cccc", (0, 1, 0)))
     assert not sampler.available and "no NVML device matches" in sampler.unavailable_reason
-    assert sampler.samples == [] and nvml.initialized == 0
+    assert sampler.samples == [] and fake.initialized == 0
 
 
 def test_torch_index_without_torch_cuda_is_unavailable(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    nvml = FakeNVML()
-    sampler = run_sampler(nvml, seconds=0.02, device=0)
-    assert "torch sees no CUDA GPU" in sampler.unavailable_reason and nvml.initialized == 0
+    fake = FakeNVML()
+    sampler = run_sampler(fake, seconds=0.02, device=0)
+    assert "torch sees no CUDA GPU" in sampler.unavailable_reason and fake.initialized == 0
     # device=None on a CPU-only torch build watches NVML's first GPU
-    assert run_sampler(nvml, seconds=0.02).samples[0].util_gpu_percent == 97.0
+    assert run_sampler(fake, seconds=0.02).samples[0].util_gpu_percent == 97.0
 
 
 def test_torch_device_id_reads_uuid_and_pci(monkeypatch):
     props = SimpleNamespace(uuid=_CUuuid("ABCD-1"), pci_domain_id=0, pci_bus_id=0x65, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    assert telemetry.torch_device_id(0) == DeviceId("abcd-1", (0, 0x65, 0))
+    assert nvml.torch_device_id(0) == DeviceId("abcd-1", (0, 0x65, 0))
 
 
 # -- N/A paths -------------------------------------------------------------------------------
@@ -176,8 +176,8 @@ def test_torch_device_id_reads_uuid_and_pci(monkeypatch):
 
 def test_pynvml_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    assert "nvidia-ml-py" in telemetry.unavailable_reason()
-    assert not telemetry.available()
+    assert "nvidia-ml-py" in nvml.unavailable_reason()
+    assert not nvml.available()
     sampler = run_sampler(None, seconds=0.02)
     assert not sampler.available and "nvidia-ml-py" in sampler.unavailable_reason
     assert sampler.samples == []
@@ -192,54 +192,54 @@ def test_pynvml_missing(monkeypatch):
     ],
 )
 def test_init_errors(error, words):
-    nvml = FakeNVML(init_error=error)
-    assert words in telemetry.unavailable_reason(nvml)
-    sampler = run_sampler(nvml, seconds=0.02)
+    fake = FakeNVML(init_error=error)
+    assert words in nvml.unavailable_reason(fake)
+    sampler = run_sampler(fake, seconds=0.02)
     assert not sampler.available and words in sampler.unavailable_reason
     assert sampler.samples == [] and sampler.stop() == []
 
 
 def test_zero_devices():
-    nvml = FakeNVML(gpus=[])
-    assert telemetry.unavailable_reason(nvml) == "NVML sees no GPU"
-    sampler = run_sampler(nvml, seconds=0.02)
+    fake = FakeNVML(gpus=[])
+    assert nvml.unavailable_reason(fake) == "NVML sees no GPU"
+    sampler = run_sampler(fake, seconds=0.02)
     assert sampler.unavailable_reason == "NVML sees no GPU" and sampler.samples == []
-    assert nvml.initialized == 0
+    assert fake.initialized == 0
 
 
 def test_available_with_a_gpu():
-    nvml = FakeNVML()
-    assert telemetry.unavailable_reason(nvml) is None and telemetry.available(nvml)
-    assert nvml.initialized == 0
+    fake = FakeNVML()
+    assert nvml.unavailable_reason(fake) is None and nvml.available(fake)
+    assert fake.initialized == 0
 
 
 def test_mig_mode_reports_utilization_as_na():
-    nvml = FakeNVML([FakeGPU(mig=True)])
-    sampler = run_sampler(nvml, seconds=0.05)
+    fake = FakeNVML([FakeGPU(mig=True)])
+    sampler = run_sampler(fake, seconds=0.05)
     assert sampler.available and sampler.samples
     for s in sampler.samples:
         assert s.util_gpu_percent is None and s.util_memory_percent is None
         assert s.sm_occupancy_percent is None and s.tensor_util_percent is None
         assert s.power_w == 350.0 and s.memory_used_bytes == 12 * 1024**3
     assert "MIG" in sampler.na_reasons["util_gpu_percent"]
-    assert "nvmlDeviceGetUtilizationRates" not in nvml.calls
-    assert "nvmlGpmSampleAlloc" not in nvml.calls
+    assert "nvmlDeviceGetUtilizationRates" not in fake.calls
+    assert "nvmlGpmSampleAlloc" not in fake.calls
 
 
 def test_unsupported_field_is_none_not_zero_and_others_still_recorded():
-    nvml = FakeNVML([FakeGPU(errors={"nvmlDeviceGetPowerUsage": NVMLError_NotSupported})])
-    sampler = run_sampler(nvml, seconds=0.1)
+    fake = FakeNVML([FakeGPU(errors={"nvmlDeviceGetPowerUsage": NVMLError_NotSupported})])
+    sampler = run_sampler(fake, seconds=0.1)
     assert len(sampler.samples) >= 2
     for s in sampler.samples:
         assert s.power_w is None
         assert s.util_gpu_percent == 97.0 and s.sm_clock_mhz == 1980 and s.temperature_c == 55
     assert sampler.na_reasons == {"power_w": "NVMLError_NotSupported: Not Supported"}
-    assert nvml.calls["nvmlDeviceGetPowerUsage"] == 1, "an N/A field is not asked again every tick"
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1, "an N/A field is not asked again every tick"
 
 
 def test_mig_query_not_supported_means_no_mig():
-    nvml = FakeNVML([FakeGPU(errors={"nvmlDeviceGetMigMode": NVMLError_NotSupported})])
-    sampler = run_sampler(nvml, seconds=0.02)
+    fake = FakeNVML([FakeGPU(errors={"nvmlDeviceGetMigMode": NVMLError_NotSupported})])
+    sampler = run_sampler(fake, seconds=0.02)
     assert sampler.samples[0].util_gpu_percent == 97.0
 
 
@@ -249,41 +249,41 @@ def test_mig_query_not_supported_means_no_mig():
     ids=["not-supported-flag", "query-raises"],
 )
 def test_gpm_unsupported_before_hopper(gpu):
-    nvml = FakeNVML([gpu])
-    sampler = run_sampler(nvml, seconds=0.1)
+    fake = FakeNVML([gpu])
+    sampler = run_sampler(fake, seconds=0.1)
     assert sampler.available and len(sampler.samples) >= 2
     for s in sampler.samples:
         assert (s.sm_occupancy_percent, s.dram_bw_util_percent, s.tensor_util_percent) == (None, None, None)
         assert s.util_gpu_percent == 97.0
-    assert set(sampler.na_reasons) == set(telemetry.GPM_FIELDS)
-    assert "nvmlGpmSampleAlloc" not in nvml.calls
+    assert set(sampler.na_reasons) == set(nvml.GPM_FIELDS)
+    assert "nvmlGpmSampleAlloc" not in fake.calls
 
 
 def test_one_gpm_metric_failing_leaves_the_others():
-    nvml = FakeNVML([FakeGPU(gpm_metric_errors={10: 3})])  # DRAM BW util: NVML_ERROR_NOT_SUPPORTED
-    s = run_sampler(nvml, seconds=0.1).samples[-1]
+    fake = FakeNVML([FakeGPU(gpm_metric_errors={10: 3})])  # DRAM BW util: NVML_ERROR_NOT_SUPPORTED
+    s = run_sampler(fake, seconds=0.1).samples[-1]
     assert s.dram_bw_util_percent is None
     assert s.sm_occupancy_percent == 12.5 and s.tensor_util_percent == 3.0
 
 
 def test_real_machine_without_driver_reports_unavailable():
-    if telemetry.available():
+    if nvml.available():
         pytest.skip("NVML works on this machine")
-    reason = telemetry.unavailable_reason()
+    reason = nvml.unavailable_reason()
     assert isinstance(reason, str) and reason
     with TelemetrySampler() as sampler:
         time.sleep(0.02)
     assert not sampler.available and sampler.unavailable_reason == reason
     assert sampler.samples == []
-    assert telemetry.nvml_status() == f"N/A: {reason}"
-    assert set(telemetry.read_clocks().values()) == {None}
+    assert nvml.nvml_status() == f"N/A: {reason}"
+    assert set(nvml.read_clocks().values()) == {None}
 
 
 def test_module_does_not_need_pynvml_at_import(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    spec = importlib.util.spec_from_file_location("telemetry_copy", telemetry.__file__)
+    spec = importlib.util.spec_from_file_location("nvml_copy", nvml.__file__)
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "telemetry_copy", module)  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, "nvml_copy", module)  # dataclasses look their module up
     spec.loader.exec_module(module)  # would raise ImportError if pynvml were imported at import
     assert "nvidia-ml-py" in module.unavailable_reason()
 
@@ -292,25 +292,25 @@ def test_module_does_not_need_pynvml_at_import(monkeypatch):
 
 
 def test_nvml_status_says_what_the_gpu_reports():
-    nvml = FakeNVML()
-    assert telemetry.nvml_status(nvml=nvml) == "NVIDIA H200, driver 570.86.15; GPM metrics available"
-    assert "Hopper" in telemetry.nvml_status(nvml=FakeNVML([FakeGPU(gpm=False)]))
-    assert "MIG" in telemetry.nvml_status(nvml=FakeNVML([FakeGPU(mig=True)]))
-    assert telemetry.nvml_status(nvml=FakeNVML(init_error=NVMLError_DriverNotLoaded)).startswith("N/A: ")
-    assert telemetry.nvml_status(DeviceId("nope"), nvml=nvml).startswith("N/A: no NVML device matches")
-    assert nvml.initialized == 0
+    fake = FakeNVML()
+    assert nvml.nvml_status(nvml=fake) == "NVIDIA H200, driver 570.86.15; GPM metrics available"
+    assert "Hopper" in nvml.nvml_status(nvml=FakeNVML([FakeGPU(gpm=False)]))
+    assert "MIG" in nvml.nvml_status(nvml=FakeNVML([FakeGPU(mig=True)]))
+    assert nvml.nvml_status(nvml=FakeNVML(init_error=NVMLError_DriverNotLoaded)).startswith("N/A: ")
+    assert nvml.nvml_status(DeviceId("nope"), nvml=fake).startswith("N/A: no NVML device matches")
+    assert fake.initialized == 0
 
 
 def test_read_clocks():
-    assert telemetry.read_clocks(nvml=FakeNVML()) == {
+    assert nvml.read_clocks(nvml=FakeNVML()) == {
         "driver_version": "570.86.15",
         "sm_clock_mhz": 1980,
         "temperature_c": 55,
         "throttle_reasons": 4,
     }
     gpu = FakeGPU(errors={"nvmlDeviceGetTemperature": NVMLError_NotSupported})
-    assert telemetry.read_clocks(nvml=FakeNVML([gpu]))["temperature_c"] is None
-    no_driver = telemetry.read_clocks(nvml=FakeNVML(init_error=NVMLError_LibraryNotFound))
+    assert nvml.read_clocks(nvml=FakeNVML([gpu]))["temperature_c"] is None
+    no_driver = nvml.read_clocks(nvml=FakeNVML(init_error=NVMLError_LibraryNotFound))
     assert set(no_driver) == {"driver_version", "sm_clock_mhz", "temperature_c", "throttle_reasons"}
     assert set(no_driver.values()) == {None}
 
@@ -323,14 +323,14 @@ def test_failed_gpm_allocation_leaves_only_gpm_na():
     sampler = run_sampler(NoGpmMemory(), seconds=0.05)
     assert sampler.available and sampler.samples[-1].util_gpu_percent == 97.0
     assert sampler.samples[-1].sm_occupancy_percent is None
-    assert set(sampler.na_reasons) == set(telemetry.GPM_FIELDS)
+    assert set(sampler.na_reasons) == set(nvml.GPM_FIELDS)
 
 
 # -- traces and steps ------------------------------------------------------------------------
 
 
 def trace(times, **values) -> list[Sample]:
-    blank = dict.fromkeys(telemetry.VALUE_FIELDS)
+    blank = dict.fromkeys(nvml.VALUE_FIELDS)
     return [Sample(t, **{**blank, **{k: v[i] for k, v in values.items()}}) for i, t in enumerate(times)]
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minieng.device import DTYPES, dtype_choice, select_device, select_dtype
-from minieng.measure import peaks as hardware
+from minieng.measure import peaks
 from minieng.measure.harness import Measurement
 from minieng.measure.peaks import Peak, datasheet_peak
 
@@ -83,7 +83,7 @@ def test_cpu_gets_float32_with_a_reason():
     assert name == "float32"
     assert "CPU" in reason and "bf16" in reason
     assert select_dtype("auto", CPU) is torch.float32
-    assert not hardware.has_native_bf16(CPU)
+    assert not peaks.has_native_bf16(CPU)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +95,7 @@ def test_cuda_dtype_follows_compute_capability(monkeypatch, capability, expected
     assert name == expected
     assert f"{capability[0]}.{capability[1]}" in reason
     assert select_dtype("auto", CUDA) is DTYPES[expected]
-    assert hardware.has_native_bf16(CUDA) == (expected == "bfloat16")
+    assert peaks.has_native_bf16(CUDA) == (expected == "bfloat16")
 
 
 def test_explicit_dtype_is_taken_as_given():
@@ -121,7 +121,7 @@ def test_select_device_auto_and_cpu():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_check_environment_on_cpu_reports_na_not_zero():
-    env = hardware.check_environment()
+    env = peaks.check_environment()
     assert env.device == "cpu"
     assert env.compute_capability is None and env.gpu_memory_bytes is None
     assert env.native_bf16 is False
@@ -138,7 +138,7 @@ def test_check_environment_on_cpu_reports_na_not_zero():
 
 
 def test_host_memory_is_positive_or_unknown():
-    total, avail = hardware.host_memory_bytes()
+    total, avail = peaks.host_memory_bytes()
     assert total is None or total > 0
     assert avail is None or (avail > 0 and (total is None or avail <= total))
 
@@ -147,7 +147,7 @@ def test_host_memory_is_positive_or_unknown():
 
 
 def test_measure_matmul_on_cpu():
-    m = hardware.measure_matmul(CPU, torch.float32, n=48, repeats=3)
+    m = peaks.measure_matmul(CPU, torch.float32, n=48, repeats=3)
     assert m.unit == "FLOP/s"
     assert m.runs == 3
     assert all(v > 0 for v in m.values)
@@ -156,7 +156,7 @@ def test_measure_matmul_on_cpu():
 
 
 def test_measure_copy_on_cpu():
-    m = hardware.measure_copy(CPU, nbytes=64 * 1024, repeats=4)
+    m = peaks.measure_copy(CPU, nbytes=64 * 1024, repeats=4)
     assert m.unit == "B/s"
     assert m.runs == 4
     assert all(v > 0 for v in m.values)
@@ -164,8 +164,8 @@ def test_measure_copy_on_cpu():
 
 def test_measure_ceilings_returns_a_measured_peak(monkeypatch):
     # The real measurement code on small sizes: the bookkeeping is what is under test here.
-    monkeypatch.setattr(hardware, "ceiling_sizes", lambda device, dtype: (64, 1 << 20))
-    peak, mm, cp = hardware.measure_ceilings(CPU, torch.float32, repeats=3, rounds=2)
+    monkeypatch.setattr(peaks, "ceiling_sizes", lambda device, dtype: (64, 1 << 20))
+    peak, mm, cp = peaks.measure_ceilings(CPU, torch.float32, repeats=3, rounds=2)
     assert peak.source == "measured"
     assert "cpu" in peak.name and "float32" in peak.name
     assert mm.runs == cp.runs == 2 * 3  # rounds x repeats, pooled
@@ -191,10 +191,10 @@ def test_measure_ceilings_takes_the_best_run_of_interleaved_rounds(monkeypatch):
         order.append(("copy", nbytes))
         return Measurement(matmul.copies, "B/s", {"copy_bytes": nbytes})
 
-    monkeypatch.setattr(hardware, "ceiling_sizes", lambda device, dtype: (2048, 256 << 20))
-    monkeypatch.setattr(hardware, "measure_matmul", matmul)
-    monkeypatch.setattr(hardware, "measure_copy", copy)
-    peak, mm, cp = hardware.measure_ceilings(CPU, torch.float32, repeats=2, rounds=2)
+    monkeypatch.setattr(peaks, "ceiling_sizes", lambda device, dtype: (2048, 256 << 20))
+    monkeypatch.setattr(peaks, "measure_matmul", matmul)
+    monkeypatch.setattr(peaks, "measure_copy", copy)
+    peak, mm, cp = peaks.measure_ceilings(CPU, torch.float32, repeats=2, rounds=2)
     assert order == [("matmul", 2048), ("copy", 256 << 20)] * 2  # sized once, alternating
     assert mm.values == [1e12, 2e12, 5e12, 3e12] and cp.values == [10e9, 50e9, 20e9, 30e9]
     assert peak.peak_tflops == pytest.approx(5.0)
@@ -213,14 +213,14 @@ def simulate_free_memory(monkeypatch, free_bytes: int, total_bytes: int = T4_TOT
 
 
 def test_ceiling_sizes_on_a_cpu_are_fixed():
-    assert hardware.ceiling_sizes(CPU, torch.float32) == (2048, 256 * 1024**2)
+    assert peaks.ceiling_sizes(CPU, torch.float32) == (2048, 256 * 1024**2)
 
 
 def test_ceiling_sizes_on_an_empty_t4_take_the_full_sizes(monkeypatch):
     simulate_free_memory(monkeypatch, T4_TOTAL - 300 * 1024**2)  # the CUDA context holds ~300 MiB
-    n, nbytes = hardware.ceiling_sizes(CUDA, torch.float16)
+    n, nbytes = peaks.ceiling_sizes(CUDA, torch.float16)
     assert (n, nbytes) == (8192, 2 * 1024**3)
-    assert 3 * n * n * 2 + 2 * nbytes <= hardware.CEILINGS_MEMORY_SHARE * (T4_TOTAL - 300 * 1024**2)
+    assert 3 * n * n * 2 + 2 * nbytes <= peaks.CEILINGS_MEMORY_SHARE * (T4_TOTAL - 300 * 1024**2)
 
 
 @pytest.mark.parametrize("free_gib", [1.4, 2.5, 6.0])
@@ -229,16 +229,16 @@ def test_ceiling_sizes_beside_a_kv_pool_fit_what_is_left(monkeypatch, free_gib):
     take 2 x 2 GiB whatever was free. Now matmul and copy fit half of what is free."""
     free = int(free_gib * 1024**3)
     simulate_free_memory(monkeypatch, free)
-    n, nbytes = hardware.ceiling_sizes(CUDA, torch.float16)
-    assert 3 * n * n * 2 + 2 * nbytes <= hardware.CEILINGS_MEMORY_SHARE * free
-    assert n >= hardware.MIN_MATMUL_N and n % 1024 == 0
-    assert nbytes >= hardware.MIN_COPY_BYTES
+    n, nbytes = peaks.ceiling_sizes(CUDA, torch.float16)
+    assert 3 * n * n * 2 + 2 * nbytes <= peaks.CEILINGS_MEMORY_SHARE * free
+    assert n >= peaks.MIN_MATMUL_N and n % 1024 == 0
+    assert nbytes >= peaks.MIN_COPY_BYTES
 
 
 def test_ceiling_sizes_refuse_with_advice_when_the_gpu_is_full(monkeypatch):
     simulate_free_memory(monkeypatch, 200 * 1024**2)
     with pytest.raises(RuntimeError, match="before building an engine") as e:
-        hardware.ceiling_sizes(CUDA, torch.float16)
+        peaks.ceiling_sizes(CUDA, torch.float16)
     assert "kv_cache_memory_gib" in str(e.value) and "0.20 GiB free" in str(e.value)
 
 
@@ -285,5 +285,5 @@ def test_measure_ceilings_on_a_simulated_t4_beside_an_engine_never_asks_for_more
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", release)
     monkeypatch.setattr(harness, "fingerprint", lambda device="cpu", dtype=None: {"device": "cuda"})
-    hardware.measure_ceilings(CUDA, torch.float16, repeats=1, rounds=1)
-    assert 0 < peak[0] <= hardware.CEILINGS_MEMORY_SHARE * free
+    peaks.measure_ceilings(CUDA, torch.float16, repeats=1, rounds=1)
+    assert 0 < peak[0] <= peaks.CEILINGS_MEMORY_SHARE * free

@@ -2,15 +2,14 @@
 
 Two synthetic devices stand in for the two regimes: a CPU-like one whose prefill saturates within
 a few hundred tokens (timings measured on a 2-core development machine), and an H200-like one whose
-TTFT stays at a 13 ms launch floor far past 1,024 tokens. No test here times anything real, except
-the last, which checks only what ``probe_speed`` returns and restores, never how fast.
+TTFT stays at a 13 ms launch floor far past 1,024 tokens. No test here times anything real
+(``probes.probe_speed`` on a real engine: tests/lab/test_probes.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from minieng.lab.bench import estimate_s
 from minieng.measure.sweep_plan import (
     decode_sweep_batches,
     fit_ttft,
@@ -172,12 +171,6 @@ def test_caps_and_bad_arguments():
         prefill_sweep_lengths(cpu_probe(), 0)
 
 
-def test_estimate_adds_overhead_per_prefill():
-    probe = {"prefill_tok_s": 1000.0, "overhead_s": 0.01, "decode_step_s": 0.05}
-    assert estimate_s(probe, prefill_tokens=2000, decode_steps=10, prefills=4) == pytest.approx(0.04 + 2 + 0.5)
-    assert estimate_s({"prefill_tok_s": 100.0, "decode_step_s": 0.1}, 100, 1) == pytest.approx(1.1)
-
-
 # -- the TTFT fit ----------------------------------------------------------------------------------
 
 
@@ -228,21 +221,6 @@ def test_the_probe_s_knee_can_widen_the_fitted_range():
 def test_too_few_points_past_the_knee():
     fit = fit_ttft([(16, 0.1), (64, 0.2)])
     assert not fit["significant"] and fit["c_s_per_token2"] is None and fit["reason"]
-
-
-@pytest.mark.real_model
-def test_probe_speed_warms_up_restores_the_engine_and_sizes_a_sweep(real_engine):
-    from minieng.lab.bench import probe_speed
-
-    engine = real_engine(max_num_batched_tokens=64, enable_prefix_caching=True)
-    probe = probe_speed(engine, max_prompt_tokens=128, budget_s=5, repeats=1)
-    assert engine.config.max_num_batched_tokens == 64 and engine.block_manager.enable_prefix_caching
-    assert probe["max_prompt_tokens"] == 128 and probe["prefill_points"][0][0] == 64
-    assert all(probe[k] > 0 for k in ("prefill_tok_s", "decode_step_s"))
-    single_step = [s for s in engine.step_records if s.num_prefill_tokens == 128]
-    assert single_step or probe["prefill_points"][-1][0] < 128  # 128-token prompts ran unchunked
-    lengths = prefill_sweep_lengths(probe, 3)
-    assert lengths and lengths[-1] <= 128
 
 
 # -- decode batches and the KV sweep ---------------------------------------------------------------

@@ -14,7 +14,7 @@ from helpers import assert_same_or_near_tie, make_engine, random_prompts
 from minieng import EngineConfig, SamplingParams
 from minieng.config import ModelConfig
 from minieng.lab.quant_quality import activation_outliers, quality, sequence_logits
-from minieng.measure.work import decode_work
+from minieng.measure.flops_bytes import decode_work
 from minieng.model.llama import Linear
 from minieng.model.quant_codes import (
     dequantize_int4_grouped,

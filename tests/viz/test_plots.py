@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from minieng import viz as plots
+from minieng import viz
 from minieng.engine.outputs import StepRecord
 from minieng.measure.peaks import Peak
 
@@ -38,7 +38,7 @@ def test_roofline():
         ("decode b32", 30.0, 0.05e12),
         ("other", 5.0, 0.01e12),
     ]
-    fig = plots.roofline([MEASURED, SHEET], points, title="Roofline test")
+    fig = viz.roofline([MEASURED, SHEET], points, title="Roofline test")
     png(fig)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
@@ -52,12 +52,12 @@ def test_roofline():
 
 
 def test_roofline_without_points():
-    png(plots.roofline([MEASURED], []))
+    png(viz.roofline([MEASURED], []))
 
 
 def test_latency_cdfs_with_an_empty_series_and_slos():
     series = {"TTFT": [120.0, 95.0, 300.0, 101.0], "TPOT": [], "ITL": list(np.linspace(20, 60, 50))}
-    fig = plots.latency_cdfs(series, {"TTFT": 250.0, "TPOT": 50.0})
+    fig = viz.latency_cdfs(series, {"TTFT": 250.0, "TPOT": 50.0})
     png(fig)
     assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "ITL (ms)"]
     assert labels(fig)[2][1] == "fraction of gaps"
@@ -71,7 +71,7 @@ def test_latency_cdfs_of_nothing():
     """A figure that draws nothing asks for no legend (matplotlib would warn "No artists with labels")."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for fig in (plots.latency_cdfs({}), plots.latency_cdfs({"TTFT": []})):
+        for fig in (viz.latency_cdfs({}), viz.latency_cdfs({"TTFT": []})):
             png(fig)
             assert all(ax.get_legend() is None for ax in fig.axes)
 
@@ -90,17 +90,17 @@ def test_step_timeline():
     start = 1000.0
     steps = _steps(start)
     itl = [(s.start_s + s.duration_s, 1e3 * s.duration_s) for s in steps[1:]]
-    fig = plots.step_timeline(steps, start, itl)
+    fig = viz.step_timeline(steps, start, itl)
     png(fig)
     text = " ".join(x + " " + y for x, y in labels(fig))
     assert "time since start (s)" in text and "ms" in text and "tokens / step" in text
-    png(plots.step_timeline(steps, start))  # no ITL points
+    png(viz.step_timeline(steps, start))  # no ITL points
 
 
 def test_utilization_trace_leaves_na_as_gaps():
     nvml_t = [0.0, 0.1, 0.2, 0.3]
     step_t = [0.02, 0.05, 0.21]  # per-step MFU on its own time base
-    fig = plots.utilization_trace(
+    fig = viz.utilization_trace(
         {
             "util.gpu %": (nvml_t, [0, 95, 100, 98]),
             "SM occupancy % (GPM)": (nvml_t, [None] * 4),
@@ -121,13 +121,13 @@ def test_utilization_trace_leaves_na_as_gaps():
 def test_utilization_trace_of_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.utilization_trace({})
+        fig = viz.utilization_trace({})
         png(fig)
     assert fig.axes[0].get_legend() is None
 
 
 def test_curve():
-    fig = plots.curve(
+    fig = viz.curve(
         [32, 128, 512],
         {"minieng": [10.0, 30.0, 90.0], "transformers": [12.0, 40.0, 150.0]},
         "prompt tokens",
@@ -143,7 +143,7 @@ def test_curve():
 
 
 def test_phase_costs():
-    fig = plots.phase_costs([16, 64, 256], [20.0, 55.0, 210.0], [8, 32, 128], [200.0, 800.0, 3200.0])
+    fig = viz.phase_costs([16, 64, 256], [20.0, 55.0, 210.0], [8, 32, 128], [200.0, 800.0, 3200.0])
     png(fig)
     assert labels(fig) == [("prompt tokens", "TTFT (ms)"), ("output tokens", "decode time, E2EL - TTFT (ms)")]
 
@@ -161,9 +161,9 @@ def test_ttft_vs_hit_rate():
         "block_size": 16,
         "cold": point(0, 0.0, 1100.0),
         "points": [point(0, 0.0, 1100.0), point(512, 0.5, 650.0), point(928, 0.906, 170.0)],
-        "seed_points": [{"hit_rate": 0.97, "ttft_s": 0.87}, {"hit_rate": 0.855, "ttft_s": 1.72}],
+        "article_points": [{"hit_rate": 0.97, "ttft_s": 0.87}, {"hit_rate": 0.855, "ttft_s": 1.72}],
     }
-    fig = plots.ttft_vs_hit_rate_figure(result)
+    fig = viz.ttft_vs_hit_rate_figure(result)
     png(fig)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "prefix cache hit rate (% of prompt tokens)" and "TTFT (ms)" in ax.get_ylabel()
@@ -183,7 +183,7 @@ def test_speculative_sweep():
         }
         for k in (1, 2, 4)
     ]
-    fig = plots.speculative_sweep({"rows": rows, "drafter": "test"})
+    fig = viz.speculative_sweep({"rows": rows, "drafter": "test"})
     png(fig)
     assert labels(fig) == [
         ("draft tokens per step, k", "tokens per verification step"),
@@ -195,7 +195,7 @@ def test_top_ops_figure_draws_a_bar_per_op():
     from minieng.lab.gpu_utilization import op_shares
 
     s = op_shares({"aten::addmm": 500.0, "aten::add": 50.0}, wall_us=1000.0)
-    fig = plots.top_ops_figure(s)
+    fig = viz.top_ops_figure(s)
     png(fig)
     assert len(fig.axes[0].patches) == 3 and "50.0%" in fig.axes[0].get_title()
 
@@ -214,7 +214,7 @@ def test_request_phases_draws_each_phase_that_happened():
     }
     colocated = {"arrival_s": 0.2, "first_scheduled_s": 0.2, "first_token_s": 0.6, "last_token_s": 0.9, **none}
     one_token = {"arrival_s": 0.3, "first_scheduled_s": 0.4, "first_token_s": 0.5, "last_token_s": 0.5, **none}
-    fig = plots.request_phases([colocated, handed_off, one_token])
+    fig = viz.request_phases([colocated, handed_off, one_token])
     png(fig)
     ax = fig.axes[0]
     # waiting x2 (the colocated one starts at once), prefill x3, link wait, transfer, decode wait, decode x2
@@ -228,7 +228,7 @@ def test_request_phases_draws_each_phase_that_happened():
         "decode",
     ]
     assert ax.get_xlabel() == "time since the first arrival (s)"
-    png(plots.request_phases([]))
+    png(viz.request_phases([]))
 
 
 def test_decode_bytes_and_tpot_stacks_kv_on_the_weights():
@@ -242,7 +242,7 @@ def test_decode_bytes_and_tpot_stacks_kv_on_the_weights():
         }
         for c in (4096, 16, 1024)
     ]
-    fig = plots.decode_bytes_and_tpot(rows)
+    fig = viz.decode_bytes_and_tpot(rows)
     png(fig)
     assert labels(fig) == [
         ("context tokens per sequence", "MB read per decode step"),
@@ -256,7 +256,7 @@ def test_decode_mfu_projection_names_each_device_and_marks_the_reader():
     from minieng.measure.projection import project_decode_mfu
 
     rows = project_decode_mfu(55.0, 1.0)
-    fig = plots.decode_mfu_projection(rows, reader=("this H200", 989.0, 0.8))
+    fig = viz.decode_mfu_projection(rows, reader=("this H200", 989.0, 0.8))
     png(fig)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and "peak FLOP/s" in ax.get_xlabel() and "MFU" in ax.get_ylabel()
@@ -267,7 +267,7 @@ def test_decode_mfu_projection_names_each_device_and_marks_the_reader():
     # The reader's point sits at its measured MFU, not on the projection.
     star = ax.collections[-1].get_offsets()
     assert tuple(star[0]) == (989.0, 0.8)
-    png(plots.decode_mfu_projection(rows))  # nothing measured to mark
+    png(viz.decode_mfu_projection(rows))  # nothing measured to mark
 
 
 def test_recompute_vs_cache():
@@ -282,7 +282,7 @@ def test_recompute_vs_cache():
         "cache": side([0.05, 0.01, 0.01], [16, 1, 1]),
         "recompute": side([0.05, 0.06, 0.07], [16, 17, 18]),
     }
-    fig = plots.recompute_vs_cache_figure(result, knee_tokens=17)
+    fig = viz.recompute_vs_cache_figure(result, knee_tokens=17)
     png(fig)
     assert labels(fig) == [
         ("tokens in the sequence", "wait for this token (ms)"),
@@ -303,7 +303,7 @@ def test_block_tables_colour_held_blocks_and_list_each_table():
             {"request_id": "3", "num_tokens": 12, "num_computed_tokens": 11, "block_table": [4, 2, 9]},
         ],
     }
-    fig = plots.block_tables(snap, columns=5)
+    fig = viz.block_tables(snap, columns=5)
     png(fig)
     pool, tables = fig.axes
     assert len(pool.patches) == 10 and len(tables.patches) == 6
@@ -322,7 +322,7 @@ def test_block_tables_colour_held_blocks_and_list_each_table():
 
 
 def test_block_tables_of_an_idle_pool():
-    png(plots.block_tables({"block_size": 16, "num_blocks": 3, "num_free_blocks": 3, "sequences": [], "waiting": []}))
+    png(viz.block_tables({"block_size": 16, "num_blocks": 3, "num_free_blocks": 3, "sequences": [], "waiting": []}))
 
 
 def test_kv_concurrency():
@@ -338,12 +338,12 @@ def test_kv_concurrency():
         "cap_at_prompt": 6,
         "cap_at_full_length": 3,
     }
-    fig = plots.kv_concurrency(result)
+    fig = viz.kv_concurrency(result)
     png(fig)
     assert labels(fig)[0] == ("step", "sequences")
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "max_num_seqs: 8" in legend and "preemption" in legend and any("16-token" in t for t in legend)
-    fig = plots.kv_concurrency(result | {"max_num_seqs": 64})
+    fig = viz.kv_concurrency(result | {"max_num_seqs": 64})
     png(fig)
     assert "max_num_seqs = 64, off the chart" in fig.axes[0].get_title()
     assert fig.axes[0].get_ylim()[1] < 64
@@ -353,7 +353,7 @@ def test_batch_scaling_marks_only_what_is_in_reach():
     rows = [
         {"batch_size": b, "tpot_s": 0.04 * (1 + b / 16), "tok_s": b / (0.04 * (1 + b / 16))} for b in (1, 2, 4, 8, 16)
     ]
-    fig = plots.batch_scaling(rows, knee_batch=8, compute_bound_batch=None, pool_batch=4096)
+    fig = viz.batch_scaling(rows, knee_batch=8, compute_bound_batch=None, pool_batch=4096)
     png(fig)
     left, right = fig.axes
     assert left.get_ylabel() == "aggregate decode tok/s" and right.get_ylabel() == "TPOT (ms)"
@@ -376,10 +376,10 @@ def test_batching_timeline_and_compared_cdfs():
             "e2el_ms": [90.0, 95.0],
         },
     }
-    fig = plots.batching_timeline(runs)
+    fig = viz.batching_timeline(runs)
     png(fig)
     assert [ax.get_title(loc="left") for ax in fig.axes] == ["static", "continuous"]
-    fig = plots.compared_cdfs(runs)
+    fig = viz.compared_cdfs(runs)
     png(fig)
     assert [x for x, _ in labels(fig)] == ["TTFT (ms)", "TPOT (ms)", "E2EL (ms)"]
     ttft_legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -400,7 +400,7 @@ def test_quantization_ratios_draws_measured_bars_and_predicted_marks():
         "config": {"batch_sizes": [1, 16], "prompt_tokens": 512},
         "rows": [row("none", 1.0, 1.0), row("int8", 0.8, 0.43), row("w8a8", 0.5, 0.38)],
     }
-    fig = plots.quantization_ratios(result)
+    fig = viz.quantization_ratios(result)
     png(fig)
     ax = fig.axes[0]
     assert len(ax.patches) == 2 * 3  # two schemes (the float row is the baseline) x three phases
@@ -420,11 +420,11 @@ def _chunked_run(budget, worst, ttft):
 
 
 def test_chunked_itl_traces_one_panel_per_run():
-    fig = plots.chunked_itl_traces([_chunked_run(None, 1300.0, 1250.0), _chunked_run(96, 220.0, 1500.0)])
+    fig = viz.chunked_itl_traces([_chunked_run(None, 1300.0, 1250.0), _chunked_run(96, 220.0, 1500.0)])
     png(fig)
     assert len(fig.axes) == 2 and labels(fig)[-1] == ("time since the long prompt arrived (s)", "ITL (ms)")
     assert fig.axes[0].get_title().startswith("chunking off") and "budget 96 tokens" in fig.axes[1].get_title()
-    png(plots.chunked_itl_traces([_chunked_run(None, 1.0, 1.0) | {"traces": [[]]}]))  # a decoder with no gap
+    png(viz.chunked_itl_traces([_chunked_run(None, 1.0, 1.0) | {"traces": [[]]}]))  # a decoder with no gap
 
 
 def test_chunked_prefill_tradeoff():
@@ -434,7 +434,7 @@ def test_chunked_prefill_tradeoff():
         "off": _chunked_run(None, 1300.0, 1250.0),
         "on": [_chunked_run(b, 100.0 + b, 1250.0 + 4000 / b) for b in (32, 64, 128)],
     }
-    fig = plots.chunked_prefill_tradeoff(sweep)
+    fig = viz.chunked_prefill_tradeoff(sweep)
     png(fig)
     assert [x for x, _ in labels(fig)] == ["token budget per step, max_num_batched_tokens"] * 2
     assert fig.axes[0].get_xscale() == "log" and [t.get_text() for t in fig.axes[0].get_xticklabels()] == [
@@ -504,7 +504,7 @@ def test_goodput_sweep_marks_both_bests():
         "best_throughput": 1,
         "best_goodput": 0,
     }
-    fig = plots.goodput_sweep(result)
+    fig = viz.goodput_sweep(result)
     png(fig)
     left, right = fig.axes
     assert [round(p.get_height(), 1) for p in left.patches] == [10.0, 40.0, 0.0]

@@ -12,7 +12,7 @@ float engine is taken within one round of one run (timings on a shared machine d
 
 Predictions (the roofline, docs/architecture.md, FLOPs and bytes):
 - decode is memory-bound, so its time follows the bytes of a decode step: TPOT ratio ~ bytes
-  ratio (``work.decode_work`` with the scheme's ``matmul_bytes``; the KV cache stays in the
+  ratio (``flops_bytes.decode_work`` with the scheme's ``matmul_bytes``; the KV cache stays in the
   model's dtype, so it dilutes the gain at long context and large batch);
 - prefill is compute-bound, so its time follows the FLOP rate of the products: TTFT ratio ~ the
   float kernel's FLOP/s over the scheme's, both measured on the model's largest layer (gate/up)
@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.bench import minieng_decode, minieng_prefill, warm_up
+from minieng.lab.probes import minieng_decode, minieng_prefill, warm_up
 from minieng.lab.quant_quality import quality, reference_sequences
+from minieng.measure.flops_bytes import decode_work
 from minieng.measure.harness import measure
 from minieng.measure.peaks import Peak
 from minieng.measure.roofline import phase_utilization, tpot_floor_s
-from minieng.measure.work import decode_work
 from minieng.measure.workloads import text_prompts
 from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear, matmul_bytes, quantize_model
 
@@ -88,7 +88,7 @@ def predicted_table(
     """Computed, not measured: per scheme (the float model first), the matrices' bytes per
     weight (scales included), a decode step's bytes at ``batch_size`` sequences of
     ``context_tokens`` tokens, the TPOT floor bytes / ``bandwidth_bytes_s`` and its ratio to
-    the float model's (``work.decode_work``, ``tpot_floor_s``)."""
+    the float model's (``flops_bytes.decode_work``, ``tpot_floor_s``)."""
     rows = []
     for scheme in (None, *SCHEMES):
         mb = matmul_bytes(model_config, scheme, group_size, dtype_bytes)

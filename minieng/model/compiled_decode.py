@@ -1,4 +1,4 @@
-"""A plain decode step as one function of tensors, for ``torch.compile`` to take whole.
+"""The compiled CPU decode step: a plain decode step as one function of tensors, for ``torch.compile`` to take whole.
 
 ``LlamaForCausalLM.forward`` takes ``AttentionMetadata``, whose prefill chunks are Python lists,
 and attends batches the compiler should not see (chunked prefills, groups of decodes, drafts).

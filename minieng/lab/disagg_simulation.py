@@ -1,9 +1,9 @@
-"""Disaggregated prefill and decode as a measured model, and colocated serving in the same model.
+"""Disaggregated prefill and decode as a measured simulation, and colocated serving in the same one.
 
-What it models. Splitwise (Patel et al. 2024) and DistServe (Zhong et al. 2024) run the two
+What it simulates. Splitwise (Patel et al. 2024) and DistServe (Zhong et al. 2024) run the two
 phases on different instances: a prefill instance computes each prompt and its first token,
 then the request's KV cache is sent over a link to a decode instance, which batches decodes
-only. Three effects follow, and this model has each of them:
+only. Three effects follow, and this simulation has each of them:
 
 - phase-specialized instances: each engine is configured for its phase (its own token budget,
   batch cap and KV pool);
@@ -16,7 +16,7 @@ How, on one machine. Every engine is a real ``LLMEngine`` sharing one model's we
 its own KV pool; the K/V blocks really move from the prefill engine's pool to the decode
 engine's (``kv_transfer``), so outputs are the colocated engine's, token for token (greedy, up
 to the floating-point near-ties any two batchings have). But one device cannot run two engines
-at once, so time is modelled: a discrete-event replay in which each engine is a device with a
+at once, so time is simulated: a discrete-event replay in which each engine is a device with a
 clock of its own (``VirtualClock``). An engine's step runs for real and is timed for real, and
 is placed on its own clock at the moment that device would start it: when it is free and has
 work (an arrival, a transfer that has landed, a running request). A transfer goes over one link
@@ -24,7 +24,7 @@ per prefill engine, first come first served, and takes ``kv_bytes / bandwidth`` 
 term, no overlap with the prefill; Splitwise overlaps it layer by layer, so this is its
 pessimistic side). Requests are routed round-robin: arrivals among the engines that prefill,
 hand-offs among the decode engines. Per-request timestamps (arrival, first token, transfer start
-and end, admission on the decode engine, last token) are in that model's time, seconds from the
+and end, admission on the decode engine, last token) are in that simulated time, seconds from the
 first arrival, and give the same figures as a real run (``metrics``).
 
 What one machine cannot show. Real concurrency (two devices stepping at the same instant, here
@@ -66,7 +66,7 @@ COLOCATED, PREFILL, DECODE = "colocated", "prefill", "decode"
 class VirtualClock:
     """A device's own clock: ``set(t)``, then the first reading is exactly ``t`` and later readings
     advance with real time (``time.perf_counter``). An engine given it as ``engine.clock`` stamps
-    its steps and emissions in model time while their durations stay measured."""
+    its steps and emissions in simulated time while their durations stay measured."""
 
     def __init__(self) -> None:
         self._base_s = 0.0
@@ -84,7 +84,7 @@ class VirtualClock:
 
 @dataclass
 class Transfer:
-    """One KV hand-off in the model, times in seconds from the first arrival.
+    """One KV hand-off in the simulation, times in seconds from the first arrival.
 
     ``ready_s``: the prefill's first token (its KV is complete); ``start_s``: the link takes it
     (after earlier transfers on the same link); ``end_s = start_s + kv_bytes / bandwidth``;
@@ -105,8 +105,8 @@ class Transfer:
 
 @dataclass
 class ClusterRun:
-    """A replay in the model. ``outputs`` follow the order of the specs; their ``times`` are in model
-    seconds from the first arrival. ``steps[i]`` are engine ``i``'s steps (model start times)."""
+    """A replay in the simulation. ``outputs`` follow the order of the specs; their ``times`` are in
+    simulated seconds from the first arrival. ``steps[i]`` are engine ``i``'s steps (simulated start times)."""
 
     name: str
     roles: list[str]
@@ -138,7 +138,7 @@ class ClusterRun:
         }
 
     def timeline(self) -> list[dict]:
-        """Per request, in spec order: when each phase happened (model seconds) and where.
+        """Per request, in spec order: when each phase happened (simulated seconds) and where.
 
         Keys: ``request_id``, ``arrival_s``, ``first_scheduled_s`` (its prefill began),
         ``first_token_s``, ``last_token_s``, ``prompt_tokens``, ``output_tokens``,
@@ -173,7 +173,7 @@ class ClusterRun:
 
 @dataclass
 class _Engine:
-    """An engine as a device of the model: its clock, when it is next free, what waits for it."""
+    """An engine as a device of the simulation: its clock, when it is next free, what waits for it."""
 
     role: str
     engine: LLMEngine
@@ -202,8 +202,8 @@ def replay_colocated(
     params: Callable[[RequestSpec], SamplingParams] | None = None,
     name: str = "colocated",
 ) -> ClusterRun:
-    """Replay ``specs`` in the model on ``engines`` as colocated replicas (each prefills and decodes
-    its requests; arrivals round-robin). One engine is the model's twin of ``run_workload``.
+    """Replay ``specs`` in the simulation on ``engines`` as colocated replicas (each prefills and decodes
+    its requests; arrivals round-robin). One engine is the simulation's twin of ``run_workload``.
 
     Args, Returns and Raises: as ``replay_disaggregated``.
     """
@@ -219,20 +219,20 @@ def replay_disaggregated(
     link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
     name: str = "disaggregated",
 ) -> ClusterRun:
-    """Replay ``specs`` in the model: prefill engines take the arrivals (round-robin), compute the
+    """Replay ``specs`` in the simulation: prefill engines take the arrivals (round-robin), compute the
     prompt and the first token, and hand each request with its KV to a decode engine
     (round-robin) over their link; the decode engines generate the rest.
 
     Args:
         prefill_engines, decode_engines: engines of one model (e.g. ``LLMEngine(config,
             loaded=engine.loaded)``), the same ``block_size`` and dtype, no speculative decoding,
-            and no request of their own in flight; each is one device of the model.
+            and no request of their own in flight; each is one device of the simulation.
         specs: arrivals (s from the start) and sizes.
         prompts: token ids per spec (default: real text of each spec's length).
         params: ``SamplingParams`` per spec (default ``default_params``: greedy, ``output_tokens``).
         link_bandwidth_gbps: GB/s (1e9 bytes/s) of each prefill engine's link: an assumption.
     Returns:
-        a ``ClusterRun`` (outputs in spec order, steps, transfers), times in model seconds.
+        a ``ClusterRun`` (outputs in spec order, steps, transfers), times in simulated seconds.
     Raises:
         ValueError: no engine of a role, a bandwidth <= 0, an engine with requests in flight, or a
             request an engine refuses (``add_request``, ``kv_transfer.admit_prefilled``).
@@ -276,7 +276,7 @@ def disaggregated_replay(
 def interleave(replays: list[Iterator[None]]) -> list[ClusterRun]:
     """Drive replays (``colocated_replay``, ``disaggregated_replay``) a step each in turn, so that
     the machine's speed drifting (other work on a shared machine) slows them alike; each keeps its
-    own model time. Returns their ``ClusterRun``s, in order. A replay that raises stops them all."""
+    own simulated time. Returns their ``ClusterRun``s, in order. A replay that raises stops them all."""
     results: list[ClusterRun | None] = [None] * len(replays)
     live = list(range(len(replays)))
     try:
@@ -297,7 +297,7 @@ def _replay(
     name: str, instances: list[_Engine], specs: list[RequestSpec], prompts, params, link_bandwidth_gbps: float | None
 ) -> Iterator[None]:
     """The discrete-event loop, a generator that yields after each step and returns the
-    ``ClusterRun``. Invariant: steps run in the order of their model start times, so when an
+    ``ClusterRun``. Invariant: steps run in the order of their simulated start times, so when an
     engine steps at t, every arrival and every transfer that lands by t is known."""
     if any(x.engine.has_unfinished_requests() for x in instances):
         raise ValueError("the engines must have no request in flight: use fresh engines")
@@ -324,7 +324,7 @@ def _replay(
                 routed += 1
                 continue
             if start_s == math.inf:
-                raise RuntimeError("no engine has work left but requests are unfinished (a bug in the model)")
+                raise RuntimeError("no engine has work left but requests are unfinished (a bug in the simulation)")
             x = instances[k]
             _deliver(x, start_s, specs, prompts, params, transfers)
             x.clock.set(start_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import assert_same_or_near_tie, hf_next_logits, random_prompts
 
-from minieng.lab.kv_cache_lab import (
+from minieng.lab.kv_cache import (
     block_table_snapshot,
     concurrency_run,
     live_block_tables,

@@ -1,7 +1,7 @@
-"""flops: hand-checked counts, real shapes, the >100% flag, and FlopCounterMode cross-checks.
+"""flops_bytes: hand-checked counts, real shapes, the >100% flag, and FlopCounterMode cross-checks.
 
 FlopCounterMode counts matrix products only (aten.mm, addmm, bmm, ...): not biases, norms,
-RoPE, softmax or SiLU. ``flops.step_work`` counts the same things, so the comparisons below
+RoPE, softmax or SiLU. ``flops_bytes.step_work`` counts the same things, so the comparisons below
 are like for like: a bias inside ``addmm`` is counted by neither.
 """
 
@@ -12,9 +12,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from minieng.config import ModelConfig
-from minieng.measure import roofline
-from minieng.measure import work as flops
-from minieng.measure.work import StepWork, decode_work, prefill_work, step_work
+from minieng.measure import flops_bytes, roofline
+from minieng.measure.flops_bytes import StepWork, decode_work, prefill_work, step_work
 
 
 def model_config(**overrides) -> ModelConfig:
@@ -239,7 +238,7 @@ def test_agrees_with_flop_counter_on_eager_attention(kind, num_new, num_context)
     # Eager attention multiplies the full [T, C + T] score rectangle and masks it afterwards;
     # step_work counts only the causal keys. The difference is the masked upper triangle:
     # T(T - 1)/2 query-key pairs, 4 * heads * head_dim FLOPs each, per layer (zero for a decode).
-    masked = flops.masked_attention_flops(cfg, [(num_new, num_context, True)])
+    masked = flops_bytes.masked_attention_flops(cfg, [(num_new, num_context, True)])
     assert masked == 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * num_new * (num_new - 1) // 2
     assert attention > 0, "the eager path should run attention as bmm"
     assert linear == work.matmul_flops + work.lm_head_flops
@@ -258,63 +257,6 @@ def test_all_logits_cost_what_step_work_says():
         model(ids)
     head = counter.get_flop_counts()["LlamaForCausalLM.lm_head"]
     assert sum(head.values()) == step_work(cfg, [(12, 0, 12)], 4).lm_head_flops
-
-
-# -- against FlopCounterMode: minieng's own engine, a mixed batch ----------------------------------
-
-
-def tiny_engine():
-    from transformers import LlamaConfig
-
-    from minieng import EngineConfig, LLMEngine
-    from minieng.model.loader import LoadedModel, build_model, randomize
-
-    hf = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-    )
-    model = build_model(ModelConfig.from_hf(hf), torch.float32, torch.device("cpu"), 256)
-    randomize(model)
-    config = EngineConfig(device="cpu", num_kv_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16)
-    return LLMEngine(config, loaded=LoadedModel(model, None, hf, set(), None))
-
-
-def test_engine_steps_match_the_counted_flops():
-    """Every step of a continuous batch (prefill chunks beside decodes), counted by FlopCounterMode
-    (``flop_count.counted_steps``): the linear FLOPs that ran equal step_work of the step's
-    ``StepRecord.chunks``; attention, counted as SDPA's dense rectangle (attention.py registers the
-    CPU kernel's formula), is step_work's causal count plus the masked triangles, and for decodes
-    at least the causal count (keys padded to whole blocks)."""
-    from minieng.measure.flop_count import counted_steps
-
-    engine = tiny_engine()
-    rows = counted_steps(engine, [list(range(1, 12)), list(range(3, 30)), [5, 6, 7]], max_tokens=4)
-    saw_mixed = False
-    for row in rows:
-        assert row["counted_linear_flops"] == row["linear_flops"] > 0
-        assert row["counted_attention_flops"] >= row["attention_flops"] + row["masked_attention_flops"] > 0
-        if all(n > 1 for n, _, _ in row["chunks"]):  # prefill chunks only: no padding, exact
-            assert row["counted_attention_flops"] == row["attention_flops"] + row["masked_attention_flops"]
-        assert row["other_flops"] == {}
-        saw_mixed |= any(n == 1 for n, _, _ in row["chunks"]) and any(n > 1 for n, _, _ in row["chunks"])
-    assert saw_mixed, "the workload should mix decodes and prefill chunks in one step"
-    assert any(all(n > 1 for n, _, _ in row["chunks"]) for row in rows)
-
-
-def test_counting_refuses_a_busy_engine():
-    from minieng import SamplingParams
-    from minieng.measure.flop_count import counted_steps
-
-    engine = tiny_engine()
-    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
-    with pytest.raises(ValueError, match="idle"):
-        counted_steps(engine, [[4, 5]], 2)
 
 
 # -- printing a percentage ------------------------------------------------------------------------
@@ -364,23 +306,23 @@ def test_attention_overtakes_the_linear_layers_at_the_crossover(name, crossover)
     from minieng.config import published_config
 
     cfg = published_config(name)
-    assert flops.attention_crossover_tokens(cfg) == crossover
+    assert flops_bytes.attention_crossover_tokens(cfg) == crossover
     at, before = prefill_work(cfg, crossover, 2), prefill_work(cfg, crossover - 1, 2)
     assert at.attention_flops >= at.matmul_flops and before.attention_flops < before.matmul_flops
 
 
 def test_decode_ridge_batch_is_where_the_intensity_reaches_the_ridge():
     cfg = SMOLLM2_135M
-    b = flops.decode_ridge_batch(cfg, 64, 4, ridge=3.0)  # fp32 on a CPU-like ridge
+    b = flops_bytes.decode_ridge_batch(cfg, 64, 4, ridge=3.0)  # fp32 on a CPU-like ridge
     assert decode_work(cfg, b, 64, 4).arithmetic_intensity_flop_per_byte >= 3.0
     assert decode_work(cfg, b - 1, 64, 4).arithmetic_intensity_flop_per_byte < 3.0
-    assert flops.decode_ridge_batch(cfg, 64, 4, ridge=0.1) == 1
+    assert flops_bytes.decode_ridge_batch(cfg, 64, 4, ridge=0.1) == 1
     # bf16 on an H200 (ridge ~184): each sequence reads ~1.5 MB of KV at 64 tokens of context for
     # 270 MFLOP, so the intensity tends to ~180 and no batch reaches the ridge.
-    assert flops.decode_ridge_batch(cfg, 64, 2, ridge=184) is None
-    assert flops.decode_ridge_batch(cfg, 0, 2, ridge=100) is not None
+    assert flops_bytes.decode_ridge_batch(cfg, 64, 2, ridge=184) is None
+    assert flops_bytes.decode_ridge_batch(cfg, 0, 2, ridge=100) is not None
     with pytest.raises(ValueError):
-        flops.decode_ridge_batch(cfg, 64, 2, ridge=0)
+        flops_bytes.decode_ridge_batch(cfg, 64, 2, ridge=0)
 
 
 def test_roofline_bound_names_the_binding_resource_or_overhead():

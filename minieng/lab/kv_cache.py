@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import StepRecord
+from minieng.measure.flops_bytes import step_work
 from minieng.measure.metrics import request_metrics
 from minieng.measure.sweep_plan import predict_ttft_s
-from minieng.measure.work import step_work
 from minieng.units import cdiv
 
 
@@ -52,7 +52,7 @@ def recompute_vs_cache(engine: LLMEngine, prompt: Sequence[int], max_tokens: int
 
     Returns a JSON-serializable dict: per side (``"cache"``, ``"recompute"``) ``token_s`` (the
     wait for each token: the first is TTFT, the rest the gaps after it, s), ``tokens_run``
-    (token-passes through the model per token), ``work`` (per token, ``work.step_work`` of the
+    (token-passes through the model per token), ``work`` (per token, ``flops_bytes.step_work`` of the
     recorded steps) and ``token_ids``; ``prompt_tokens``; ``same_tokens`` (whether both sides
     generated the same ids; fp32 batching can flip a near-tie, nothing else); and
     ``first_difference`` (the first output position where they differ, or None).
@@ -102,7 +102,7 @@ def recompute_vs_cache(engine: LLMEngine, prompt: Sequence[int], max_tokens: int
 
 def recompute_estimate_s(probe: dict, prompt_tokens: int, answer_tokens: int) -> float:
     """Rough seconds of ``recompute_vs_cache`` for an answer of ``answer_tokens``, from
-    ``bench.probe_speed``'s result: a prefill of ``prompt_tokens + i`` tokens for token i
+    ``probes.probe_speed``'s result: a prefill of ``prompt_tokens + i`` tokens for token i
     (``sweep_plan.predict_ttft_s``), plus one decode step per token for the cached side."""
     return sum(predict_ttft_s(probe, prompt_tokens + i) + probe["decode_step_s"] for i in range(answer_tokens))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minieng.measure.tp_model import LINKS, Link, allreduce_s, tensor_parallel_decode
+from minieng.measure.tp_estimate import LINKS, Link, allreduce_s, tensor_parallel_decode
 
 # The seed's example: 10.8 GB of weights on RTX 3060s (360 GB/s). It names no model; a Llama-2-13B
 # shape (40 layers, hidden 5120) at ~6.6 bits per weight fits its 10.8 GB.
@@ -72,7 +72,7 @@ def test_allreduce_by_hand_and_bad_inputs():
 
 @pytest.mark.parametrize("num_devices", [2, 4])
 def test_fit_link_recovers_the_latency_and_bandwidth_that_made_the_times(num_devices):
-    from minieng.measure.tp_model import fit_link
+    from minieng.measure.tp_estimate import fit_link
 
     sizes = [64, 1024, 16384, 262144, 1048576]
     times = [sum(allreduce_s(n, num_devices, 3.0, 40e-6)) for n in sizes]
@@ -86,14 +86,14 @@ def test_fit_link_recovers_the_latency_and_bandwidth_that_made_the_times(num_dev
 
 
 def test_fit_link_keeps_a_positive_bandwidth_when_noise_flattens_the_slope():
-    from minieng.measure.tp_model import fit_link
+    from minieng.measure.tp_estimate import fit_link
 
     link, latency_s = fit_link([64, 1024, 4096], [2e-4, 1.9e-4, 1.95e-4], 2, "noisy")
     assert link.bandwidth_gbps > 0 and latency_s > 0
 
 
 def test_fit_link_needs_two_sizes_and_two_devices():
-    from minieng.measure.tp_model import fit_link
+    from minieng.measure.tp_estimate import fit_link
 
     with pytest.raises(ValueError, match="two or more distinct sizes"):
         fit_link([64, 64], [1e-4, 1e-4], 2, "x")

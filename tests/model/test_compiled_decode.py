@@ -1,4 +1,4 @@
-"""``decode_step.decode_forward`` (its attention the opaque ``minieng::paged_decode`` operator) gives
+"""``compiled_decode.decode_forward`` (its attention the opaque ``minieng::paged_decode`` operator) gives
 the logits and the K/V that ``LlamaForCausalLM.forward`` gives on the same decode step: eager, and
 compiled whole (``torch.compile``, through the engine's ``compilation.run_decode``), in float32 and in W8A8 (fbgemm's product an opaque operator too)."""
 
@@ -9,7 +9,7 @@ import torch
 
 from minieng.engine import compilation
 from minieng.model.attention import build_metadata
-from minieng.model.decode_step import decode_forward
+from minieng.model.compiled_decode import decode_forward
 from minieng.model.kv_cache import KVCache
 from minieng.model.quantization import quantize_model
 

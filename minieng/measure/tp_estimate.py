@@ -116,7 +116,7 @@ def tensor_parallel_decode(
 
     Args:
         weight_bytes: the bytes a step reads from the weights, all devices together (e.g.
-            ``work.decode_work(...).weight_bytes``, or the article's 10.8 GB).
+            ``flops_bytes.decode_work(...).weight_bytes``, or the article's 10.8 GB).
         num_layers, hidden_size: the shape, which sets the all-reduces: 2 per layer, each of
             ``batch_size x hidden_size x activation_bytes`` bytes.
         bandwidth_gbps: each device's memory bandwidth (GB/s).

@@ -1,0 +1,139 @@
+"""The models an engine runs: its own (on every tensor-parallel rank), quantized as asked, and the
+draft model of speculative decoding, each checked before any weight loads.
+
+``load_engine_models`` is the order an engine needs: refuse what cannot run or fit
+(``config_checks``), load this rank's model while the workers load theirs, load the draft, then
+quantize (``quantization.quantize_model``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from minieng.config import EngineConfig
+from minieng.device import select_device, select_dtype
+from minieng.engine.config_checks import check_engine
+from minieng.engine.workers import Workers, closing_on_error
+from minieng.model.llama import LlamaForCausalLM
+from minieng.model.loader import LoadedModel, check_same_tokenizer, load_config, load_model
+from minieng.model.quantization import SCHEMES, matmul_bytes, model_quantization, quantize_model
+from minieng.model.weight_bytes import MatmulBytes
+
+
+@dataclass(frozen=True)
+class EngineModels:
+    """What ``load_engine_models`` returns.
+
+    ``config``: the engine's config, naming the scheme of a model quantized before it was given.
+    ``loaded``: the tokenizer, the EOS ids and the checkpoint; its ``model`` is ``model`` when this
+    engine loaded it (nobody else holds the float matrices), the caller's model otherwise.
+    ``model``: the model the engine runs (quantized with ``config.quantization``).
+    ``draft_model``: the draft of ``speculative_method="draft"``, or None.
+    ``workers``: tensor-parallel ranks 1 .. p - 1 (``workers.Workers``), or None.
+    ``max_model_len``: asked, or the model's context (not yet fitted to the KV pool).
+    ``matmul_bytes``: the matrix products' weight bytes of the scheme, scales included; None
+    without quantization (dtype bytes per weight).
+    """
+
+    config: EngineConfig
+    loaded: LoadedModel
+    model: LlamaForCausalLM
+    draft_model: LlamaForCausalLM | None
+    workers: Workers | None
+    max_model_len: int
+    matmul_bytes: MatmulBytes | None
+
+    @property
+    def with_kv_pools(self) -> list[LlamaForCausalLM]:
+        """The models that get a KV pool each, of as many blocks: the target, then the draft if any."""
+        return [self.model] + ([self.draft_model] if self.draft_model is not None else [])
+
+
+def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineModels:
+    """Check, then load (unless ``loaded`` is given) what ``config`` describes, on its device and dtype
+    (``device.select_device``/``select_dtype``; a given model's own). Raises ``ValueError`` for what
+    cannot run or fit (``config_checks``, ``memory_plan.MemoryPlan.check``), before any weight loads;
+    ``workers.WorkerError`` for a worker that fails. Workers that started are closed on any failure."""
+    if loaded is None:
+        resolved = load_config(config.model)
+        model_config, max_position = resolved[2], resolved[2].max_position_embeddings
+        device = select_device(config.device)
+        dtype = select_dtype(config.dtype, device)
+    else:
+        param = next(loaded.model.parameters())
+        device, dtype = param.device, param.dtype
+        model_config, max_position = loaded.model.config, loaded.model.rope.max_position
+    max_model_len = check_engine(config, model_config, max_position, device, dtype, loaded)
+    workers = None
+    loaded_here = loaded is None
+    if loaded_here:
+        loaded, workers = load_ranks(config, device, dtype, max_model_len, resolved)
+    with closing_on_error(workers):
+        config, model, draft_model, bytes_ = engine_models(config, loaded, max_model_len, dtype)
+    if loaded_here:  # nobody else holds the float matrices: let them go
+        loaded = replace(loaded, model=model)
+    return EngineModels(config, loaded, model, draft_model, workers, max_model_len, bytes_)
+
+
+def load_ranks(
+    config: EngineConfig, device: torch.device, dtype: torch.dtype, max_model_len: int, resolved
+) -> tuple[LoadedModel, Workers | None]:
+    """This process's model (``loader.load_model``) and, with ``tensor_parallel_size`` p > 1, the
+    workers of ranks 1 .. p-1 (``workers.Workers``; the size was checked by
+    ``config_checks.check_tensor_parallel_engine``): they load their shares while this rank loads its own, rank
+    0's. Workers that start are closed again if any rank fails to load."""
+    workers = Workers(config, device, max_model_len, resolved) if config.tensor_parallel_size > 1 else None
+    with closing_on_error(workers):
+        loaded = load_model(config, device, dtype, max_model_len, resolved, tp=workers.tp if workers else None)
+        if workers:
+            workers.wait_loaded()
+    return loaded, workers
+
+
+def engine_models(
+    config: EngineConfig, loaded: LoadedModel, max_model_len: int, dtype: torch.dtype
+) -> tuple[EngineConfig, LlamaForCausalLM, LlamaForCausalLM | None, MatmulBytes | None]:
+    """The models the engine runs, from ``loaded``: the config that describes them, the target,
+    the draft (``load_draft``; None without speculative decoding or with prompt lookup), and the
+    target's matrix products' weight bytes (``quantization.matmul_bytes``, scales included; None
+    without quantization: ``dtype``'s bytes per weight).
+
+    The target is ``loaded.model`` quantized with ``config.quantization`` (a copy sharing the
+    embedding and norms); with None, it runs as it is, and a model ``quantization.quantize_model``
+    made (a quantized draft reused as a model of its own) runs with its scheme, which the returned
+    config then names. Raises ``ValueError`` for a model already quantized with another scheme,
+    and as ``load_draft``."""
+    draft = load_draft(config, loaded, max_model_len) if config.num_speculative_tokens else None
+    model = loaded.model
+    if config.quantization is not None:
+        model = quantize_model(model, config.quantization, config.quantization_group_size)
+    else:
+        done = model_quantization(model)
+        if done is not None and done[0] in SCHEMES:  # not a dequantized reference: its bytes are the kernels'
+            group_size = done[1] or config.quantization_group_size
+            config = replace(config, quantization=done[0], quantization_group_size=group_size)
+    if config.quantization is None:
+        return config, model, draft, None
+    bytes_ = matmul_bytes(model.config, config.quantization, config.quantization_group_size, dtype.itemsize)
+    return config, model, draft, bytes_
+
+
+def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
+    """The draft model of ``speculative_method="draft"`` (None for prompt lookup): a smaller
+    model of the same family, or the target's own weights, on the target's device and dtype,
+    quantized with ``draft_quantization`` (``quantization.quantize_model``, the layers the
+    engine's ``quantization`` uses). Raises ``ValueError`` for a draft whose vocabulary or
+    tokenizer differs from the target's, or a scheme the device does not run."""
+    if config.speculative_method != "draft":
+        return None
+    if config.draft_model is None:
+        draft = target
+    else:
+        param = next(target.model.parameters())
+        draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
+        check_same_tokenizer(target, draft)
+    if config.draft_quantization is not None:
+        return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
+    return draft.model
