@@ -1,10 +1,11 @@
 """A fake NVML (nvidia-ml-py's module surface) for tests on machines without an NVIDIA driver:
-GPUs with settable readings, GPM metrics and errors. Shared by tests/measure/test_nvml.py and
-tests/lab/test_gpu_utilization.py (pytest puts ``tests/`` on ``sys.path``).
+GPUs with settable readings, GPM metrics and errors. Shared by tests/measure/test_nvml.py,
+tests/measure/test_energy.py and tests/lab/test_gpu_utilization.py (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -44,6 +45,22 @@ class FakeGPU:
     gpm_values: dict = field(default_factory=lambda: {3: 12.5, 10: 80.0, 5: 3.0})
     gpm_metric_errors: dict = field(default_factory=dict)  # metricId -> NVML return code
     errors: dict = field(default_factory=dict)  # NVML function name -> exception class
+    # The total-energy counter (mJ): it grows by power_mw x seconds between reads, wrapping to 0
+    # after energy_wrap_mj. Change the power with set_power_mw so the counter accrues the old one first.
+    energy_mj: float = 0.0
+    energy_wrap_mj: int = 2**64
+    energy_reads: list = field(default_factory=list)  # every value the counter returned
+    _energy_t: float | None = None  # perf_counter of the last accrual
+
+    def accrue_energy(self) -> None:
+        now = time.perf_counter()
+        if self._energy_t is not None:
+            self.energy_mj = (self.energy_mj + self.power_mw * (now - self._energy_t)) % self.energy_wrap_mj
+        self._energy_t = now
+
+    def set_power_mw(self, power_mw: int) -> None:
+        self.accrue_energy()
+        self.power_mw = power_mw
 
 
 class FakeNVML:
@@ -114,6 +131,12 @@ class FakeNVML:
     def nvmlDeviceGetPowerUsage(self, h):
         self._call("nvmlDeviceGetPowerUsage", h)
         return h.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._call("nvmlDeviceGetTotalEnergyConsumption", h)
+        h.accrue_energy()
+        h.energy_reads.append(int(h.energy_mj))
+        return h.energy_reads[-1]
 
     def nvmlDeviceGetClockInfo(self, h, clock):
         self._call("nvmlDeviceGetClockInfo", h)

@@ -39,6 +39,8 @@ def cmd_bench(args) -> int:
         decode_prompt_len=args.decode_prompt_len,
         repeats=args.repeats,
         compare_transformers=not args.no_transformers,
+        energy=not args.no_energy,
+        price_per_device_hour=args.price_per_device_hour,
     )
     log = (lambda msg: print(msg, file=sys.stderr)) if not args.json else (lambda msg: None)
     if args.tensor_parallel_size > 1:
@@ -159,6 +161,16 @@ def add_bench_parser(sub):
         "--repeats", type=int, default=SWEEPS.repeats, help="runs per point, median reported (default: %(default)s)"
     )
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
+    b.add_argument(
+        "--no-energy", action="store_true", help="skip J/token per phase (measured where NVML or RAPL reads energy)"
+    )
+    b.add_argument(
+        "--price-per-device-hour",
+        type=float,
+        default=None,
+        help="what an hour of this device costs you, for the price per million tokens "
+        "(default: an example value, labelled as one)",
+    )
     b.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     b.add_argument(
         "--skip-sweeps",

@@ -89,6 +89,14 @@ from minieng.lab.report import format_quantization, format_two_clocks
 from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
 from minieng.lab.step_flops import counted_steps
 from minieng.lab.tensor_parallel import TensorParallelRun, format_tensor_parallel, measure_tensor_parallel
+from minieng.lab.token_cost import (
+    format_cap_costs,
+    format_token_cost,
+    format_token_cost_by_scheme,
+    measure_token_cost,
+    measure_token_cost_by_scheme,
+    reprice,
+)
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
 from minieng.lab.model_for_device import CourseModel, course_model, downloads_allowed
 
@@ -125,6 +133,7 @@ __all__ = [
     "estimate_sweep_s",
     "format_batch_sweep",
     "format_batching",
+    "format_cap_costs",
     "format_comparison",
     "format_logged_ratios",
     "format_kv_bytes",
@@ -136,6 +145,8 @@ __all__ = [
     "format_step_work",
     "format_sweep",
     "format_tensor_parallel",
+    "format_token_cost",
+    "format_token_cost_by_scheme",
     "format_utilization",
     "graphs_verdict",
     "hit_rate_pair",
@@ -168,6 +179,7 @@ __all__ = [
     "recompute_estimate_s",
     "recompute_vs_cache",
     "reference_sequences",
+    "reprice",
     "run_k",
     "run_quantization",
     "decode_protection_verdict",
@@ -179,6 +191,8 @@ __all__ = [
     "sustainable_rate",
     "TensorParallelRun",
     "thread_knob",
+    "measure_token_cost",
+    "measure_token_cost_by_scheme",
     "trace_series",
     "ttft_levers",
     "ttft_vs_hit_rate",

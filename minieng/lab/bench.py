@@ -14,7 +14,9 @@ the batch's requests; ratios are taken within this one run, since timings on a s
 drift between runs. MFU and MBU come from the FLOPs and bytes of the steps that ran
 (``roofline.phase_utilization``) against this machine's ceilings (``ceilings.machine_ceilings``:
 measured once per machine and environment, shared with the notebooks), and the result records
-the machine's timing noise read at the start.
+the machine's timing noise read at the start. Where the device's energy is measurable (NVML on a
+GPU, RAPL on a CPU: ``measure.energy``), J/token of prefill (the longest prompt) and of decode
+(batch 1 and the largest batch) follow (``lab.token_cost``); elsewhere the result says why not.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from minieng.device import synchronize
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.gpu_utilization import decode_ops, profile_decode
 from minieng.lab.probes import minieng_decode, minieng_prefill, warm_up
+from minieng.lab.token_cost import measure_token_cost
 from minieng.measure.ceilings import machine_ceilings
+from minieng.measure.energy import energy_source
 from minieng.measure.harness import fingerprint
 from minieng.measure.peaks import datasheet_peak, measure_ceilings
 from minieng.measure.roofline import phase_utilization
@@ -49,6 +53,8 @@ class BenchConfig:
     output_tokens: int = 32
     repeats: int = 3
     compare_transformers: bool = True
+    energy: bool = True  # J/token per phase where the device's energy is measurable
+    price_per_device_hour: float | None = None  # None: the example price, labelled as one
 
 
 def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
@@ -90,7 +96,7 @@ def run_bench(
     """Measure the ceilings, run both sweeps (unless ``sweeps=False``); return a JSON-serializable
     dict whose keys carry their units."""
     if not sweeps:
-        cfg.prompt_lens, cfg.batch_sizes, cfg.compare_transformers = [], [], False
+        cfg.prompt_lens, cfg.batch_sizes, cfg.compare_transformers, cfg.energy = [], [], False, False
     hf = load_transformers(engine) if cfg.compare_transformers else None
     tok = engine.tokenizer
     progress("this machine's ceilings (matmul, copy: stored once per machine) and its noise now")
@@ -109,6 +115,8 @@ def run_bench(
         "prefill": [],
         "decode": [],
     }
+    if cfg.energy:
+        result["token_cost"] = bench_token_cost(engine, cfg, progress)
     warm = text_prompts(tok, 16, 1)
     warm_up(engine, warm)
     if hf is not None:
@@ -155,6 +163,24 @@ def run_bench(
         result["decode_profile"] = {"step_ms": shares["step_ms"], "cpu": shares["cpu"], "device": shares["device"]}
     result["phase_ratio"] = phase_ratio(result)
     return result
+
+
+def bench_token_cost(engine: LLMEngine, cfg: BenchConfig, progress=print) -> dict:
+    """``measure_token_cost`` at the sweeps' longest prompt, batch 1 and largest batch, where the
+    device's energy is measurable; else ``{"energy": {"source": None, "description": why not}}``."""
+    source, description = energy_source(engine.device)
+    if source is None:
+        return {"energy": {"source": None, "description": description}}
+    progress(f"energy per token ({description}; the idle power first)")
+    return measure_token_cost(
+        engine,
+        prompt_tokens=max(cfg.prompt_lens or [cfg.decode_prompt_len]),
+        decode_batches=tuple(sorted({1, max(cfg.batch_sizes or [1])})),
+        output_tokens=max(cfg.output_tokens, 4),
+        decode_prompt_tokens=cfg.decode_prompt_len,
+        price_per_device_hour=cfg.price_per_device_hour,
+        progress=progress,
+    )
 
 
 def phase_ratio(result: dict) -> dict:

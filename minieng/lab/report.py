@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from minieng.lab.quantization import decode_vs_prefill
 from minieng.lab.speculative import format_speculative
+from minieng.lab.token_cost import format_token_cost
 from minieng.measure.metrics import ServingMetrics, common_tail, percentile_label
 from minieng.measure.roofline import format_percent
 
@@ -50,6 +51,8 @@ def format_table(result: dict) -> str:
         lines.append(f"the layers' dense parts compiled (torch.compile) in {env['compile_s']:.1f} s at start-up")
     if result["prefill"] or result["decode"]:
         lines += _sweeps(result) + _utilization(result) + _decode_step(result) + _phase_ratio(result["phase_ratio"])
+    if result.get("token_cost"):
+        lines += [""] + _token_cost(result["token_cost"])
     if result.get("serving"):
         lines += [""] + format_serving(result["serving"])
     if result.get("prefix_cache"):
@@ -185,6 +188,13 @@ def _phase_ratio(pr: dict) -> list[str]:
                 f"tokens) / {pr[f'{name}_decode_tok_s']:.1f} = {pr[f'{name}_ratio_x']:.1f}x"
             )
     return lines
+
+
+def _token_cost(cost: dict) -> list[str]:
+    """J/token per phase (``lab.token_cost``), or why the energy was not measurable here."""
+    if not cost.get("rows"):
+        return [f"J/token per phase: not measured; {cost['energy']['description']}"]
+    return format_token_cost(cost).splitlines()
 
 
 def format_serving(report: dict) -> list[str]:

@@ -1,6 +1,6 @@
 """The instruments: timing (``harness``), peaks and ceilings, NVML, FLOPs and bytes of a step (``work``),
-MFU/MBU and the roofline, serving metrics, workloads, sweep planning and the tensor-parallel paper
-model. They read the engine's records (``StepRecord``, ``RequestOutput``) as data; none builds or steps
+MFU/MBU and the roofline, napkin math (a shape's floors on a device), serving metrics, workloads, sweep
+planning and the tensor-parallel paper model. They read the engine's records (``StepRecord``, ``RequestOutput``) as data; none builds or steps
 an engine. The names below are what the notebooks use.
 """
 
@@ -12,6 +12,7 @@ from minieng.measure.flops_bytes import (
     prefill_work,
     step_work,
 )
+from minieng.measure.energy import EnergyMeter, EnergyReading, energy_source, measure_energy
 from minieng.measure.harness import smoke_mode
 from minieng.measure.logged_throughput import LoggedStats, logged_intervals
 from minieng.measure.metrics import (
@@ -24,6 +25,7 @@ from minieng.measure.metrics import (
     summarize_ms,
 )
 from minieng.measure.model_choice import ModelChoice, choose_model
+from minieng.measure.napkin import DeviceSpec, NapkinEstimate, datasheet_devices, napkin_estimate
 from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
 from minieng.measure.peaks import Peak, check_environment, datasheet_peak
 from minieng.measure.projection import (
@@ -64,6 +66,7 @@ __all__ = [
     "attainable_flops",
     "attention_crossover_tokens",
     "check_environment",
+    "datasheet_devices",
     "datasheet_peaks",
     "choose_model",
     "common_tail",
@@ -71,6 +74,10 @@ __all__ = [
     "decode_ridge_batch",
     "decode_sweep_batches",
     "decode_work",
+    "EnergyMeter",
+    "EnergyReading",
+    "energy_source",
+    "DeviceSpec",
     "fit_ttft",
     "format_percent",
     "kv_sweep_plan",
@@ -79,7 +86,10 @@ __all__ = [
     "logged_intervals",
     "LoggedStats",
     "machine_ceilings",
+    "measure_energy",
     "ModelChoice",
+    "napkin_estimate",
+    "NapkinEstimate",
     "nvml_status",
     "Peak",
     "percentile_label",

@@ -202,7 +202,13 @@ def attention_crossover_tokens(model_config: ModelConfig) -> int:
     return max(1, math.ceil(layer_params / per_key - 1))
 
 
-def decode_ridge_batch(model_config: ModelConfig, context_len: int, dtype_bytes: float, ridge: float) -> int | None:
+def decode_ridge_batch(
+    model_config: ModelConfig,
+    context_len: int,
+    dtype_bytes: float,
+    ridge: float,
+    matmul_bytes: MatmulBytes | None = None,
+) -> int | None:
     """The smallest decode batch whose arithmetic intensity reaches ``ridge`` (FLOP/byte): where a
     decode step of sequences with ``context_len`` cached tokens each turns compute-bound.
 
@@ -210,12 +216,12 @@ def decode_ridge_batch(model_config: ModelConfig, context_len: int, dtype_bytes:
     weights, read once for the batch; k: each sequence's KV and embedding row), so the intensity
     b f / (W + b k) rises towards f / k and never beyond it. Returns None when f / k <= ridge:
     each sequence brings too many bytes of its own (its KV cache) for its FLOPs, and no batch
-    turns the step compute-bound (long contexts, or a GPU's high ridge). Raises ``ValueError``
-    for ``ridge`` <= 0.
+    turns the step compute-bound (long contexts, or a GPU's high ridge). ``matmul_bytes``: a
+    quantized model's weight bytes, as in ``step_work``. Raises ``ValueError`` for ``ridge`` <= 0.
     """
     if ridge <= 0:
         raise ValueError(f"ridge={ridge} FLOP/byte must be > 0")
-    one, two = (decode_work(model_config, b, context_len, dtype_bytes) for b in (1, 2))
+    one, two = (decode_work(model_config, b, context_len, dtype_bytes, matmul_bytes) for b in (1, 2))
     f = one.total_flops
     k = two.total_bytes - one.total_bytes
     w = one.total_bytes - k
