@@ -120,8 +120,11 @@ class ModelConfig:
 
 # Published shapes, as each model's config.json on the Hugging Face Hub gives them (transformers'
 # field names), for figures computed on paper: no weights, no download. Parameter counts they
-# give (``ModelConfig.num_params``): 134.5M, 1.71B, 8.03B, 70.55B and 7.62B (with Qwen2's q/k/v
-# biases, which ``num_params`` leaves out: 129,024 of them).
+# give (``ModelConfig.num_params``): 134.5M, 1.71B, 8.03B, 70.55B, and 7.62B, 3.09B and 494M for
+# the Qwen2.5 shapes (with Qwen2's q/k/v biases, which ``num_params`` leaves out: 129,024, 92,160
+# and 27,648 of them). Qwen2.5-3B and -0.5B share a 151,936-row vocabulary, so the 0.5B drafts for
+# the 3B; the 7B's embedding has 152,064 rows (the same tokenizer, padded further), and a draft
+# must match its target's rows (``loader.check_same_tokenizer``).
 # A table: one shape a row reads better than one field a line.
 # fmt: off
 PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
@@ -140,8 +143,17 @@ PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
     "Qwen2.5-7B-Instruct": dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                                 num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                                 max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "Qwen2.5-3B-Instruct": dict(model_type="qwen2", vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                                num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                                max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "Qwen2.5-0.5B-Instruct": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                                  max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True),
 }
 # fmt: on
+# Shapes in the table for the napkin math and as speculative-decoding drafts of a larger sibling, never as
+# the model a lesson measures on its own (``measure.model_choice`` leaves them out).
+DRAFT_ONLY_SHAPES = ("Qwen2.5-0.5B-Instruct",)
 # Where each shape's real weights are published on the Hugging Face Hub (the instruct variants; the
 # Llama 3 repositories are gated: the Hub asks for a login and the licence's acceptance).
 PUBLISHED_CHECKPOINTS = {
@@ -150,6 +162,8 @@ PUBLISHED_CHECKPOINTS = {
     "Llama-3-8B": "meta-llama/Meta-Llama-3-8B-Instruct",
     "Llama-3-70B": "meta-llama/Meta-Llama-3-70B-Instruct",
     "Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
 }
 
 

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,6 +110,39 @@ def cached(
     )
     tmp.replace(path)
     return CachedResult(result, noise, measured_at)
+
+
+def on_colab() -> bool:
+    """Whether this kernel is a Colab one: Colab's runtime has imported ``google.colab`` before any cell runs
+    (the test the notebooks' first cell makes)."""
+    return "google.colab" in sys.modules
+
+
+def allow_hub_downloads() -> bool:
+    """On Colab only, allow downloads from the Hugging Face Hub for this kernel; elsewhere change nothing.
+
+    Colab has the network (the workshop machines do not), so there a lesson measures the real checkpoint
+    ``lab.course_model`` chose, and notebook 09 its real target/draft pair. It sets ``HF_HUB_OFFLINE=0``
+    (what ``lab.downloads_allowed`` reads, and what the kernel's later imports of huggingface_hub read),
+    and turns offline mode off in the modules already imported, which read the flag once at import:
+    ``huggingface_hub.constants.HF_HUB_OFFLINE`` (read by every Hub call) and, in transformers 4,
+    ``transformers.utils.hub._is_offline_mode``. Returns whether it allowed them (False off Colab, where
+    ``HF_HUB_OFFLINE`` keeps whatever the reader set: ``make lab HF_HUB_OFFLINE=0`` allows them there).
+    """
+    if not on_colab():
+        return False
+    os.environ["HF_HUB_OFFLINE"] = "0"  # "0" outranks a TRANSFORMERS_OFFLINE=1 in huggingface_hub's reading
+    hub_constants = sys.modules.get("huggingface_hub.constants")
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = False
+    transformers_hub = sys.modules.get("transformers.utils.hub")
+    if transformers_hub is not None and hasattr(transformers_hub, "_is_offline_mode"):
+        transformers_hub._is_offline_mode = False
+    print(
+        "Colab: downloads from the Hugging Face Hub allowed for this session (HF_HUB_OFFLINE=0): the lessons "
+        "measure real checkpoints, downloaded once each (their size and time are printed)"
+    )
+    return True
 
 
 def announce(what: str, estimate_s: float) -> None:

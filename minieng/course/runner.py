@@ -6,9 +6,12 @@ data) and its result cache under the output folder, never the source tree's ``re
 writes per notebook the executed ``.ipynb`` (widgets live when opened in Jupyter) and a static HTML
 page (nbconvert; each panel shown by its default result), then ``index.html`` and
 ``course.json``, and returns one table of the articles' claims with what each notebook measured.
-A notebook that fails or runs out of time is reported, with what it had shown so far, and the
-rest still run. ``jobs`` > 1 runs that many notebooks side by side (the test command's smoke run:
-two on two cores); their timings then share the machine, so a full run keeps the default, one.
+Its kernels run with ``MINIENG_HEADLESS=1``: nobody types there, so each prediction a notebook asks
+for (``course.predictions``) is the napkin model's value, and the index lists every prediction
+beside its measurement. A notebook that fails or runs out of time is reported, with what it had
+shown so far, and the rest still run. ``jobs`` > 1 runs that many notebooks side by side (the test
+command's smoke run: two on two cores); their timings then share the machine, so a full run keeps
+the default, one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
 from minieng.course.kit import NOTEBOOK_ENV
+from minieng.course.predictions import HEADLESS_ENV, entry_cells, load_predictions, now_utc
 from minieng.course.claims import (
     ARTICLE_CLAIMS,
     CLAIMS_MIMETYPE,
@@ -258,9 +262,10 @@ def run_course(
     Kernels get ``MINIENG_RESULTS_DIR=output_dir/results`` and, with ``smoke``, ``MINIENG_SMOKE=1``
     (without it, full mode even if the caller's environment sets smoke). Writes one ``.ipynb`` and
     one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
-    mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order) and
-    claims (``claims.article_claims_table``). ``jobs`` notebooks run at once, each in a thread of
-    this process driving its own kernel (with one, in this thread). ``model`` names the model the
+    mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order), claims
+    (``claims.article_claims_table``) and predictions ({notebook: the entries its predictions file
+    holds, ``predictions.load_predictions``}, those this run asked). ``jobs`` notebooks run at once,
+    each in a thread of this process driving its own kernel (with one, in this thread). ``model`` names the model the
     notebooks measure (``MINIENG_MODEL``, read by ``lab.course_model`` where a notebook's ``MODEL`` is
     None): for every notebook, or only those numbered in ``model_only``.
     """
@@ -280,6 +285,7 @@ def run_course(
         MINIENG_RESULTS_DIR=str(output_dir / "results"),
         # the kernels import the minieng that runs them
         PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])),
+        **{HEADLESS_ENV: "1"},  # no reader types in these kernels: predictions take the napkin value
     )
     env.pop(SMOKE_ENV, None)
     if smoke:
@@ -287,6 +293,7 @@ def run_course(
     with_model = set(select_notebooks(notebooks_dir, model_only)) if model else set()
     start = time.perf_counter()
     started_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    asked_since = now_utc()  # the predictions this run asked, not an earlier run's left in the folder
     with (
         tqdm(total=len(chosen), unit="notebook", disable=not progress) as bar,
         tempfile.TemporaryDirectory() as kernels_dir,
@@ -333,6 +340,9 @@ def run_course(
         "wall_s": round(time.perf_counter() - start, 1),
         "notebooks": runs,
         "claims": article_claims_table({r["name"]: r["rows"] for r in runs}, expected, status),
+        "predictions": {
+            name: rows for name, rows in load_predictions(output_dir / "results", asked_since).items() if name in status
+        },
     }
     (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
@@ -350,8 +360,8 @@ def machine() -> str:
 
 
 def index_html(summary: dict) -> str:
-    """The output folder's front page: each notebook's page with its status and time, then the
-    articles' claims table."""
+    """The output folder's front page: each notebook's page with its status and time, the predictions
+    its notebooks asked for beside their measurements, then the articles' claims table."""
     e = html.escape
     nb_rows = "".join(
         f'<tr><td><a href="{e(r["html"])}">{e(r["name"])}</a></td><td class="{"ok" if r["status"] == "ok" else "bad"}">'
@@ -364,6 +374,22 @@ def index_html(summary: dict) -> str:
         number = e(name.split("_")[0])
         return f'<a href="{e(pages[name])}">{number}</a>' if name in pages else number
 
+    prediction_rows = "".join(
+        f"<tr><td>{notebook(name)}</td><td>{e(str(p.get('question', '')))}</td>"
+        + "".join(f"<td>{e(cell)}</td>" for cell in entry_cells(p))
+        + "</tr>"
+        for name, rows in summary.get("predictions", {}).items()
+        for p in rows
+    )
+    predictions = (
+        "<h2>Your predictions beside the measurements</h2>\n<p>Each prediction a notebook asked for, stored before "
+        "its measurement ran, and the napkin model's value. Nobody types in this run: a prediction is the napkin "
+        "value unless you typed one in Jupyter into this results folder before.</p>\n<table><tr><th>notebook</th><th>question</th>"
+        "<th>prediction</th><th>measured</th><th>napkin model</th><th>score</th></tr>"
+        f"{prediction_rows}</table>\n"
+        if prediction_rows
+        else ""
+    )
     claim_rows = "".join(
         f"<tr><td>{e(c['claim'] or c['id'] + ': ' + c['title'])}</td><td>{notebook(c['notebook'])}</td>"
         f"<td>{e(c['article'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>"
@@ -378,7 +404,7 @@ td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:lef
 <p>{e(summary["mode"])} mode, {len(summary["notebooks"])} notebook(s) in {summary["wall_s"] / 60:.1f} min,
 started {e(summary["started_at"])} on {e(summary["machine"])}.</p>
 <table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
-<h2>The source articles' claims, measured here</h2>
+{predictions}<h2>The source articles' claims, measured here</h2>
 <p>All {len(ARTICLE_CLAIMS)} of the articles' claims, one line per notebook that measures each (its closing table's rows).</p>
 <table><tr><th>claim</th><th>notebook</th><th>article</th><th>measured here</th><th>holds?</th></tr>{claim_rows}</table>
 </body></html>
@@ -386,9 +412,18 @@ started {e(summary["started_at"])} on {e(summary["machine"])}.</p>
 
 
 def report(summary: dict) -> str:
-    """The terminal's summary: one line per notebook, then the articles' claims as Markdown."""
+    """The terminal's summary: one line per notebook, the predictions scored, then the articles'
+    claims as Markdown."""
     lines = [
         f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]
     ]
     head = [f"{summary['mode']} mode, started {summary['started_at']} on {summary['machine']}", ""]
-    return "\n".join(head + lines + ["", format_markdown(summary["claims"])])
+    scored = [
+        f"{name.split('_')[0]} {p['key']}: predicted {cells[0]}, measured {cells[1]}, napkin {cells[2]}"
+        + (f" ({cells[3]})" if cells[3] else "")
+        for name, rows in summary.get("predictions", {}).items()
+        for p in rows
+        for cells in [entry_cells(p)]
+    ]
+    scored = ["", "Predictions:"] + scored if scored else []
+    return "\n".join(head + lines + scored + ["", format_markdown(summary["claims"])])

@@ -98,7 +98,14 @@ from minieng.lab.token_cost import (
     reprice,
 )
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
-from minieng.lab.model_for_device import CourseModel, course_model, downloads_allowed
+from minieng.lab.model_for_device import (
+    CourseModel,
+    SpeculativePair,
+    course_model,
+    course_speculative_pair,
+    downloads_allowed,
+    fetch_checkpoint,
+)
 
 __all__ = [
     "activation_outliers",
@@ -120,6 +127,7 @@ __all__ = [
     "concurrency_run",
     "counted_steps",
     "course_model",
+    "course_speculative_pair",
     "CourseModel",
     "decode_for",
     "decode_first_verdict",
@@ -131,6 +139,7 @@ __all__ = [
     "estimate_comparison_s",
     "estimate_s",
     "estimate_sweep_s",
+    "fetch_checkpoint",
     "format_batch_sweep",
     "format_batching",
     "format_cap_costs",
@@ -187,6 +196,7 @@ __all__ = [
     "shared_prefix_prompts",
     "steps_without_decodes",
     "speculative_batch_sweep",
+    "SpeculativePair",
     "staggered_prompts",
     "sustainable_rate",
     "TensorParallelRun",

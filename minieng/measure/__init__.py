@@ -26,6 +26,7 @@ from minieng.measure.metrics import (
 )
 from minieng.measure.model_choice import ModelChoice, choose_model
 from minieng.measure.napkin import DeviceSpec, NapkinEstimate, datasheet_devices, napkin_estimate
+from minieng.measure.speculative_pair import PairChoice, choose_pair
 from minieng.measure.nvml import TelemetrySampler, nvml_status, summarize
 from minieng.measure.peaks import Peak, check_environment, datasheet_peak
 from minieng.measure.projection import (
@@ -69,6 +70,7 @@ __all__ = [
     "datasheet_devices",
     "datasheet_peaks",
     "choose_model",
+    "choose_pair",
     "common_tail",
     "datasheet_peak",
     "decode_ridge_batch",
@@ -91,6 +93,7 @@ __all__ = [
     "napkin_estimate",
     "NapkinEstimate",
     "nvml_status",
+    "PairChoice",
     "Peak",
     "percentile_label",
     "phase_projection_reading",

@@ -10,9 +10,9 @@ its context) and ``fixed_s`` what it pays whatever its size: kernel launches, ho
 ops. ``fixed_s`` grows with the layers (each layer launches the same handful of ops), so it is
 kept per layer, measured on the device with the embedded model (``fixed_cost_per_layer_s``).
 
-``choose_model`` takes the smallest published shape (``config.PUBLISHED_SHAPES``) whose bytes
-take at least ``DOMINANCE`` times its fixed cost (then reading bytes is at least 75% of the
-step, and MBU can reach 75%) and whose weights fit in ``MEMORY_FRACTION`` of the device's free
+``choose_model`` takes the smallest published shape (``LESSON_SHAPES``: ``config.PUBLISHED_SHAPES`` but the
+drafts) whose bytes take at least ``DOMINANCE`` times its fixed cost (then reading bytes is at least
+75% of the step, and MBU can reach 75%) and whose weights fit in ``MEMORY_FRACTION`` of the device's free
 memory, leaving the rest to the lesson's KV pools, quantized copies and ceiling buffers. On a
 CPU the embedded SmolLM2-135M already qualifies (its 0.5 GB of fp32 weights are most of a
 step); on a GPU its 0.27 GB of bf16 take a few hundredths of a millisecond, far under the
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minieng.config import PUBLISHED_SHAPES, ModelConfig, published_config
+from minieng.config import DRAFT_ONLY_SHAPES, PUBLISHED_SHAPES, ModelConfig, published_config
 from minieng.measure.flops_bytes import decode_work
 
 DOMINANCE = 3.0  # bytes / bandwidth >= 3 x fixed cost: reading bytes is >= 75% of the step
 MEMORY_FRACTION = 0.4  # of the free device memory, for the weights
 CONTEXT_TOKENS = 128  # the context of the batch-1 decode step the choice predicts
+LESSON_SHAPES = tuple(n for n in PUBLISHED_SHAPES if n not in DRAFT_ONLY_SHAPES)  # what the choice takes from
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,8 @@ def choose_model(
         free_memory_bytes: the device memory free for the lesson.
         dtype_bytes: the dtype the engine will run in (2 on a GPU).
         fixed_cost_per_layer_s: a decode step's fixed cost per layer (``fixed_cost_per_layer_s``).
-        candidates: ``PUBLISHED_SHAPES`` names to choose from (default: all of them).
+        candidates: ``PUBLISHED_SHAPES`` names to choose from (default: ``LESSON_SHAPES``, all of them but
+            the drafts, ``config.DRAFT_ONLY_SHAPES``).
     Raises:
         ValueError: a non-positive bandwidth or memory, a negative fixed cost, an unknown name,
             or no candidate whose weights fit (free some memory, or name a smaller model).
@@ -122,7 +124,7 @@ def choose_model(
             f"bandwidth_bytes_per_s={bandwidth_bytes_per_s}, free_memory_bytes={free_memory_bytes} must be > 0 "
             f"and fixed_cost_per_layer_s={fixed_cost_per_layer_s} >= 0"
         )
-    names = list(PUBLISHED_SHAPES) if candidates is None else candidates
+    names = list(LESSON_SHAPES) if candidates is None else candidates
     preds = sorted(
         (predict(n, bandwidth_bytes_per_s, dtype_bytes, fixed_cost_per_layer_s) for n in names),
         key=lambda c: c.decode_bytes,

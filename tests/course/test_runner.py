@@ -283,3 +283,44 @@ def test_each_claim_lists_the_notebooks_whose_closing_tables_name_it():
         for cid in claims.claims_in_source(source):
             named[cid].add(path.name[:2])
     assert {cid: set(c.notebooks) for cid, c in claims.ARTICLE_CLAIMS.items()} == named
+
+
+def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
+    """The runner's kernels have no reader: each prediction is the napkin value, said so, scored against
+    the measurement; the index and course.json list them, and not what an earlier run left behind."""
+    from minieng.course.runner import report, run_course
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(
+        folder,
+        "03_predicts.ipynb",
+        "from minieng.course.predictions import predict, score\n"
+        "predict('ratio', 'How many times faster is prefill per token?', unit='x', napkin=30)",
+        "measured = 12.0  # what the measurement found",
+        "score('ratio', measured, why='prefill runs below the matmul ceiling here')",
+        "predict('bound', 'What bounds batch-1 decode?', napkin='memory', choices=['compute', 'memory'])\n"
+        "score('bound', 'memory')",
+    )
+    results = tmp_path / "out" / "results"
+    results.mkdir(parents=True)
+    (results / "predictions-03_predicts.json").write_text(
+        json.dumps({"old": {"question": "an earlier run's question", "asked_at": "2001-01-01 00:00:00 UTC"}})
+    )
+    summary = run_course(folder, tmp_path / "out", progress=False)
+    assert summary["notebooks"][0]["status"] == "ok", summary["notebooks"][0]["error"]
+    rows = summary["predictions"]["03_predicts"]
+    assert [r["key"] for r in rows] == ["ratio", "bound"]
+    assert rows[0]["source"] == "napkin" and rows[0]["prediction"] == 30 and rows[0]["measured"] == 12.0
+    assert json.loads((tmp_path / "out" / "course.json").read_text())["predictions"] == summary["predictions"]
+
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "Your predictions beside the measurements" in index
+    assert "How many times faster is prefill per token?" in index and "30x (the napkin value: nobody typed)" in index
+    assert "<td>12x</td>" in index and "measured / napkin 0.4x" in index
+    assert "What bounds batch-1 decode?" in index and "napkin right" in index
+    assert "an earlier run" not in index
+    # the notebook's own page shows the note and the score
+    page = (tmp_path / "out" / "03_predicts.html").read_text()
+    assert "nobody types here" in page and "Prediction scored." in page
+    assert "03 ratio: predicted 30x" in report(summary)

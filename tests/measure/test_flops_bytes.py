@@ -362,6 +362,8 @@ def test_published_shapes_give_their_parameter_counts():
         "Llama-3-8B": 8_030_261_248,
         "Llama-3-70B": 70_553_706_496,
         "Qwen2.5-7B-Instruct": 7_615_616_512 - 129_024,
+        "Qwen2.5-3B-Instruct": 3_085_938_688 - 92_160,
+        "Qwen2.5-0.5B-Instruct": 494_032_768 - 27_648,
     }  # less q/k/v biases
     assert set(counts) == set(PUBLISHED_SHAPES)
     for name, params in counts.items():

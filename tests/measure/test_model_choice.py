@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from minieng.config import PUBLISHED_SHAPES, published_config
+from minieng.config import published_config
 from minieng.measure.flops_bytes import decode_work
 from minieng.measure.model_choice import (
     DOMINANCE,
+    LESSON_SHAPES,
     MEMORY_FRACTION,
     choose_model,
     fixed_cost_per_layer_s,
@@ -48,7 +49,7 @@ def test_every_device_gets_a_model_that_fits_and_whose_bytes_dominate_where_any_
     free, dtype_bytes = PROFILES[name]
     choice = choose_model(bandwidth(name), free, dtype_bytes, per_layer_s)
     assert choice.weight_bytes <= MEMORY_FRACTION * free
-    preds = [predict(n, bandwidth(name), dtype_bytes, per_layer_s) for n in PUBLISHED_SHAPES]
+    preds = [predict(n, bandwidth(name), dtype_bytes, per_layer_s) for n in LESSON_SHAPES]
     fitting = [p for p in preds if p.weight_bytes <= MEMORY_FRACTION * free]
     dominating = [p for p in fitting if p.bytes_dominate]
     if dominating:

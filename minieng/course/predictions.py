@@ -1,0 +1,566 @@
+"""Predictions the course scores: the reader's guess, stored before a measurement, set beside it after.
+
+Where a notebook asks the reader to predict, two calls frame the measurement:
+
+- ``predict(key, question, unit="ms", napkin=value)`` (or ``choices=[...]`` for a choice) shows a
+  small input under the question, before the measuring cell runs. What the reader types is stored at
+  once (Enter, or the Store button) in the results folder: ``predictions-<notebook>.json``, one file
+  per notebook keyed by ``key``, beside ``kit.cached``'s results. A typed value is kept when the cell
+  runs again (the input shows it), and a value typed after the measurement is marked so.
+- ``score(key, measured, why=...)`` after the measurement shows the prediction against it (the ratio
+  for a number, right or wrong for a choice) and the napkin model's value with one line on why the
+  napkin and the measurement differ.
+
+``napkin`` is what the napkin model (``measure.napkin.napkin_estimate``, the roofline's floors from
+``measure.flops_bytes``' counts; ``napkin_here`` gives it for this machine's measured ceilings)
+predicts. Where nobody can type (smoke mode, ``MINIENG_SMOKE=1``; a run without a reader,
+``MINIENG_HEADLESS=1``, which the course runner sets; or no notebook kernel) the prediction is the
+napkin value, and the notebook says so: CI runs unattended and still scores every prediction.
+
+The course runner (``python -m minieng course``) reads the files back (``load_predictions``) and lists
+each prediction beside its measurement on its index page.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from minieng.course.kit import _results_dir, running_notebook
+from minieng.course.napkin_widget import _in_kernel, this_machine_device
+from minieng.measure.harness import smoke_mode
+from minieng.measure.napkin import TORCH_DTYPE_NAMES, NapkinEstimate, measured_device, napkin_estimate
+
+HEADLESS_ENV = "MINIENG_HEADLESS"  # set by the course runner: its kernels run with no reader to type
+FILE_PREFIX = "predictions-"
+READER, NAPKIN = "reader", "napkin"  # who made a stored prediction
+CLOSE_RATIO = 1.25  # a measurement within this factor of the prediction counts as close
+# A memory for "this machine" when the OS does not say how much it has: it only sizes the KV capacity,
+# which no prediction here reads; the floors do not depend on it.
+UNKNOWN_MEMORY_BYTES = 2**40
+
+
+def now_utc() -> str:
+    """UTC time to the second, as text that sorts in time order."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def predictions_path(notebook: str | None = None, directory: Path | None = None) -> Path:
+    """The predictions file of ``notebook`` (default: the running one, ``kit.running_notebook``) in
+    the results folder (``kit.cached``'s: ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/``)."""
+    name = running_notebook() if notebook is None else notebook
+    return _results_dir(directory) / f"{FILE_PREFIX}{name or 'notebook'}.json"
+
+
+def _read(path: Path) -> dict:
+    """A predictions file's entries by key; {} for a missing or unreadable file (never fatal)."""
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def _write(path: Path, entries: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(entries, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
+
+
+def format_value(value, unit: str = "") -> str:
+    """A prediction or a measurement as text: three significant digits (thousands grouped), its unit
+    after it ("x" and "%" without a space), a choice as itself; "none" for None."""
+    if value is None:
+        return "none"
+    if isinstance(value, str):
+        return value
+    number = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    if not unit:
+        return number
+    return f"{number}{unit}" if unit in ("x", "%") else f"{number} {unit}"
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value, what: str) -> float:
+    """``value`` as a float (numpy scalars included), or ``ValueError`` naming ``what``."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={value!r}: give a number") from None
+    if isinstance(value, (bool, str)) or not math.isfinite(number):
+        raise ValueError(f"{what}={value!r}: give a finite number (not text, a bool, inf or nan)")
+    return number
+
+
+def parse_number(text: str, unit: str = "") -> float:
+    """A typed prediction as a number: "13.7", "13.7 ms" (the question's unit may follow), "1,200",
+    "13,7" (a decimal comma), "2e3", "12x".
+
+    Raises:
+        ValueError: empty text, a word, another unit than ``unit``, or a number that is not finite;
+            the message says what to type.
+    """
+    wanted = f" in {unit}" if unit else ""
+    s = text.strip().replace("×", "x").replace(" ", "")
+    if not s:
+        raise ValueError(f"nothing typed: type a number{wanted} and press Enter")
+    if unit and s.lower().endswith(unit.replace(" ", "").lower()):
+        s = s[: -len(unit.replace(" ", ""))]
+    if "," in s:
+        if "." not in s and re.fullmatch(r"[+-]?\d+,\d+", s) and not re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", s):
+            s = s.replace(",", ".")  # "13,7": a decimal comma
+        else:
+            s = s.replace(",", "")  # "1,200": thousands
+    try:
+        value = float(s)
+    except ValueError:
+        if unit and re.fullmatch(r"[+-]?\.?\d[\d.eE+-]*[^\d\s]+", s):
+            raise ValueError(
+                f"{text!r}: type the number in {unit}, the unit this question asks for (e.g. 12.5)"
+            ) from None
+        raise ValueError(f"{text!r} is not a number: type a number{wanted} (e.g. 12.5)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not a finite number: type a number{wanted}")
+    return value
+
+
+def _check_choice(value, choices: list[str], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{what}={value!r} is not one of the choices {choices}")
+    return value
+
+
+def _ask(key: str, question: str, unit: str, napkin, choices, directory: Path | None) -> tuple[Path, dict]:
+    """Validate a question and store it (its text, unit, choices, napkin value); a reader's earlier
+    prediction that still fits the question is kept, anything else (a napkin fill, a choice no longer
+    offered) is cleared, and the last score is cleared: a new round of predict, measure, score."""
+    if not isinstance(key, str) or not key.strip():
+        raise ValueError(f"key={key!r}: name the prediction (a short text, unique in its notebook)")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"predict({key!r}): give the question the reader answers")
+    if choices is not None:
+        choices = [str(c) for c in choices]
+        if len(choices) < 2 or len(set(choices)) != len(choices):
+            raise ValueError(f"predict({key!r}): choices={choices}: give two or more distinct choices")
+        napkin = _check_choice(napkin, choices, f"predict({key!r}): napkin")
+    else:
+        napkin = _number(napkin, f"predict({key!r}): napkin")
+    path = predictions_path(directory=directory)
+    entries = _read(path)
+    old = entries.get(key, {})
+    prediction, source, at = old.get("prediction"), old.get("source"), old.get("predicted_at")
+    fits = choices is not None and prediction in choices or choices is None and _is_number(prediction)
+    if source != READER or not fits:
+        prediction, source, at = None, None, None
+    entries[key] = {
+        "notebook": running_notebook(),
+        "question": question.strip(),
+        "unit": unit,
+        "choices": choices,
+        "napkin": napkin,
+        "prediction": prediction,
+        "source": source,
+        "predicted_at": at,
+        "asked_at": now_utc(),
+    }
+    _write(path, entries)
+    return path, entries[key]
+
+
+def record_prediction(key: str, value, directory: Path | None = None) -> dict:
+    """Store the reader's prediction for ``key`` (the input's callback; a notebook may call it too):
+    a number or its text ("13.7 ms") for a number question, one of the choices for a choice.
+    Returns the stored entry.
+
+    Raises:
+        KeyError: no ``predict(key, ...)`` has run in this notebook's results folder.
+        ValueError: ``value`` is not a number of the question's unit, or not one of its choices; the
+            message says what to type.
+    """
+    path = predictions_path(directory=directory)
+    entries = _read(path)
+    if key not in entries:
+        raise KeyError(f"no question {key!r} in {path}: run its predict(...) cell first")
+    entry = entries[key]
+    if entry.get("choices") is not None:
+        value = _check_choice(value, entry["choices"], "your prediction")
+    elif isinstance(value, str):
+        value = parse_number(value, entry.get("unit", ""))
+    else:
+        value = _number(value, "your prediction")
+    entry |= {"prediction": value, "source": READER, "predicted_at": now_utc()}
+    entry["after_measurement"] = entry.get("measured") is not None
+    _write(path, entries)
+    return entry
+
+
+def can_type() -> bool:
+    """Whether a reader can type a prediction here: a notebook kernel with ipywidgets, not in smoke
+    mode, not a run without a reader (``MINIENG_HEADLESS``, which the course runner sets)."""
+    if smoke_mode() or os.environ.get(HEADLESS_ENV, "").lower() not in ("", "0", "false", "no"):
+        return False
+    return _in_kernel()
+
+
+def _why_no_reader() -> str:
+    if smoke_mode():
+        return "smoke mode (MINIENG_SMOKE=1)"
+    if os.environ.get(HEADLESS_ENV, "").lower() not in ("", "0", "false", "no"):
+        return f"a run without a reader ({HEADLESS_ENV}=1: the course runner)"
+    return "no notebook kernel to type in"
+
+
+def _input_widget(key: str, entry: dict, directory: Path | None):
+    """The input of ``prediction_input``: the question, a text box with its unit (or the choices) and
+    a Store button, and a status line that says what was stored or why a value was refused."""
+    import ipywidgets as w  # lazy: the notebooks extra's
+
+    unit = entry["unit"]
+    question = w.HTML(f"<b>Your prediction.</b> {html.escape(entry['question'])}")
+    status = w.HTML()
+
+    def stored(e: dict) -> str:
+        late = " (typed after the measurement)" if e.get("after_measurement") else ""
+        return (
+            f"<i>stored: <b>{html.escape(format_value(e['prediction'], unit))}</b> at {e['predicted_at']}{late}; "
+            "run the next cells to measure it</i>"
+        )
+
+    def refused(message: str) -> str:
+        return f"<span style='color:#b00'>not stored: {html.escape(message)}</span>"
+
+    if entry["choices"] is not None:
+        control = w.RadioButtons(options=entry["choices"], value=entry["prediction"], description="")
+
+        def on_choice(change):
+            if change["new"] is not None:
+                status.value = stored(record_prediction(key, change["new"], directory))
+
+        control.observe(on_choice, names="value")
+        row = control
+    else:
+        typed = "" if entry["prediction"] is None else f"{entry['prediction']:.10g}"
+        control = w.Text(value=typed, placeholder="a number", continuous_update=False, description="")
+        store = w.Button(description="Store")
+
+        def on_text(_=None):
+            try:
+                status.value = stored(record_prediction(key, control.value, directory))
+            except ValueError as e:
+                status.value = refused(str(e))
+
+        control.observe(on_text, names="value")
+        store.on_click(on_text)
+        row = w.HBox([control, w.Label(unit), store])
+    if entry["prediction"] is not None:
+        status.value = stored(entry)
+    else:
+        how = "pick one" if entry["choices"] is not None else "type a number and press Enter"
+        status.value = f"<i>{how} before you run the measurement below</i>"
+    box = w.VBox([question, row, status])
+    box.control, box.status = control, status
+    return box
+
+
+def prediction_input(key: str, question: str, *, napkin, unit: str = "", choices=None, directory: Path | None = None):
+    """The input ``predict`` shows in a notebook (an ipywidgets ``VBox``), for a test or a panel:
+    ``box.control`` is the text box (or the ``RadioButtons`` of the choices), ``box.status`` the
+    status line. The question is stored as ``predict`` stores it; a reader's earlier value fills the box."""
+    _, entry = _ask(key, question, unit, napkin, choices, directory)
+    return _input_widget(key, entry, directory)
+
+
+def predict(key: str, question: str, *, napkin, unit: str = "", choices=None, directory: Path | None = None) -> None:
+    """Ask the reader for a prediction before a measurement, and store it (module docstring).
+
+    Args:
+        key: the prediction's name, unique in its notebook ("ttft_vs_tpot"); ``score`` uses it.
+        question: what the reader predicts, in one sentence.
+        napkin: the napkin model's value (a number in ``unit``, or one of ``choices``): what
+            ``score`` shows beside the measurement, and the prediction where nobody can type.
+        unit: the number's unit ("ms", "x", "%", "tokens"); a typed value may end with it.
+        choices: the answers of a choice question (two or more); None for a number.
+        directory: the results folder (default ``kit.cached``'s).
+    In a notebook kernel it shows the input (``prediction_input``); elsewhere, and in smoke mode or
+    under the course runner, it prints the question and stores the napkin value as the prediction
+    (a value the reader typed earlier is kept).
+
+    Raises:
+        ValueError: an empty key or question, a napkin value that is not a finite number (or not one
+            of ``choices``), fewer than two distinct choices.
+    """
+    path, entry = _ask(key, question, unit, napkin, choices, directory)
+    if can_type():
+        from IPython.display import display  # lazy: IPython is there only in a kernel
+
+        display(_input_widget(key, entry, directory))
+        return
+    print(f"Predict: {entry['question']}")
+    if entry["source"] == READER:
+        print(
+            f"  (your prediction typed at {entry['predicted_at']} is kept: {format_value(entry['prediction'], unit)})"
+        )
+        return
+    entries = _read(path)
+    entries[key] |= {"prediction": entry["napkin"], "source": NAPKIN, "predicted_at": now_utc()}
+    _write(path, entries)
+    print(
+        f"  ({_why_no_reader()}: nobody types here, so the prediction is the napkin model's value, "
+        f"{format_value(entry['napkin'], unit)}; in Jupyter you type your own)"
+    )
+
+
+@dataclass(frozen=True)
+class Score:
+    """A prediction set beside its measurement (``score_prediction``).
+
+    Attributes:
+        key, question, unit, choices: the question's (``predict``'s).
+        prediction: the reader's value (or the napkin's, ``source`` "napkin"); None when none was
+            stored before the measurement.
+        source: "reader", "napkin" or None.
+        measured: the measurement (a number in ``unit``, or one of ``choices``).
+        napkin: the napkin model's value.
+        ratio: measured / prediction (numbers, both > 0; else None).
+        napkin_ratio: measured / napkin (numbers, both > 0; else None).
+        right: the choice was right (choices; else None). ``napkin_right`` likewise for the napkin.
+        why: one line on why the napkin value and the measurement differ.
+        after_measurement: the prediction was typed after an earlier measurement was shown.
+    """
+
+    key: str
+    question: str
+    unit: str
+    choices: list[str] | None
+    prediction: float | str | None
+    source: str | None
+    measured: float | str
+    napkin: float | str
+    ratio: float | None
+    napkin_ratio: float | None
+    right: bool | None
+    napkin_right: bool | None
+    why: str
+    after_measurement: bool = False
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(what, value, reading) rows: the prediction, the measurement against it, the napkin value."""
+        unit = self.unit
+        if self.prediction is None:
+            yours = ("your prediction", "none", "none was stored before the measurement ran")
+        elif self.source == NAPKIN:
+            yours = (
+                "prediction",
+                format_value(self.prediction, unit),
+                "the napkin model's value, filled in: nobody typed",
+            )
+        else:
+            late = " (typed after an earlier measurement was shown)" if self.after_measurement else ""
+            yours = ("your prediction", format_value(self.prediction, unit), "typed before the measurement" + late)
+        if self.prediction is None:
+            against = "nothing to score"
+        elif self.choices is not None:
+            against = "right" if self.right else f"wrong: you predicted {self.prediction}"
+        else:
+            mine = "the prediction" if self.source == NAPKIN else "your prediction"
+            against = _against(self.measured, self.prediction, self.ratio, unit, mine)
+        if self.choices is not None:
+            napkin = "right" if self.napkin_right else "wrong"
+        else:
+            napkin = _against(self.measured, self.napkin, self.napkin_ratio, unit, "the napkin value")
+        return [
+            yours,
+            ("measured", format_value(self.measured, unit), against),
+            ("napkin model", format_value(self.napkin, unit), f"{napkin}. Why: {self.why}"),
+        ]
+
+    def markdown(self) -> str:
+        lines = [f"**Prediction scored.** {self.question}", "", "| | value | |", "| --- | --- | --- |"]
+        lines += [f"| {a} | {b} | {c} |" for a, b, c in self.rows()]
+        return "\n".join(lines)
+
+    def text(self) -> str:
+        rows = self.rows()
+        width = max(len(a) for a, _, _ in rows)
+        vwidth = max(len(b) for _, b, _ in rows)
+        return "\n".join(
+            [f"Prediction scored: {self.question}"] + [f"  {a:<{width}}  {b:>{vwidth}}  {c}" for a, b, c in rows]
+        )
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown()
+
+
+def _against(measured, predicted, ratio: float | None, unit: str, what: str) -> str:
+    """The measurement against a predicted number, in words: the ratio and how close, or the
+    difference where a ratio means nothing (a value <= 0)."""
+    if ratio is None:
+        return f"measured is {format_value(measured - predicted, unit)} from {what}"
+    off = max(ratio, 1 / ratio)
+    if off <= CLOSE_RATIO:
+        how = f"close (within {100 * (CLOSE_RATIO - 1):.0f}%)"
+    elif off <= 2:
+        how = "within 2x"
+    else:
+        how = f"{off:,.1f}x off"
+    return f"measured is {ratio:.3g}x {what} ({how})"
+
+
+def _ratio(measured, predicted) -> float | None:
+    if not (_is_number(measured) and _is_number(predicted)) or measured <= 0 or predicted <= 0:
+        return None
+    return measured / predicted
+
+
+DEFAULT_WHY = {
+    "number": "the napkin model is the roofline's floor from FLOPs and bytes at the peaks; kernel launches, "
+    "kernels below the peaks and the host between them are what it leaves out",
+    "choice": "the napkin model reasons from FLOPs and bytes alone",
+}
+
+
+def score_prediction(key: str, measured, why: str = "", directory: Path | None = None) -> Score:
+    """Score ``key``'s stored prediction against ``measured`` and store the score beside it; returns
+    the ``Score`` (``score`` shows it). ``why``: one line on why the napkin value and the measurement
+    differ (a generic line when empty).
+
+    Raises:
+        KeyError: no ``predict(key, ...)`` has run in this notebook's results folder.
+        ValueError: ``measured`` is not a finite number (a number question) or not one of the choices.
+    """
+    path = predictions_path(directory=directory)
+    entries = _read(path)
+    if key not in entries:
+        raise KeyError(f"no prediction {key!r} in {path}: run its predict(...) cell before the measurement")
+    e = entries[key]
+    choices = e.get("choices")
+    if choices is not None:
+        measured = _check_choice(str(measured), choices, f"score({key!r}): measured")
+    else:
+        measured = _number(measured, f"score({key!r}): measured")
+    why = (why or DEFAULT_WHY["choice" if choices is not None else "number"]).strip()
+    prediction, napkin = e.get("prediction"), e["napkin"]
+    result = Score(
+        key=key,
+        question=e["question"],
+        unit=e.get("unit", ""),
+        choices=choices,
+        prediction=prediction,
+        source=e.get("source") if prediction is not None else None,
+        measured=measured,
+        napkin=napkin,
+        ratio=None if choices is not None else _ratio(measured, prediction),
+        napkin_ratio=None if choices is not None else _ratio(measured, napkin),
+        right=None if choices is None or prediction is None else prediction == measured,
+        napkin_right=None if choices is None else napkin == measured,
+        why=why,
+        after_measurement=bool(e.get("after_measurement")),
+    )
+    e |= {
+        "measured": measured,
+        "ratio": result.ratio,
+        "napkin_ratio": result.napkin_ratio,
+        "right": result.right,
+        "napkin_right": result.napkin_right,
+        "why": why,
+        "scored_at": now_utc(),
+        "after_measurement": False,
+    }
+    _write(path, entries)
+    return result
+
+
+def score(key: str, measured, why: str = "", directory: Path | None = None) -> None:
+    """After a measurement, show ``key``'s prediction against it and the napkin value with ``why``
+    (one line on why the napkin and the measurement differ), and store the score
+    (``score_prediction``, whose errors it raises). Displays Markdown in a kernel, prints elsewhere."""
+    result = score_prediction(key, measured, why, directory)
+    if _in_kernel():
+        from IPython.display import Markdown, display  # lazy: IPython is there only in a kernel
+
+        display(Markdown(result.markdown()))
+    else:
+        print(result.text())
+
+
+def load_predictions(directory: Path | None = None, since: str | None = None) -> dict[str, list[dict]]:
+    """Every notebook's predictions in the results folder: {notebook: [entry, ...]} in the order they
+    were asked, each entry with its ``key``. ``since``: only questions asked at or after this time
+    (``now_utc``'s format), so a run's index leaves out what an earlier run left in the folder."""
+    found = {}
+    for path in sorted(_results_dir(directory).glob(f"{FILE_PREFIX}*.json")):
+        rows = [
+            {"key": key, **entry}
+            for key, entry in _read(path).items()
+            if isinstance(entry, dict) and (since is None or str(entry.get("asked_at", "")) >= since)
+        ]
+        if rows:
+            found[path.stem.removeprefix(FILE_PREFIX)] = rows
+    return found
+
+
+def entry_cells(entry: dict) -> tuple[str, str, str, str]:
+    """A stored entry as text: (prediction with who made it, measured, napkin value, score)."""
+    unit = entry.get("unit", "")
+    prediction = format_value(entry.get("prediction"), unit)
+    if entry.get("source") == NAPKIN:
+        prediction += " (the napkin value: nobody typed)"
+    elif entry.get("after_measurement"):
+        prediction += " (typed after the measurement)"
+    measured = entry.get("measured")
+    if measured is None:
+        return prediction, "not measured", format_value(entry.get("napkin"), unit), ""
+    if entry.get("choices") is not None:
+        verdict = "" if entry.get("right") is None else ("right" if entry["right"] else "wrong")
+        napkin_verdict = "napkin right" if entry.get("napkin_right") else "napkin wrong"
+        verdict = f"{verdict}; {napkin_verdict}" if verdict else napkin_verdict
+    else:
+        ratio, napkin_ratio = entry.get("ratio"), entry.get("napkin_ratio")
+        verdict = "; ".join(
+            [f"measured / prediction {ratio:.3g}x"] * (ratio is not None)
+            + [f"measured / napkin {napkin_ratio:.3g}x"] * (napkin_ratio is not None)
+        )
+    return prediction, format_value(measured, unit), format_value(entry.get("napkin"), unit), verdict
+
+
+def napkin_here(
+    model_config,
+    ceilings,
+    dtype,
+    batch_size: int = 1,
+    prompt_tokens: int = 1,
+    context_tokens: int = 0,
+    price_per_device_hour: float | None = None,
+) -> NapkinEstimate:
+    """``measure.napkin.napkin_estimate`` of a model on this machine: its measured ceilings
+    (``ceilings``, a ``ceilings.Ceilings``, e.g. a notebook's ``machine_ceilings()``) and memory.
+
+    Args:
+        model_config: the model's ``ModelConfig`` (``engine.model_config``).
+        dtype: the engine's dtype (``torch.float32``, "float32") or a ``NAPKIN_DTYPES`` name ("fp32").
+        batch_size, prompt_tokens, context_tokens, price_per_device_hour: ``napkin_estimate``'s.
+    Returns:
+        the ``NapkinEstimate``: ``ttft_floor_s``, ``tpot_floor_s``, ``prefill_tok_s_at_floor``, ...
+    """
+    name = str(dtype).removeprefix("torch.")
+    spec = this_machine_device(ceilings) or measured_device(ceilings.peak, UNKNOWN_MEMORY_BYTES, ceilings.dtype)
+    return napkin_estimate(
+        model_config,
+        spec,
+        TORCH_DTYPE_NAMES.get(name, name),
+        batch_size,
+        prompt_tokens,
+        context_tokens,
+        price_per_device_hour,
+        model_config.model_type,
+    )
