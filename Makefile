@@ -33,13 +33,18 @@ setup: $(VENV)/.installed
 run bench: setup
 	$(BIN)/python -m minieng bench
 
-# The linters (ruff; lint-imports: the layers and no import cycles), the test suite, then every
-# notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them) by
-# the course runner: each notebook in a kernel of its own, two at a time, its replies awaited in 1 s
-# slices (under nbmake, a missed ZeroMQ wake-up left a kernel idle for minutes). Executed copies,
-# their index.html and cached results go to TEST_NOTEBOOKS_OUT (replaced at each run), never into
-# notebooks/; a notebook that fails or runs past NOTEBOOK_TIMEOUT seconds fails the command, and
-# the rest still run.
+# The linters (ruff check: pyflakes and pycodestyle's errors; ruff format --check: one format, line
+# length 120; lint-imports: the layers of docs/architecture.md, and no import cycles), the test
+# suite, then every notebook top to bottom in smoke mode (MINIENG_SMOKE=1 shrinks them); each phase
+# prints its wall time. The suite runs in PYTEST_WORKERS processes (pytest-xdist), each file's tests
+# in one of them (a module's fixtures are built once), the slowest files first, each process with
+# its share of torch threads (tests/conftest.py). The notebooks run by the course runner: each
+# notebook in a kernel of its own, two at a time, its replies awaited in 1 s slices (under nbmake,
+# a missed ZeroMQ wake-up left a kernel idle for minutes). Executed copies, their index.html and
+# cached results go to TEST_NOTEBOOKS_OUT (replaced at each run), never into notebooks/; a notebook
+# that fails or runs past NOTEBOOK_TIMEOUT seconds fails the command, and the rest still run.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?= -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 NOTEBOOKS ?= notebooks
 NOTEBOOK_JOBS ?= 2
 NOTEBOOK_TIMEOUT ?= 600
@@ -48,17 +53,21 @@ TEST_NOTEBOOKS_OUT ?= build/test-notebooks
 # weights (load_format="dummy", text from the embedded model) instead of the embedded model itself.
 GPU_BRANCH_MODEL ?= SmolLM2-135M
 GPU_BRANCH_NOTEBOOKS ?= 01,03,08
+# Two kernels of 2 torch threads on 2 cores: OpenMP's idle threads must sleep (PASSIVE), not spin
+# at their barriers while the other kernel holds the core (spinning, the notebooks took 3.7x longer).
+NOTEBOOK_ENV ?= OMP_WAIT_POLICY=PASSIVE
+
+# $(call timed,PHASE,COMMANDS): COMMANDS, echoed, then PHASE's wall time; their exit status is kept.
+timed = echo '+ $(2)'; t=$$(date +%s); ( $(2) ); rc=$$?; echo "make test: $(1) took $$(($$(date +%s) - t)) s"; exit $$rc
 
 test: setup
-	$(BIN)/ruff check  # lint: pyflakes and pycodestyle's errors (pyproject.toml)
-	$(BIN)/ruff format --check  # one format, line length 120
-	$(BIN)/lint-imports  # the layers of docs/architecture.md, and no import cycles
-	MINIENG_SMOKE=1 $(BIN)/python -m pytest -q tests
-	$(MAKE) --no-print-directory test-notebooks
+	@$(call timed,lint,$(BIN)/ruff check && $(BIN)/ruff format --check && $(BIN)/lint-imports)
+	@$(call timed,tests,MINIENG_SMOKE=1 $(BIN)/python -m pytest $(PYTEST_ARGS) tests)
+	@$(call timed,notebooks,$(MAKE) --no-print-directory test-notebooks)
 
 test-notebooks: setup
 	rm -rf $(TEST_NOTEBOOKS_OUT)
-	$(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output $(TEST_NOTEBOOKS_OUT) \
+	$(NOTEBOOK_ENV) $(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output $(TEST_NOTEBOOKS_OUT) \
 	  --jobs $(NOTEBOOK_JOBS) --timeout $(NOTEBOOK_TIMEOUT) --model $(GPU_BRANCH_MODEL) --model-only $(GPU_BRANCH_NOTEBOOKS)
 
 # The whole course in full mode: every notebook executed, as HTML in course-output/ with an index

@@ -25,9 +25,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 _RESULTS = tempfile.mkdtemp(prefix="minieng-test-results-")
 os.environ["MINIENG_RESULTS_DIR"] = _RESULTS
 atexit.register(shutil.rmtree, _RESULTS, ignore_errors=True)
+# OpenMP's idle threads sleep instead of spinning (read when torch loads, and by every process the
+# tests start): on a shared machine a spinning thread holds a core another process needs, and a
+# 32-token generate on 2 threads took 8-36 s against 1.5 s with them sleeping.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# Under pytest-xdist (``pytest -n 2``) each worker takes its share of the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    from minieng.device import usable_cores
+
+    torch.set_num_threads(max(1, usable_cores() // _WORKERS))
 
 # Triton kernels run on CPU tensors only under Triton's interpreter, which must be switched on
 # before triton is first imported (torch._dynamo imports it; tests/helpers.py imports that).
@@ -46,7 +57,40 @@ def default_model_missing() -> str | None:
     return None
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, the controller fills the model cache (``$MINIENG_CACHE_DIR``) before the
+    workers start: the embedded model's one-off conversion and every published shape's folder.
+    Two workers filling it at once would each replace the other's folder while it is being read."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    from minieng.config import PUBLISHED_SHAPES
+    from minieng.model import loader
+
+    if default_model_missing() is None:
+        loader.convert_gguf(loader.default_gguf_path())
+        for name in PUBLISHED_SHAPES:
+            loader.shape_dir(name)
+
+
+# The files that take longest (40 s or more each on a 2-core machine): under pytest-xdist with
+# ``--dist loadfile --no-loadscope-reorder`` (make test) they are handed out first, so no worker is
+# left running one of them while the other has finished everything else.
+SLOWEST_FILES = (
+    "tests/engine/test_tensor_parallel.py",
+    "tests/engine/test_speculative_decoding.py",
+    "tests/serve/test_server.py",
+    "tests/course/test_browser.py",
+    "tests/model/test_llama.py",
+    "tests/engine/test_invariance.py",
+    "tests/cli/test_cli.py",
+    "tests/course/test_runner.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders its collection the same way
+        first = {path: rank for rank, path in enumerate(SLOWEST_FILES)}
+        items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable: files stay whole
     reason = None
     if any(item.get_closest_marker("real_model") for item in items):
         reason = default_model_missing()

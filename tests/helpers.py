@@ -130,6 +130,20 @@ def hf_greedy(hf_model, prompt: Seq[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@torch.no_grad()
+def hf_greedy_batch(hf_model, prompts: Seq[Seq[int]], max_new_tokens: int) -> list[list[int]]:
+    """``hf_greedy`` of several prompts in one ``generate`` call: left-padded (id 0, masked out),
+    as transformers batches a decoder. A prompt's tokens equal ``hf_greedy``'s up to fp32 rounding
+    (the padded batch's products round differently), a few times faster than one call per prompt."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = hf_model.generate(
+        ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, attention_mask=mask
+    )
+    return out[:, width:].tolist()
+
+
 def chat_ids(tokenizer, text: str) -> list[int]:
     """A user turn through the chat template, generation prompt added, as a list of ids."""
     return chat_token_ids(tokenizer, text)

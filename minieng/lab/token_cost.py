@@ -19,6 +19,7 @@ missing.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,7 +27,7 @@ from dataclasses import replace
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.probes import minieng_decode, minieng_prefill, warm_up
 from minieng.lab.quantization import device_schemes
-from minieng.measure.energy import DEFAULT_IDLE_S, EnergyMeter
+from minieng.measure.energy import DEFAULT_IDLE_S, EnergyMeter, EnergyReading
 from minieng.measure.token_cost import (
     cost_per_million_tokens,
     cost_per_thousand_requests,
@@ -54,6 +55,28 @@ def _timed(fn, *args) -> float:
 def _runs(times: int, fn, *args) -> None:
     for _ in range(times):
         fn(*args)
+
+
+def _decode_seconds_per_step(times: int, engine: LLMEngine, prompts: list[list[int]], output_tokens: int) -> float:
+    """Run the batch's decode ``times`` times; the median duration of its decode-only steps (s), from
+    the engine's step records: a slow prefill or a stall between runs does not move it."""
+    steps = []
+    for _ in range(times):
+        steps += minieng_decode(engine, prompts, output_tokens)[1]
+    return statistics.median(s.duration_s for s in steps)
+
+
+def _decode_reading(full: EnergyReading, short: EnergyReading, step_seconds: float) -> EnergyReading:
+    """The decode tokens' interval: the ``full`` runs less their 2-token twins (``short``), the
+    prefill both share taken out, so joules and seconds come from one interval. Where noise makes
+    that difference empty (a loaded machine stalled the short runs), the seconds are
+    ``step_seconds`` (the decode steps' own time, from the step records) and the joules None, with
+    the reason: the throughput is still measured."""
+    energy = full.minus(short)
+    if energy.seconds > 0:
+        return energy
+    why = "noise: the n-token runs took no longer than their 2-token twins, so their difference is not the decode's"
+    return replace(energy, joules=None, seconds=step_seconds, reason=why)
 
 
 def measure_token_cost(
@@ -91,8 +114,11 @@ def measure_token_cost(
         ``j_per_token_above_idle``, ``kwh_per_mtok``, ``cost_per_mtok``) plus ``repeats``, the
         reading (``energy``) and, for decode rows, ``j_per_token_vs_prefill_x``,
         ``j_per_token_above_idle_vs_prefill_x`` and ``cost_vs_prefill_x`` (None where unmeasured).
+    Decode is the n-token runs less their 2-token twins (joules and seconds of one interval); where
+    a loaded machine's noise makes that difference empty, its seconds are the decode steps' own (the
+    median decode-only step from the engine's step records, x the steps counted) and its joules None,
+    with the reason.
     Raises:
-        RuntimeError: a decode run no longer than its 2-token twin (timing noise above the work).
         ValueError: ``output_tokens < 4``, a batch above ``max_num_seqs``, a batch whose sequences do
             not fit the KV pool together, or a prompt longer than the model's context.
     """
@@ -134,15 +160,9 @@ def measure_token_cost(
                 prompts = text_prompts(tok, decode_prompt_tokens, b)
                 once = _timed(minieng_decode, engine, prompts, output_tokens)
                 reps = _repeats(once, measurable, min_interval_s, max_repeats)
-                _, full = meter.measure(_runs, reps, minieng_decode, engine, prompts, output_tokens)
+                decode_s, full = meter.measure(_decode_seconds_per_step, reps, engine, prompts, output_tokens)
                 _, short = meter.measure(_runs, reps, minieng_decode, engine, prompts, 2)
-                reading = full.minus(short)
-                if reading.seconds <= 0:
-                    raise RuntimeError(
-                        f"decode batch {b}: {output_tokens} tokens took no longer than 2 ({full.seconds:.3f} s vs "
-                        f"{short.seconds:.3f} s): the machine's timing noise exceeds the decode work; raise "
-                        "output_tokens or min_interval_s"
-                    )
+                reading = _decode_reading(full, short, decode_s * reps * (output_tokens - 2))
                 row = phase_cost("decode", b, reps * b * (output_tokens - 2), reading, price).to_dict()
                 rows.append(
                     row

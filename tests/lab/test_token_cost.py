@@ -3,6 +3,8 @@ this machine's own (here: no RAPL), its tables, and the bench's line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from helpers import make_engine
 
@@ -207,3 +209,21 @@ def test_the_bench_prints_joules_per_token_or_why_not():
     text = format_table(base | {"token_cost": cost})
     assert "What a token costs on cuda" in text and "120x the joules of a prefill token at batch 1" in text
     assert "prefill 512-token prompt" in text
+
+
+def test_a_noisy_machine_still_gets_a_decode_throughput(worded, monkeypatch):
+    """When the 2-token twins take longer than the n-token runs (a loaded machine stalled them), the
+    decode row keeps a throughput from its steps' own time and says why it has no joules."""
+    import minieng.lab.token_cost as token_cost
+
+    real = token_cost._decode_reading
+
+    def stalled(full, short, step_seconds):
+        return real(full, replace(short, seconds=full.seconds + 5.0), step_seconds)
+
+    monkeypatch.setattr(token_cost, "_decode_reading", stalled)
+    engine = make_engine(worded)
+    result = measure_token_cost(engine, meter=SteadyMeter(), min_interval_s=0.0, **SMALL)
+    for r in result["rows"][1:]:
+        assert r["tok_s"] > 0 and r["seconds"] > 0
+        assert r["joules"] is None and "noise" in r["energy"]["reason"]
