@@ -53,9 +53,6 @@ TEST_NOTEBOOKS_OUT ?= build/test-notebooks
 # weights (load_format="dummy", text from the embedded model) instead of the embedded model itself.
 GPU_BRANCH_MODEL ?= SmolLM2-135M
 GPU_BRANCH_NOTEBOOKS ?= 01,03,08
-# Two kernels of 2 torch threads on 2 cores: OpenMP's idle threads must sleep (PASSIVE), not spin
-# at their barriers while the other kernel holds the core (spinning, the notebooks took 3.7x longer).
-NOTEBOOK_ENV ?= OMP_WAIT_POLICY=PASSIVE
 
 # $(call timed,PHASE,COMMANDS): COMMANDS, echoed, then PHASE's wall time; their exit status is kept.
 timed = echo '+ $(2)'; t=$$(date +%s); ( $(2) ); rc=$$?; echo "make test: $(1) took $$(($$(date +%s) - t)) s"; exit $$rc
@@ -67,7 +64,7 @@ test: setup
 
 test-notebooks: setup
 	rm -rf $(TEST_NOTEBOOKS_OUT)
-	$(NOTEBOOK_ENV) $(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output $(TEST_NOTEBOOKS_OUT) \
+	$(BIN)/python -m minieng course --smoke --notebooks $(NOTEBOOKS) --output $(TEST_NOTEBOOKS_OUT) \
 	  --jobs $(NOTEBOOK_JOBS) --timeout $(NOTEBOOK_TIMEOUT) --model $(GPU_BRANCH_MODEL) --model-only $(GPU_BRANCH_NOTEBOOKS)
 
 # The whole course in full mode: every notebook executed, as HTML in course-output/ with an index

@@ -324,3 +324,16 @@ def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
     page = (tmp_path / "out" / "03_predicts.html").read_text()
     assert "nobody types here" in page and "Prediction scored." in page
     assert "03 ratio: predicted 30x" in report(summary)
+
+
+@pytest.mark.parametrize("jobs, policy", [("1", "None"), ("2", "PASSIVE")])
+def test_kernels_side_by_side_let_openmp_sleep(tmp_path, monkeypatch, jobs, policy):
+    """Two kernels on two cores: OpenMP's idle threads must not spin on a core the other needs."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder, "00_a.ipynb", "import os\nprint('policy:', os.environ.get('OMP_WAIT_POLICY'))")
+    out = tmp_path / "out"
+    assert cli.main(["course", "--notebooks", str(folder), "--output", str(out), "--smoke", "--jobs", jobs]) == 0
+    printed = nbformat.read(out / "00_a.ipynb", as_version=4).cells[0].outputs[0]["text"]
+    assert printed == f"policy: {policy}\n"
