@@ -386,7 +386,7 @@ def index_html(summary: dict) -> str:
         for p in rows
     )
     predictions = (
-        "<h2>Your predictions beside the measurements</h2>\n<p>Each prediction a notebook asked for, stored before "
+        "<h2>Predictions beside the measurements</h2>\n<p>Each prediction a notebook asked for, stored before "
         "its measurement ran, and the napkin model's value. Nobody types in this run: a prediction is the napkin "
         "value unless you typed one in Jupyter into this results folder before.</p>\n<table><tr><th>notebook</th><th>question</th>"
         "<th>prediction</th><th>measured</th><th>napkin model</th><th>score</th></tr>"

@@ -30,9 +30,9 @@ def check_engine(
     max_model_len = check_max_model_len(config.max_model_len, max_position)
     check_attention_backend(config, model_config, device)
     check_tensor_parallel_engine(config, model_config, device, loaded)
-    if loaded is None:  # a model to load here: will it and its pool fit?
-        check_fits_before_loading(config, model_config, dtype, device)
     check_engine_quantization(config, model_config, device, dtype)
+    if loaded is None:  # a model to load here: will it and its pool fit? (last: memory is the one to tune)
+        check_fits_before_loading(config, model_config, dtype, device)
     return max_model_len
 
 

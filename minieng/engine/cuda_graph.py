@@ -251,7 +251,7 @@ def capture_decode_graphs(
 
     ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
     decoding every verification width 2 .. k + 1 (experiments lower k at run time).
-    ``max_gather_tokens``: the decode's gather budget (``memory_plan.gather_budget_tokens``): a
+    ``max_gather_tokens``: the decode's gather budget (``kv_sizing.gather_budget_tokens``): a
     bucket gathers batch x width x block_size tokens of K/V per layer (and holds them in the
     graphs' pool), so the scratch and the warm-up beside it fit the memory the KV sizing left out.
     """

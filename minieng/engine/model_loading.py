@@ -14,7 +14,7 @@ import torch
 
 from minieng.config import EngineConfig
 from minieng.device import select_device, select_dtype
-from minieng.engine.config_checks import check_engine
+from minieng.engine.config_checks import check_attention_backend, check_engine
 from minieng.engine.workers import Workers, closing_on_error
 from minieng.model.llama import LlamaForCausalLM
 from minieng.model.loader import LoadedModel, check_same_tokenizer, load_config, load_model
@@ -56,11 +56,11 @@ def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) 
     (``device.select_device``/``select_dtype``; a given model's own). Raises ``ValueError`` for what
     cannot run or fit (``config_checks``, ``memory_plan.MemoryPlan.check``), before any weight loads;
     ``workers.WorkerError`` for a worker that fails. Workers that started are closed on any failure."""
-    if loaded is None:
-        resolved = load_config(config.model)
-        model_config, max_position = resolved[2], resolved[2].max_position_embeddings
+    if loaded is None:  # device and dtype first: a bad one fails before any download or conversion
         device = select_device(config.device)
         dtype = select_dtype(config.dtype, device)
+        resolved = load_config(config.model)
+        model_config, max_position = resolved[2], resolved[2].max_position_embeddings
     else:
         param = next(loaded.model.parameters())
         device, dtype = param.device, param.dtype
@@ -125,7 +125,8 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
     model of the same family, or the target's own weights, on the target's device and dtype,
     quantized with ``draft_quantization`` (``quantization.quantize_model``, the layers the
     engine's ``quantization`` uses). Raises ``ValueError`` for a draft whose vocabulary or
-    tokenizer differs from the target's, or a scheme the device does not run."""
+    tokenizer differs from the target's, whose head_dim ``attention_backend`` does not take, or a
+    scheme the device does not run."""
     if config.speculative_method != "draft":
         return None
     if config.draft_model is None:
@@ -134,6 +135,7 @@ def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
         param = next(target.model.parameters())
         draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
         check_same_tokenizer(target, draft)
+        check_attention_backend(config, draft.model.config, param.device)  # the draft's steps use it too
     if config.draft_quantization is not None:
         return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
     return draft.model

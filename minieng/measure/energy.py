@@ -258,19 +258,24 @@ class EnergyMeter:
         self.stop()
 
     def start(self) -> EnergyMeter:
-        """Find a source and read the idle power (``idle_s`` of sleep)."""
+        """Find a source and read the idle power (``idle_s`` of sleep). Whatever interrupts it (an
+        NVML error, Ctrl-C in the idle sleep) stops the sampling thread before it propagates."""
         self.source, self.reason = None, None
-        if self.device.type == "cuda":
-            self._open_nvml()
-        elif self.device.type == "cpu":
-            self._zones, self.reason = rapl_zones(self.powercap)
-            if self._zones:
-                self.source, self.domains = "rapl", [z.name for z in self._zones]
-        else:
-            self.reason = f"no energy source for a {self.device.type} device (NVML covers NVIDIA GPUs, RAPL CPUs)"
-        if self.source is not None and self.idle_s > 0:
-            _, idle = self.measure(_sleep, self.idle_s)
-            self.idle_watts = idle.mean_watts
+        try:
+            if self.device.type == "cuda":
+                self._open_nvml()
+            elif self.device.type == "cpu":
+                self._zones, self.reason = rapl_zones(self.powercap)
+                if self._zones:
+                    self.source, self.domains = "rapl", [z.name for z in self._zones]
+            else:
+                self.reason = f"no energy source for a {self.device.type} device (NVML covers NVIDIA GPUs, RAPL CPUs)"
+            if self.source is not None and self.idle_s > 0:
+                _, idle = self.measure(_sleep, self.idle_s)
+                self.idle_watts = idle.mean_watts
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -315,7 +315,7 @@ def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
     assert json.loads((tmp_path / "out" / "course.json").read_text())["predictions"] == summary["predictions"]
 
     index = (tmp_path / "out" / "index.html").read_text()
-    assert "Your predictions beside the measurements" in index
+    assert "Predictions beside the measurements" in index
     assert "How many times faster is prefill per token?" in index and "30x (the napkin value: nobody typed)" in index
     assert "<td>12x</td>" in index and "measured / napkin 0.4x" in index
     assert "What bounds batch-1 decode?" in index and "napkin right" in index
