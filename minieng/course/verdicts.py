@@ -78,7 +78,7 @@ ATTENTION_SMALL = 0.10  # below this FLOP share, the n^2 term is too small for a
 def s2_quadratic(quadratic_share: float | None, *, attention_share: float, prompt_tokens: int, noise) -> str:
     """S2: the fitted n² share of TTFT at the longest prompt (``fit_ttft``'s ``quadratic_share``; None
     or 0 when the fit found no significant n² term) against attention's share of that prefill's
-    FLOPs (``prefill_work``: 4·heads·head_dim per key per layer, DESIGN.md section 5). Fails when the
+    FLOPs (``prefill_work``: 4·heads·head_dim per key per layer, docs/architecture.md section 4). Fails when the
     formula says attention takes a real share (``ATTENTION_SMALL`` or more) and the timings find
     less than ``QUADRATIC_FOUND`` of it."""
 
@@ -129,8 +129,8 @@ def _ratio_noise(noise):
 
 
 def s3_bytes_ratio(tpot_ratio: float, *, bytes_ratio: float, scheme: str, noise) -> str:
-    """S3 through quantization: if a decode step costs its bytes / bandwidth (TPOT_min, DESIGN.md
-    section 5), a scheme's batch-1 TPOT over the float model's (``tpot_ratio``, measured within
+    """S3 through quantization: if a decode step costs its bytes / bandwidth (TPOT_min, docs/architecture.md
+    section 4), a scheme's batch-1 TPOT over the float model's (``tpot_ratio``, measured within
     rounds) follows the ratio of their decode steps' bytes (``bytes_ratio``, counted:
     ``flops_bytes.decode_work`` with the scheme's ``matmul_bytes``; exact).
 
@@ -569,7 +569,7 @@ def quantization_target(tpot_ratio: float | None, *, agreement: float | None, sc
 
 def greedy_lossless(spec_token_ids: list[int], plain_token_ids: list[int], *, dtype: str) -> str:
     """Beyond the articles (notebook 09): greedy speculative decoding emits the target's own greedy
-    tokens (DESIGN.md section 9: token for token in float32). ``dtype``: the target's; in a coarser
+    tokens (docs/architecture.md section 7: token for token in float32). ``dtype``: the target's; in a coarser
     one the verification's k + 1 rows round differently from a one-token step, so a near-tie may
     break the other way, and the verdict says so. Tokens, not timings: no noise band."""
     if spec_token_ids == plain_token_ids:
@@ -635,8 +635,8 @@ MISREADS_TTFT_X = 2.0
 
 def s15_total_latency(mean_ttft_s: float, mean_tpot_s: float, *, mean_output_tokens: float, noise) -> str:
     """S15: the mean of total latency / output tokens, the one number a stream-less client has,
-    against the TPOT and TTFT the stream gives. With E2EL = TTFT + (n - 1) TPOT (DESIGN.md section
-    4), latency per token = (TTFT + (n - 1) TPOT) / n. Holds (the single number misleads) when it
+    against the TPOT and TTFT the stream gives. With E2EL = TTFT + (n - 1) TPOT (docs/architecture.md section
+    3), latency per token = (TTFT + (n - 1) TPOT) / n. Holds (the single number misleads) when it
     reads TPOT ``MISREADS_TPOT`` or more off, or TTFT ``MISREADS_TTFT_X`` or more off."""
     n = mean_output_tokens
     if n < 2:

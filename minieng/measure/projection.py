@@ -2,7 +2,7 @@
 
 One device can measure only itself. What another GPU would do with the same model follows from two
 figures measured here and the other device's datasheet (``peaks.DATASHEET``: dense bf16/fp16 peak
-and memory bandwidth, DESIGN.md section 5), under one assumption: the phase keeps the efficiency it
+and memory bandwidth, docs/architecture.md section 4), under one assumption: the phase keeps the efficiency it
 reached here (its MFU or its MBU). Every row these functions return is a projection, and a lesson
 must label it so.
 

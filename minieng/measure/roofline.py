@@ -190,7 +190,7 @@ def phase_ratio_floor(
     at its compute floor (``prefill_flops`` / ``peak_flops``) against batch-1 decode at its bandwidth
     floor (``decode_bytes_per_step`` / ``bandwidth``, bytes/s), each in tokens per second:
     (prompt_tokens / prefill floor) / (1 / decode floor). Roughly the ridge point times the bytes
-    per parameter over 2: it grows with the device's ridge (DESIGN.md section 5)."""
+    per parameter over 2: it grows with the device's ridge (docs/architecture.md section 4)."""
     prefill_tok_s = prompt_tokens / prefill_floor_s(prefill_flops, peak_flops)
     decode_tok_s = 1 / tpot_floor_s(decode_bytes_per_step, bandwidth)
     return prefill_tok_s / decode_tok_s
