@@ -1,7 +1,10 @@
-"""Refusals before anything loads: an engine that cannot run says why, and what to change.
+"""The engine's refusals before anything loads: an engine that cannot run says why, and what to change.
 
 Each check raises ``ValueError`` naming the field and the way out; ``check_engine`` runs those that
-need only the config and the model's published shape, before any weight is read.
+need only the config and the model's published shape, before any weight is read: the context
+asked, what tensor parallelism does not run with and the devices it needs, then whether the model
+and its KV pool fit the memory. What the model itself cannot run (its attention kernel, its split,
+its schemes) is ``model/checks.py``'s, checked before these.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ from minieng.config import EngineConfig, ModelConfig
 from minieng.engine.kv_sizing import check_fits_before_loading
 from minieng.engine.workers import rank_devices
 from minieng.model.loader import LoadedModel
-from minieng.model.parallel import check_tensor_parallel
-from minieng.model.quantization import check_quantization
 
 
 def check_engine(
@@ -28,9 +29,7 @@ def check_engine(
     None: then also whether the model and a configured KV pool fit, ``kv_sizing.check_fits_before_loading``)
     and return the ``max_model_len`` asked, or the model's context (``max_position``)."""
     max_model_len = check_max_model_len(config.max_model_len, max_position)
-    check_attention_backend(config, model_config, device)
-    check_tensor_parallel_engine(config, model_config, device, loaded)
-    check_engine_quantization(config, model_config, device, dtype)
+    check_tensor_parallel_engine(config, device, loaded)
     if loaded is None:  # a model to load here: will it and its pool fit? (last: memory is the one to tune)
         check_fits_before_loading(config, model_config, dtype, device)
     return max_model_len
@@ -47,33 +46,10 @@ def check_max_model_len(asked: int | None, model_max: int) -> int:
     return asked
 
 
-def check_attention_backend(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> None:
-    """Refuse ``attention_backend="triton"`` where its kernel cannot run (``ValueError`` saying why):
-    no triton, a CPU without Triton's interpreter, or a head_dim the kernel does not take."""
-    if config.attention_backend != "triton":
-        return
-    from minieng.model import triton_attention as ta  # lazy: triton is optional and slow to import
-
-    d = model_config.head_dim
-    why = (
-        "triton is not installed (pip install triton)"
-        if not ta.TRITON_AVAILABLE
-        else "a CPU runs Triton kernels only under its interpreter (TRITON_INTERPRET=1 before triton is imported)"
-        if device.type == "cpu" and not ta.INTERPRETED
-        else f"the kernel takes a head_dim that is a power of two >= 16, not {d}"
-        if d < 16 or d & (d - 1)
-        else None
-    )
-    if why:
-        raise ValueError(f"attention_backend='triton': {why}; use attention_backend='sdpa'")
-
-
-def check_tensor_parallel_engine(
-    config: EngineConfig, model_config: ModelConfig, device: torch.device, loaded: LoadedModel | None
-) -> None:
+def check_tensor_parallel_engine(config: EngineConfig, device: torch.device, loaded: LoadedModel | None) -> None:
     """Refuse, before anything loads, a tensor-parallel engine minieng cannot build (``ValueError``
-    naming the numbers): more ranks than KV heads (``parallel.check_tensor_parallel``), or than
-    devices, or a feature the split does not run."""
+    naming the numbers): more ranks than devices (``workers.rank_devices``), or a feature the split
+    does not run. The model's own limit, a KV head per rank, is ``parallel.check_tensor_parallel``'s."""
     size = config.tensor_parallel_size
     if loaded is not None and loaded.model.tp.size > 1:
         raise ValueError(
@@ -81,7 +57,6 @@ def check_tensor_parallel_engine(
         )
     if size == 1:
         return
-    check_tensor_parallel(model_config, size)
     rank_devices(device, size)
     unsupported = {
         "compile=True": config.compile,
@@ -98,16 +73,3 @@ def check_tensor_parallel_engine(
             f"tensor_parallel_size={size} on CUDA needs the KV pool's size (kv_cache_memory_gib per rank, or "
             "num_kv_blocks): sizing it from a profiled forward of one rank alone is not supported"
         )
-
-
-def check_engine_quantization(
-    config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype
-) -> None:
-    """Refuse, before any weight loads, a scheme the device does not run or an int4 group size
-    that does not divide the model's layers (``ValueError`` listing what runs where). A
-    separate draft model's group sizes are checked when it is quantized."""
-    if config.quantization is None and config.draft_quantization is None:
-        return
-    check_quantization(config.quantization, config.quantization_group_size, model_config, device, dtype)
-    if config.speculative_method == "draft" and config.num_speculative_tokens and config.draft_model is None:
-        check_quantization(config.draft_quantization, config.quantization_group_size, model_config, device, dtype)

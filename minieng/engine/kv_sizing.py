@@ -16,8 +16,7 @@ import torch
 
 from minieng.config import EngineConfig, ModelConfig
 from minieng.engine.memory_plan import MemoryPlan, device_kv_blocks, plan_memory
-from minieng.model.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
-from minieng.model.parallel import shard_config
+from minieng.model.kv_cache import KVCache
 from minieng.units import GIB, cdiv
 
 CPU_KV_CACHE_GIB = 1.0  # the KV budget when none is given and the device is not CUDA
@@ -43,38 +42,47 @@ def check_fits_before_loading(
 ) -> None:
     """Refuse, with advice, a model and a configured pool that cannot fit (``MemoryPlan.check``:
     ``ValueError``), before anything is allocated: this process's share of the model (rank 0's,
-    the largest, under tensor parallelism) and of the pool."""
-    rank_config = shard_config(model_config, config.tensor_parallel_size)
-    num_blocks = configured_kv_blocks(config, rank_config, dtype, device) or 0
-    plan_memory(rank_config, dtype, num_blocks, config.block_size, device).check()
+    the largest, under tensor parallelism) and of the pool (none yet when the device sizes it)."""
+    sized_by_device = device_sizes_pool(config, device)
+    plan_memory(
+        model_config,
+        dtype,
+        0 if sized_by_device else config.num_kv_blocks,
+        config.block_size,
+        device,
+        kv_cache_memory_gib=config.kv_cache_memory_gib or CPU_KV_CACHE_GIB,
+        tensor_parallel_size=config.tensor_parallel_size,
+    ).check()
 
 
 def size_kv_pool(config: EngineConfig, models: list, max_model_len: int, matmul_bytes=None) -> KVPool:
     """The pool for ``models`` (the target, then the draft if any: each gets a pool of as many
-    blocks), loaded on their device: configured (``configured_kv_blocks``) or sized from the
-    device's memory (``device_sized_kv_blocks``), and ``max_model_len`` fitted to it
-    (``fit_max_model_len``). ``matmul_bytes``: a quantized model's matrix bytes, for the plan.
+    blocks), loaded on their device: ``num_kv_blocks``, the blocks ``kv_cache_memory_gib`` holds, or
+    what the device's memory leaves (``device_sized_kv_blocks``), and ``max_model_len`` fitted to
+    it (``fit_max_model_len``). ``matmul_bytes``: a quantized model's matrix bytes, for the plan.
     Raises ``ValueError`` for a pool that cannot hold one sequence of an asked ``max_model_len``."""
     target = models[0]
     param = next(target.parameters())
-    rank_config = target.local_config  # this rank's shape: under tensor parallelism, rank 0's share (the largest)
-    num_blocks = configured_kv_blocks(config, rank_config, param.dtype, param.device)
-    if num_blocks is None:  # CUDA with no budget given: what the device's memory leaves
+    num_blocks = config.num_kv_blocks
+    if device_sizes_pool(config, param.device):
         num_blocks = device_sized_kv_blocks(config, models, max_model_len)
-    max_model_len = fit_max_model_len(config, rank_config, param.dtype, max_model_len, num_blocks)
-    plan = plan_memory(rank_config, param.dtype, num_blocks, config.block_size, param.device, matmul_bytes)
-    return KVPool(num_blocks, max_model_len, plan)
+    plan = plan_memory(
+        target.config,
+        param.dtype,
+        num_blocks,
+        config.block_size,
+        param.device,
+        matmul_bytes,
+        kv_cache_memory_gib=config.kv_cache_memory_gib or CPU_KV_CACHE_GIB,
+        tensor_parallel_size=config.tensor_parallel_size,
+    )
+    return KVPool(plan.num_kv_blocks, fit_max_model_len(config, plan, max_model_len), plan)
 
 
-def configured_kv_blocks(
-    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, device: torch.device
-) -> int | None:
-    """The pool's blocks from the config alone, or None when the device must size it (CUDA, no budget)."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if config.kv_cache_memory_gib is None and device.type == "cuda":
-        return None
-    return num_blocks_for_budget(model_config, dtype, config.block_size, config.kv_cache_memory_gib or CPU_KV_CACHE_GIB)
+def device_sizes_pool(config: EngineConfig, device: torch.device) -> bool:
+    """Whether the device's memory sizes the KV pool: CUDA, with neither ``num_kv_blocks`` nor
+    ``kv_cache_memory_gib`` given (elsewhere ``CPU_KV_CACHE_GIB`` is the budget)."""
+    return device.type == "cuda" and config.num_kv_blocks is None and config.kv_cache_memory_gib is None
 
 
 def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: int) -> int:
@@ -95,25 +103,24 @@ def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: in
     )
 
 
-def fit_max_model_len(
-    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int, num_blocks: int
-) -> int:
-    """``max_model_len``, capped (with a warning) to what a pool of ``num_blocks`` holds when it
-    was left to default. Raises ``ValueError`` when it was asked for explicitly and does not fit."""
-    tokens = num_blocks * config.block_size
+def fit_max_model_len(config: EngineConfig, plan: MemoryPlan, max_model_len: int) -> int:
+    """``max_model_len``, capped (with a warning) to what the pool of ``plan`` holds when it was
+    left to default. Raises ``ValueError`` when it was asked for explicitly and does not fit."""
+    tokens = plan.kv_tokens
     if tokens >= max_model_len:
         return max_model_len
-    need_gib = max_model_len * kv_bytes_per_token(model_config, dtype) / GIB
+    need_gib = max_model_len * plan.kv_bytes_per_token / GIB
     advice = (
         f"raise kv_cache_memory_gib to at least {need_gib:.3f} (or num_kv_blocks, or gpu_memory_utilization on a GPU)"
     )
-    if config.max_model_len is not None or num_blocks < 1:
+    blocks = f"{plan.num_kv_blocks} blocks of {plan.block_size}"
+    if config.max_model_len is not None or plan.num_kv_blocks < 1:
         raise ValueError(
-            f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), "
+            f"the KV pool holds {tokens} tokens ({blocks}), "
             f"fewer than one sequence of max_model_len={max_model_len}: {advice}, or lower max_model_len"
         )
     warnings.warn(
-        f"the KV pool holds {tokens} tokens ({num_blocks} blocks of {config.block_size}), fewer "
+        f"the KV pool holds {tokens} tokens ({blocks}), fewer "
         f"than the model's context of {max_model_len}: max_model_len is capped to {tokens}. "
         f"For longer sequences, {advice}.",
         stacklevel=4,

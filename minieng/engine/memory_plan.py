@@ -18,7 +18,8 @@ import torch
 from minieng import device as host  # host.host_memory_bytes, read at call time (tests patch it)
 from minieng.config import ModelConfig
 from minieng.model.attention import build_metadata
-from minieng.model.kv_cache import KVCache
+from minieng.model.kv_cache import KVCache, num_blocks_for_budget
+from minieng.model.parallel import shard_config
 from minieng.model.weight_bytes import MatmulBytes, weight_bytes
 from minieng.units import GIB, cdiv
 
@@ -91,19 +92,30 @@ class MemoryPlan:
 def plan_memory(
     model_config: ModelConfig,
     dtype: torch.dtype,
-    num_kv_blocks: int,
+    num_kv_blocks: int | None,
     block_size: int,
     device: torch.device,
     quantized: MatmulBytes | None = None,
+    *,
+    kv_cache_memory_gib: float | None = None,
+    tensor_parallel_size: int = 1,
 ) -> MemoryPlan:
-    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks on
-    ``device``; ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The
-    KV cache stays in ``dtype``."""
-    dtype_bytes = dtype.itemsize
+    """The memory plan of a model in ``dtype`` with a KV pool of ``num_kv_blocks`` blocks (None:
+    as many as ``kv_cache_memory_gib`` GiB hold, ``kv_cache.num_blocks_for_budget``) on ``device``;
+    ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The KV cache stays
+    in ``dtype``. With ``tensor_parallel_size`` p > 1, the plan of rank 0's share (the largest,
+    ``parallel.shard_config``) of the model and of the pool. Raises ``ValueError`` when neither
+    ``num_kv_blocks`` nor ``kv_cache_memory_gib`` is given."""
+    if num_kv_blocks is None and kv_cache_memory_gib is None:
+        raise ValueError("plan_memory needs num_kv_blocks or kv_cache_memory_gib")
+    rank_config = shard_config(model_config, tensor_parallel_size)
+    weights = weight_bytes(rank_config, dtype.itemsize, quantized)
+    if num_kv_blocks is None:
+        num_kv_blocks = num_blocks_for_budget(rank_config, dtype, block_size, kv_cache_memory_gib)
     gpu = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     return MemoryPlan(
-        weight_bytes(model_config, dtype_bytes, quantized),
-        model_config.kv_bytes_per_token(dtype_bytes),
+        weights,
+        rank_config.kv_bytes_per_token(dtype.itemsize),
         num_kv_blocks,
         block_size,
         device.type,

@@ -1,9 +1,10 @@
 """The models an engine runs: its own (on every tensor-parallel rank), quantized as asked, and the
 draft model of speculative decoding, each checked before any weight loads.
 
-``load_engine_models`` is the order an engine needs: refuse what cannot run or fit
-(``config_checks``), load this rank's model while the workers load theirs, load the draft, then
-quantize (``quantization.quantize_model``).
+``load_engine_models`` is the order an engine needs: refuse what the model cannot run
+(``model/checks.py``), then what the engine cannot run or the machine cannot hold
+(``config_checks``); load this rank's model while the workers load theirs, load the draft
+(``model/draft.py``), then quantize (``quantization.apply_quantization``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import torch
 
 from minieng.config import EngineConfig
 from minieng.device import select_device, select_dtype
-from minieng.engine.config_checks import check_attention_backend, check_engine
+from minieng.engine.config_checks import check_engine
 from minieng.engine.workers import Workers, closing_on_error
+from minieng.model.checks import check_model
+from minieng.model.draft import load_draft
 from minieng.model.llama import LlamaForCausalLM
-from minieng.model.loader import LoadedModel, check_same_tokenizer, load_config, load_model
-from minieng.model.quantization import SCHEMES, matmul_bytes, model_quantization, quantize_model
+from minieng.model.loader import LoadedModel, load_config, load_model
+from minieng.model.quantization import apply_quantization, matmul_bytes
 from minieng.model.weight_bytes import MatmulBytes
 
 
@@ -54,7 +57,7 @@ class EngineModels:
 def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineModels:
     """Check, then load (unless ``loaded`` is given) what ``config`` describes, on its device and dtype
     (``device.select_device``/``select_dtype``; a given model's own). Raises ``ValueError`` for what
-    cannot run or fit (``config_checks``, ``memory_plan.MemoryPlan.check``), before any weight loads;
+    cannot run or fit (``checks.check_model``, ``config_checks.check_engine``), before any weight loads;
     ``workers.WorkerError`` for a worker that fails. Workers that started are closed on any failure."""
     if loaded is None:  # device and dtype first: a bad one fails before any download or conversion
         device = select_device(config.device)
@@ -65,13 +68,19 @@ def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) 
         param = next(loaded.model.parameters())
         device, dtype = param.device, param.dtype
         model_config, max_position = loaded.model.config, loaded.model.rope.max_position
+    check_model(config, model_config, device, dtype)
     max_model_len = check_engine(config, model_config, max_position, device, dtype, loaded)
-    workers = None
     loaded_here = loaded is None
+    workers = None
     if loaded_here:
         loaded, workers = load_ranks(config, device, dtype, max_model_len, resolved)
     with closing_on_error(workers):
-        config, model, draft_model, bytes_ = engine_models(config, loaded, max_model_len, dtype)
+        draft_model = load_draft(config, loaded, max_model_len)
+        model, scheme, group_size = apply_quantization(
+            loaded.model, config.quantization, config.quantization_group_size
+        )
+    config = replace(config, quantization=scheme, quantization_group_size=group_size)
+    bytes_ = None if scheme is None else matmul_bytes(model.config, scheme, group_size, dtype.itemsize)
     if loaded_here:  # nobody else holds the float matrices: let them go
         loaded = replace(loaded, model=model)
     return EngineModels(config, loaded, model, draft_model, workers, max_model_len, bytes_)
@@ -90,52 +99,3 @@ def load_ranks(
         if workers:
             workers.wait_loaded()
     return loaded, workers
-
-
-def engine_models(
-    config: EngineConfig, loaded: LoadedModel, max_model_len: int, dtype: torch.dtype
-) -> tuple[EngineConfig, LlamaForCausalLM, LlamaForCausalLM | None, MatmulBytes | None]:
-    """The models the engine runs, from ``loaded``: the config that describes them, the target,
-    the draft (``load_draft``; None without speculative decoding or with prompt lookup), and the
-    target's matrix products' weight bytes (``quantization.matmul_bytes``, scales included; None
-    without quantization: ``dtype``'s bytes per weight).
-
-    The target is ``loaded.model`` quantized with ``config.quantization`` (a copy sharing the
-    embedding and norms); with None, it runs as it is, and a model ``quantization.quantize_model``
-    made (a quantized draft reused as a model of its own) runs with its scheme, which the returned
-    config then names. Raises ``ValueError`` for a model already quantized with another scheme,
-    and as ``load_draft``."""
-    draft = load_draft(config, loaded, max_model_len) if config.num_speculative_tokens else None
-    model = loaded.model
-    if config.quantization is not None:
-        model = quantize_model(model, config.quantization, config.quantization_group_size)
-    else:
-        done = model_quantization(model)
-        if done is not None and done[0] in SCHEMES:  # not a dequantized reference: its bytes are the kernels'
-            group_size = done[1] or config.quantization_group_size
-            config = replace(config, quantization=done[0], quantization_group_size=group_size)
-    if config.quantization is None:
-        return config, model, draft, None
-    bytes_ = matmul_bytes(model.config, config.quantization, config.quantization_group_size, dtype.itemsize)
-    return config, model, draft, bytes_
-
-
-def load_draft(config: EngineConfig, target: LoadedModel, max_model_len: int):
-    """The draft model of ``speculative_method="draft"`` (None for prompt lookup): a smaller
-    model of the same family, or the target's own weights, on the target's device and dtype,
-    quantized with ``draft_quantization`` (``quantization.quantize_model``, the layers the
-    engine's ``quantization`` uses). Raises ``ValueError`` for a draft whose vocabulary or
-    tokenizer differs from the target's, whose head_dim ``attention_backend`` does not take, or a
-    scheme the device does not run."""
-    if config.speculative_method != "draft":
-        return None
-    if config.draft_model is None:
-        draft = target
-    else:
-        param = next(target.model.parameters())
-        draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_model_len)
-        check_same_tokenizer(target, draft)
-        check_attention_backend(config, draft.model.config, param.device)  # the draft's steps use it too
-    if config.draft_quantization is not None:
-        return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
-    return draft.model

@@ -189,6 +189,27 @@ def build_metadata(
     )
 
 
+def check_attention_backend(backend: str, head_dim: int, device: torch.device) -> None:
+    """Refuse ``backend="triton"`` where its kernel cannot run (``ValueError`` saying why and
+    naming the way out): no triton, a CPU without Triton's interpreter, or a ``head_dim`` the
+    kernel does not take. ``"sdpa"`` runs everywhere."""
+    if backend != "triton":
+        return
+    from minieng.model import triton_attention as ta  # lazy: triton is optional and slow to import
+
+    why = (
+        "triton is not installed (pip install triton)"
+        if not ta.TRITON_AVAILABLE
+        else "a CPU runs Triton kernels only under its interpreter (TRITON_INTERPRET=1 before triton is imported)"
+        if device.type == "cpu" and not ta.INTERPRETED
+        else f"the kernel takes a head_dim that is a power of two >= 16, not {head_dim}"
+        if head_dim < 16 or head_dim & (head_dim - 1)
+        else None
+    )
+    if why:
+        raise ValueError(f"attention_backend='triton': {why}; use attention_backend='sdpa'")
+
+
 def sdpa_backends(device: torch.device):
     """A context that pins SDPA to backends without per-shape planning on CUDA; a no-op elsewhere.
 

@@ -300,6 +300,19 @@ def model_quantization(model: nn.Module) -> tuple[str, int | None] | None:
     return getattr(model, "quantization", None)
 
 
+def apply_quantization(model: nn.Module, scheme: str | None, group_size: int) -> tuple[nn.Module, str | None, int]:
+    """The model an engine of ``quantization=scheme`` runs, with the scheme and group size it runs:
+    ``quantize_model``'s copy; with None, ``model`` itself and the scheme ``quantize_model`` gave
+    it, if any (a dequantized reference runs as a float model: its bytes are its dtype's).
+    Raises ``ValueError`` as ``quantize_model``."""
+    if scheme is not None:
+        return quantize_model(model, scheme, group_size), scheme, group_size
+    done = model_quantization(model)
+    if done is None or done[0] not in SCHEMES:
+        return model, None, group_size
+    return model, done[0], done[1] or group_size
+
+
 def quantize_model(
     model: nn.Module, scheme: str, group_size: int = DEFAULT_GROUP_SIZE, reference: bool = False
 ) -> nn.Module:

@@ -63,6 +63,20 @@ def test_plan_arithmetic_on_the_smollm2_shape(smollm2, dtype, dtype_bytes):
     assert len(plan.lines()) == 5
 
 
+def test_a_plan_sizes_its_pool_from_a_budget_and_plans_rank_zeros_share(smollm2):
+    """num_kv_blocks=None: the blocks kv_cache_memory_gib holds; tensor_parallel_size=p: rank 0's
+    share of the weights and of the pool (2 of the 3 KV heads for p = 2)."""
+    cpu = torch.device("cpu")
+    plan = plan_memory(smollm2, torch.float32, None, 16, cpu, kv_cache_memory_gib=0.5)
+    assert plan.num_kv_blocks == int(0.5 * GIB) // (16 * 2 * 30 * 3 * 64 * 4)
+    rank0 = plan_memory(smollm2, torch.float32, None, 16, cpu, kv_cache_memory_gib=0.5, tensor_parallel_size=2)
+    assert rank0.kv_bytes_per_token == 2 * 30 * 2 * 64 * 4
+    assert rank0.num_kv_blocks == int(0.5 * GIB) // (16 * rank0.kv_bytes_per_token)
+    assert rank0.weight_bytes < plan.weight_bytes
+    with pytest.raises(ValueError, match="num_kv_blocks or kv_cache_memory_gib"):
+        plan_memory(smollm2, torch.float32, None, 16, cpu)
+
+
 def test_gpu_plan_needs_little_host_ram():
     plan = MemoryPlan(10 * GIB, 1024, 100, 16, "cuda", 80 * GIB, 8 * GIB)
     assert plan.host_bytes == GIB  # tensors are streamed one at a time: a tenth of the weights

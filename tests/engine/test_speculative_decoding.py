@@ -458,6 +458,26 @@ def test_engine_refuses_a_draft_model_of_another_vocabulary(tiny_llama, tiny_dra
         )
 
 
+def test_a_draft_model_the_device_cannot_run_is_refused_before_its_weights_load(
+    tiny_llama, tiny_draft_dirs, monkeypatch
+):
+    """int4 has no CPU kernel: the separate draft's scheme is refused from its config alone."""
+    import minieng.model.draft as draft_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the draft's weights were read before its refusal")
+
+    monkeypatch.setattr(draft_module, "load_model", no_load)
+    with pytest.raises(ValueError, match="int4"):
+        make_engine(
+            tiny_llama[1],
+            speculative_method="draft",
+            num_speculative_tokens=2,
+            draft_model=tiny_draft_dirs["same"],
+            draft_quantization="int4",
+        )
+
+
 def test_a_different_draft_model_keeps_greedy_output(tiny_llama, tiny_draft_dirs):
     """A poor draft (another random model) costs speed, never correctness."""
     hf, loaded = tiny_llama

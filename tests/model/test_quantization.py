@@ -33,6 +33,7 @@ from minieng.model.quant_kernels import (
 from minieng.model.quantization import (
     KERNELS,
     ReferenceLinear,
+    apply_quantization,
     check_supported,
     linear_shapes,
     matmul_bytes,
@@ -199,6 +200,18 @@ def test_quantize_model_copies_modules_and_shares_the_other_tensors(tiny_llama):
     assert quantize_model(q, "int8") is q
     with pytest.raises(ValueError, match="already quantized"):
         quantize_model(q, "w8a8")
+
+
+def test_apply_quantization_names_the_scheme_a_model_runs(tiny_llama):
+    """An engine given a model quantize_model made runs that model's scheme; a float model and a
+    dequantized reference (float bytes) run as float."""
+    model = tiny_llama[1].model
+    q, scheme, group = apply_quantization(model, "int8", 64)
+    assert model_quantization(q) == ("int8", None) and (scheme, group) == ("int8", 64)
+    assert apply_quantization(q, None, 64) == (q, "int8", 64)
+    assert apply_quantization(model, None, 64) == (model, None, 64)
+    ref = reference_model(model, "int8")
+    assert apply_quantization(ref, None, 64) == (ref, None, 64)
 
 
 @pytest.mark.parametrize("scheme", ["int8", "w8a8"])
