@@ -26,7 +26,7 @@ from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.measure.metrics import request_metrics
 from minieng.model.loader import resolve_model_dir
 from minieng.package_data import copy_notebooks
-from minieng.serve.loadgen import load_requests, run_load, served_models
+from minieng.serve.loadgen import REUSED_PROMPTS_HIT_RATE, load_requests, run_load, served_models
 
 
 def cmd_generate(args) -> int:
@@ -75,7 +75,7 @@ def cmd_loadgen(args) -> int:
         raise ValueError(f"{args.base_url}/models lists no model: pass --model")
     specs = workload_specs(args)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.tokenizer))
-    requests = load_requests(specs, tokenizer, as_text=args.endpoint == "chat" or not args.token_ids)
+    requests = load_requests(specs, tokenizer, as_text=args.endpoint == "chat" or not args.token_ids, seed=args.seed)
     result = run_load(
         args.base_url,
         model,
@@ -103,6 +103,13 @@ def cmd_loadgen(args) -> int:
         print("\n".join(format_serving(report)))
         for error in result.errors[:5]:
             print(f"  error: {error}")
+        hit_rate = report["metrics"]["prefix_cache_hit_rate"]
+        if hit_rate is not None and hit_rate >= REUSED_PROMPTS_HIT_RATE:
+            print(
+                f"  note: the server's prefix cache served {hit_rate:.0%} of these prompts' tokens: they were "
+                f"probably sent before (an earlier run with --seed {args.seed}), so TTFT is flattered; "
+                "pass another --seed for fresh prompts"
+            )
     return 0 if not result.errors else 1
 
 

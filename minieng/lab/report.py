@@ -226,6 +226,13 @@ def format_serving(report: dict) -> list[str]:
         )
     if m["num_excluded_from_tpot"]:
         lines.append(f"  ({m['num_excluded_from_tpot']} requests with fewer than 2 output tokens have no TPOT)")
+    if m.get("cached_prompt_tokens") is None:
+        lines.append("  prefix cache: the server did not report cached prompt tokens (usage.prompt_tokens_details)")
+    else:
+        lines.append(
+            f"  prefix cache: {format_percent(100 * (m['prefix_cache_hit_rate'] or 0))} of prompt tokens served from "
+            f"the cache ({m['cached_prompt_tokens']} tokens)"
+        )
     if m.get("slo"):
         slo = ", ".join(f"{k} <= {v:g}" for k, v in m["slo"].items() if v is not None)
         lines.append(

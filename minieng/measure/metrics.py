@@ -46,7 +46,7 @@ class RequestMetrics:
     ok: bool
     arrival_s: float = 0.0  # absolute (perf_counter) time, to place the request in the run
     num_preemptions: int = 0
-    cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    cached_tokens: int | None = 0  # prompt tokens served by the prefix cache; None: the server did not say
 
     @classmethod
     def from_emissions(
@@ -241,7 +241,7 @@ class ServingMetrics:
     slo: dict | None = None
     num_good_requests: int | None = None
     goodput_req_s: float | None = None
-    cached_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = 0  # None: no request's server reported its cached tokens
     prefix_cache_hit_rate: float | None = None  # prompt tokens served from cache / prompt tokens
 
     def to_dict(self) -> dict:
@@ -274,6 +274,10 @@ def serving_metrics(
 
     prompt_tokens, output_tokens = sum(m.prompt_tokens for m in done), sum(m.output_tokens for m in done)
     good = sum(slo.met_by(m) for m in done) if slo is not None else None
+    # The hit rate over the requests whose cached tokens are known (a server may not report them).
+    reported = [m for m in done if m.cached_tokens is not None]
+    cached = sum(m.cached_tokens for m in reported) if reported else None
+    reported_prompt = sum(m.prompt_tokens for m in reported)
     return ServingMetrics(
         duration_s,
         len(ms),
@@ -295,8 +299,8 @@ def serving_metrics(
         slo=asdict(slo) if slo is not None else None,
         num_good_requests=good,
         goodput_req_s=per_s(good) if good is not None else None,
-        cached_prompt_tokens=(cached := sum(m.cached_tokens for m in done)),
-        prefix_cache_hit_rate=cached / prompt_tokens if prompt_tokens else None,
+        cached_prompt_tokens=cached,
+        prefix_cache_hit_rate=cached / reported_prompt if cached is not None and reported_prompt else None,
     )
 
 

@@ -212,10 +212,11 @@ def scale_workload(
     ]
 
 
-def workload_prompts(tokenizer, specs: list[RequestSpec], path: Path = DEFAULT_TEXT) -> list[list[int]]:
-    """A real-text prompt of the exact length of each spec, each cut from a different place."""
+def workload_prompts(tokenizer, specs: list[RequestSpec], path: Path = DEFAULT_TEXT, seed: int = 0) -> list[list[int]]:
+    """A real-text prompt of the exact length of each spec, each cut from a place ``seed`` draws:
+    the same seed, the same prompts (a server's prefix cache then holds them from an earlier run)."""
     ids = _text_token_ids(tokenizer, path)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     prompts = []
     for s in specs:
         if s.prompt_tokens > len(ids):

@@ -18,7 +18,9 @@ chunks it receives, as vLLM's ``bench serve`` does (``stream_figures``):
 - TPOT: (E2EL - TTFT) / (output tokens - 1).
 
 Token counts come from the server's ``usage`` block, never from re-tokenizing the text (a client
-tokenizer can disagree with the server's). A server that sends no usage fails the request with
+tokenizer can disagree with the server's); so do the prompt tokens its prefix cache served
+(``prompt_tokens_details.cached_tokens``, OpenAI's field: a server that leaves it out has no hit
+rate). A server that sends no usage fails the request with
 that reason; so does an ``error`` object anywhere in the stream (vLLM sends one, then
 ``[DONE]``, when a request fails mid-stream), even after a ``finish_reason``, with its message.
 Summaries and goodput are ``metrics.serving_metrics`` (docs/architecture.md, Figures).
@@ -36,6 +38,11 @@ from tqdm.auto import tqdm
 
 from minieng.measure.metrics import SLO, RequestMetrics, ServingMetrics, serving_metrics
 from minieng.measure.workloads import RequestSpec, workload_prompts
+
+
+# Prompts cut from the text at random places share no prefix beyond a chat template's few tokens: a
+# run whose prompt tokens the server's cache served above this share sent them before (same seed).
+REUSED_PROMPTS_HIT_RATE = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,11 @@ class LoadResult:
         return serving_metrics(self.requests, self.duration_s, slo)
 
 
-def load_requests(specs: list[RequestSpec], tokenizer, as_text: bool = True) -> list[LoadRequest]:
-    """Prompts of real text of each spec's length (``workloads.workload_prompts``), as text (decoded
-    with ``tokenizer``: the server's count may differ by a token or two, and its usage is what is
-    reported) or as token ids (exact, for a server with the same tokenizer)."""
-    prompts = workload_prompts(tokenizer, specs)
+def load_requests(specs: list[RequestSpec], tokenizer, as_text: bool = True, seed: int = 0) -> list[LoadRequest]:
+    """Prompts of real text of each spec's length (``workloads.workload_prompts``, cut where ``seed``
+    draws), as text (decoded with ``tokenizer``: the server's count may differ by a token or two, and
+    its usage is what is reported) or as token ids (exact, for a server with the same tokenizer)."""
+    prompts = workload_prompts(tokenizer, specs, seed=seed)
     return [
         LoadRequest(s.arrival_s, tokenizer.decode(p) if as_text else p, s.output_tokens) for s, p in zip(specs, prompts)
     ]
@@ -79,6 +86,7 @@ def stream_metrics(
     prompt_tokens: int,
     output_tokens: int,
     finish_reason: str | None,
+    cached_tokens: int | None = None,
 ) -> RequestMetrics:
     """A request's figures from a client's view of its stream (the module docstring's definitions).
 
@@ -87,6 +95,7 @@ def stream_metrics(
         token_chunk_s: arrival times of the chunks that carried tokens, in order.
         last_chunk_s: arrival time of the finishing chunk (None if none came: the last token's).
         prompt_tokens, output_tokens: from the server's usage.
+        cached_tokens: the usage's ``prompt_tokens_details.cached_tokens`` (None: not reported).
     """
     ttft = token_chunk_s[0] - send_s if token_chunk_s else None
     e2el = (last_chunk_s if last_chunk_s is not None else token_chunk_s[-1]) - send_s if token_chunk_s else None
@@ -103,6 +112,7 @@ def stream_metrics(
         finish_reason,
         finish_reason in ("stop", "length"),
         send_s,
+        cached_tokens=cached_tokens,
     )
 
 
@@ -167,7 +177,8 @@ def stream_figures(send_s: float, chunks: list[tuple[float, dict]], chat: bool) 
     output_tokens = usage["completion_tokens"]
     if not token_s and output_tokens >= 1 and finish_s is not None:
         token_s = [finish_s]  # its only token ended it (a stop): no text came, but the token did
-    return stream_metrics(send_s, token_s, finish_s, usage["prompt_tokens"], output_tokens, finish)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return stream_metrics(send_s, token_s, finish_s, usage["prompt_tokens"], output_tokens, finish, cached)
 
 
 async def _one(client, url: str, body: dict, chat: bool) -> RequestMetrics:
