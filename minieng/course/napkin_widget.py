@@ -123,6 +123,11 @@ def _roofline(params: dict, result: dict):
         yield "decode", r["batch_size"], context, r["seconds_per_step"]
 
 
+def _decode_b1(params: dict, result: dict):
+    context = params["decode_prompt_tokens"] + result["num_steps"] // 2
+    yield "decode", 1, context, result["seconds"] / result["num_steps"]
+
+
 def _kv_context(params: dict, result: dict):
     for r in result["rows"]:
         yield "decode", params["batch"], r["context_tokens"] + params["steps"] // 2, r["tpot_s"]
@@ -143,6 +148,7 @@ def _batch_sweep(params: dict, result: dict):
 READERS = {
     "two_phases": ("01", _two_phases),
     "roofline": ("02", _roofline),
+    "decode_b1": ("03", _decode_b1),
     "kv_context": ("03", _kv_context),
     "prefill_batch": ("03", _prefill_batch),
     "batch_sweep": ("05", _batch_sweep),

@@ -1,10 +1,11 @@
-"""A real browser: JupyterLab in headless Chromium runs notebooks 01 and 07, and their panels work.
+"""A real browser: JupyterLab in headless Chromium runs notebooks 01, 03 and 07, and their panels work.
 
 What a participant sees, checked the way they would see it: JupyterLab started on 127.0.0.1 (a
 free port, a token), each notebook opened in Chromium, every cell run in smoke mode, then: the
 sliders are rendered as widgets (not their ``IntSlider(...)`` text fallback) with a usable track,
 at least one figure is an image, no output holds a traceback, and moving a slider then pressing
-Run changes the panel's output. Screenshots land in ``test-results/browser/`` (CI artifacts).
+Run changes the panel's output; notebook 03's napkin-math calculator shows the measured point
+beside its floors and redraws when a slider moves. Screenshots land in ``test-results/browser/`` (CI artifacts).
 
 The notebooks run from copies in a temporary folder (JupyterLab saves what it opens) and write
 their results to another (``MINIENG_RESULTS_DIR``), so the checkout is never modified.
@@ -44,6 +45,8 @@ NOTEBOOKS = {
     "01_two_phases.ipynb": ("prefill of 16 tokens", 2),
     "07_prefix_caching.ipynb": ("0 shared tokens: hit rate 0.0%", 1),
 }
+# The napkin-math calculator's notebook: its panel redraws on every change, with no Run button.
+NAPKIN_NOTEBOOK = "03_decode_memory_bound.ipynb"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 # Settings for this test's JupyterLab only: every cell in the DOM (no windowing, so every output
@@ -84,7 +87,7 @@ def lab(chromium_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     notebooks = root / "notebooks"
     notebooks.mkdir()
-    for name in NOTEBOOKS:
+    for name in [*NOTEBOOKS, NAPKIN_NOTEBOOK]:
         shutil.copy(REPO / "notebooks" / name, notebooks / name)
     settings = root / "settings"
     for rel, text in LAB_SETTINGS.items():
@@ -195,6 +198,36 @@ def shoot(page, name: str, element=None) -> None:
     (element or page).screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
+def run_all(page, base: str, token: str, name: str) -> list[str]:
+    """Open notebook ``name`` in a workspace of its own and run every cell; fail on a traceback, a
+    failed cell or a cell left unrun. Returns the outputs' texts."""
+    # A workspace of its own: JupyterLab would otherwise reopen (and start a kernel for) the
+    # notebook the previous test left open.
+    page.goto(f"{base}/lab/workspaces/{Path(name).stem}/tree/{name}?token={token}")
+    page.wait_for_function(KERNEL_IDLE, timeout=SERVER_START_S * 1000)
+    started = time.monotonic()
+    page.evaluate(RUN_ALL)
+    page.wait_for_function("() => window.__runAll !== undefined", timeout=RUN_ALL_S * 1000, polling=500)
+    page.wait_for_function(KERNEL_IDLE, timeout=PANEL_RUN_S * 1000)
+    print(f"{name}: all cells ran in {time.monotonic() - started:.0f} s in the browser")
+    outcome = page.evaluate("() => window.__runAll")
+    texts = page.evaluate(OUTPUT_TEXTS)
+    tracebacks = [t for t in texts if "Traceback" in t]
+    assert not tracebacks, f"{name}: an output holds a traceback:\n{tracebacks[0][-3000:]}"
+    assert outcome == "done", f"{name}: Run All ended with {outcome!r}"
+    assert page.evaluate(UNRUN_CELLS) == [], f"{name}: code cells left unrun"
+    return texts
+
+
+def close(page, stem: str) -> None:
+    """The last screenshot, then the kernel (and its model) freed before the next notebook starts one."""
+    try:
+        shoot(page, f"{stem}-final")
+        page.evaluate(f"() => {CURRENT} && {CURRENT}.sessionContext.shutdown()")
+    finally:
+        page.close()
+
+
 @pytest.mark.parametrize("name", list(NOTEBOOKS), ids=lambda n: n.split("_")[0])
 def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
     base, token = lab
@@ -204,21 +237,7 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        # A workspace of its own: JupyterLab would otherwise reopen (and start a kernel for) the
-        # notebook the previous test left open.
-        page.goto(f"{base}/lab/workspaces/{stem}/tree/{name}?token={token}")
-        page.wait_for_function(KERNEL_IDLE, timeout=SERVER_START_S * 1000)
-        started = time.monotonic()
-        page.evaluate(RUN_ALL)
-        page.wait_for_function("() => window.__runAll !== undefined", timeout=RUN_ALL_S * 1000, polling=500)
-        page.wait_for_function(KERNEL_IDLE, timeout=PANEL_RUN_S * 1000)
-        print(f"{name}: all cells ran in {time.monotonic() - started:.0f} s in the browser")
-        outcome = page.evaluate("() => window.__runAll")
-        texts = page.evaluate(OUTPUT_TEXTS)
-        tracebacks = [t for t in texts if "Traceback" in t]
-        assert not tracebacks, f"{name}: an output holds a traceback:\n{tracebacks[0][-3000:]}"
-        assert outcome == "done", f"{name}: Run All ended with {outcome!r}"
-        assert page.evaluate(UNRUN_CELLS) == [], f"{name}: code cells left unrun"
+        texts = run_all(page, base, token, name)
 
         # Widgets rendered as widgets, not as the text a viewer without ipywidgets shows.
         fallbacks = [t for t in texts if re.search(r"\b(IntSlider|VBox)\(", t)]
@@ -263,9 +282,38 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
         shoot(page, f"{stem}-panel-after", panel)
         assert not errors, f"{name}: JavaScript errors in the page: {errors[:3]}"
     finally:
-        try:
-            shoot(page, f"{stem}-final")
-            # Free the kernel (and its model) before the next notebook starts one.
-            page.evaluate(f"() => {CURRENT} && {CURRENT}.sessionContext.shutdown()")
-        finally:
-            page.close()
+        close(page, stem)
+
+
+def test_napkin_calculator_shows_the_readers_measured_point_and_redraws_live(lab, browser):
+    """Notebook 03's calculator: its table holds the floors and, from the notebook's own run, the
+    measured TPOT beside them (its own, or 01's at the same context); moving the batch slider redraws
+    it at once (no Run button)."""
+    base, token = lab
+    stem = Path(NAPKIN_NOTEBOOK).stem
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})  # the whole panel in one screenshot
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        run_all(page, base, token, NAPKIN_NOTEBOOK)
+        panel = page.locator(".widget-vbox", has=page.locator(".widget-html", has_text="Napkin math")).last
+        panel.scroll_into_view_if_needed()
+        before = panel.inner_text()
+        print(f"{NAPKIN_NOTEBOOK}: the calculator reads\n{before}")
+        for row in ("TPOT floor", "measured TPOT (notebook 0", "its floor (the floor explains"):
+            assert row in before, f"the calculator has no {row!r} row:\n{before}"
+        shoot(page, f"{stem}-napkin", panel)
+        batch = panel.locator(".widget-slider", has_text="batch")
+        old_value = batch.locator(".widget-readout").inner_text()
+        batch.locator(".noUi-handle").focus()
+        page.keyboard.press("End")
+        page.wait_for_function(
+            "([panel, old]) => panel.innerText !== old", arg=[panel.element_handle(), before], timeout=10_000
+        )
+        after = panel.inner_text()
+        assert batch.locator(".widget-readout").inner_text() != old_value
+        assert "Traceback" not in after and after != before
+        shoot(page, f"{stem}-napkin-batch-moved", panel)
+        assert not errors, f"JavaScript errors in the page: {errors[:3]}"
+    finally:
+        close(page, stem)

@@ -100,6 +100,19 @@ def test_a_stored_ttft_sits_beside_the_ttft_floor(tmp_path):
     assert "measured TPOT (notebook 01)" in text and "context 67" in text  # 64 + 6 / 2
 
 
+def test_notebook_03s_batch_1_decode_is_the_point_its_own_calculator_shows(tmp_path):
+    """Notebook 03 stores its batch-1 decode (``decode_b1``) before its calculator: a fresh results
+    folder still has the reader's point (context: 64 + 12 steps / 2)."""
+    params = {"model": "SmolLM2-135M-Instruct", "decode_prompt_tokens": 64, "decode_tokens": 12,
+              "device": "cpu", "dtype": "torch.float32"}  # fmt: skip
+    kit.cached("decode_b1", params, lambda: {"num_steps": 12, "seconds": 0.36}, directory=tmp_path, device="cpu")
+    [point] = measured_points(tmp_path)
+    assert (point.phase, point.batch_size, point.tokens, point.notebook) == ("decode", 1, 70, "03")
+    assert point.seconds == pytest.approx(0.03)
+    text = panel(tmp_path, context_tokens=64).table.value
+    assert "measured TPOT (notebook 03)" in text and "30 ms at batch 1, context 70" in text
+
+
 def test_a_measurement_is_compared_only_with_the_device_it_was_measured_on(tmp_path):
     store_batch_sweep(tmp_path, {1: 0.060})
     (point,) = measured_points(tmp_path)
