@@ -9,16 +9,8 @@ import pytest
 
 from minieng.config import published_config
 from minieng.course import kit, napkin_widget
-from minieng.course.napkin_widget import (
-    EXAMPLE_PRICE_PER_DEVICE_HOUR,
-    THIS_MACHINE,
-    MeasuredPoint,
-    gap_words,
-    measured_points,
-    napkin,
-    napkin_panel,
-    shape_name,
-)
+from minieng.course.measured_points import MeasuredPoint, gap_words, measured_points, shape_name
+from minieng.course.napkin_widget import EXAMPLE_PRICE_PER_DEVICE_HOUR, THIS_MACHINE, napkin, napkin_panel
 from minieng.measure.napkin import datasheet_devices, format_seconds, measured_device, napkin_estimate
 from minieng.measure.peaks import Peak
 
