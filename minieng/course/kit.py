@@ -73,7 +73,7 @@ def cached(
     ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the working directory (the
     notebook's folder); delete a file to measure again.
     """
-    directory = _results_dir(directory)
+    directory = results_dir(directory)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     where = harness.environment(device) | {"smoke": smoke_mode()}
     key = hashlib.sha256(
@@ -241,8 +241,21 @@ NOTEBOOK_ENV = "MINIENG_NOTEBOOK"  # the running notebook's name, set by the cou
 VERDICTS_FILE = "claims-verdicts.json"
 
 
-def _results_dir(directory: Path | None) -> Path:
+def results_dir(directory: Path | None = None) -> Path:
+    """The results folder: ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the
+    working directory (the notebook's folder)."""
     return Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
+
+
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel with ipywidgets: where a panel or an input can show."""
+    try:
+        import ipywidgets  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
 def running_notebook() -> str:
@@ -259,7 +272,7 @@ def record_verdicts(rows: list[list[str]], directory: Path | None = None) -> Pat
     rows = [r for r in rows if claim_ids(r[0])]
     if not rows:
         return None
-    path = _results_dir(directory) / VERDICTS_FILE
+    path = results_dir(directory) / VERDICTS_FILE
     try:
         kept = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
@@ -280,7 +293,7 @@ def claims_index(directory: Path | None = None):
     results folder (``record_verdicts``). Displays as Markdown."""
     from IPython.display import Markdown  # lazy: IPython is there only in a kernel
 
-    path = _results_dir(directory) / VERDICTS_FILE
+    path = results_dir(directory) / VERDICTS_FILE
     try:
         last = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minieng.config import PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, ModelConfig
-from minieng.course.kit import _results_dir
+from minieng.course.kit import results_dir
 from minieng.measure.napkin import TORCH_DTYPE_NAMES, DeviceSpec, format_seconds, napkin_estimate
 from minieng.measure.peaks import datasheet_peak
 from minieng.measure.roofline import Bound, format_percent
@@ -109,7 +109,7 @@ def measured_points(directory: Path | None = None) -> list[MeasuredPoint]:
     """Every TTFT and TPOT the notebooks stored in the results folder (``kit.cached``'s: ``directory``,
     else ``MINIENG_RESULTS_DIR``, else ``results/``) for a published shape. A file of another format,
     cut short, or of a model without a published shape is skipped."""
-    folder = _results_dir(directory)
+    folder = results_dir(directory)
     points = []
     for name, (notebook, reader) in READERS.items():
         for path in sorted(folder.glob(f"{name}-*.json")):

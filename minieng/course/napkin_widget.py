@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 
 from minieng.config import PUBLISHED_SHAPES, ModelConfig, published_config
-from minieng.course.kit import dropdown, int_slider
+from minieng.course.kit import dropdown, in_kernel, int_slider
 from minieng.course.measured_points import measured_points, measured_rows, shape_name
 from minieng.measure.harness import smoke_mode
 from minieng.measure.napkin import (
@@ -31,7 +31,7 @@ from minieng.measure.napkin import (
     DeviceSpec,
     NapkinEstimate,
     datasheet_devices,
-    measured_device,
+    this_machine_device,
     napkin_estimate,
 )
 from minieng.measure.token_cost import EXAMPLE_PRICE_PER_DEVICE_HOUR  # labelled as an example wherever shown
@@ -46,24 +46,6 @@ MAX_BATCH = 1024
 def shape_config(name: str) -> ModelConfig:
     """``config.published_config(name)``, built once per process (transformers' config class is slow)."""
     return published_config(name)
-
-
-def this_machine_device(ceilings) -> DeviceSpec | None:
-    """This machine as a ``DeviceSpec``: its ``ceilings`` (a ``ceilings.Ceilings``, from
-    ``machine_ceilings``) and the memory of their device (a GPU's total, or the host's RAM; None
-    where the OS does not say)."""
-    import torch  # lazy: the panel's other parts need no torch
-
-    from minieng.device import host_memory_bytes
-
-    device = torch.device(ceilings.device)
-    if device.type == "cuda":
-        memory = torch.cuda.get_device_properties(device).total_memory
-    else:
-        memory = host_memory_bytes()[0] or 0
-    if not memory:
-        return None
-    return measured_device(ceilings.peak, memory, ceilings.dtype)
 
 
 def _price(text: str) -> float | None:
@@ -225,16 +207,6 @@ def napkin_panel(
     return panel
 
 
-def _in_kernel() -> bool:
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
 def napkin(
     model: str | None = None,
     device: str = THIS_MACHINE,
@@ -281,7 +253,7 @@ def napkin(
         napkin_panel(
             shape, device, dtype, batch_size, prompt_tokens, context_tokens, machine, machine_type, results_dir
         )
-        if _in_kernel()
+        if in_kernel()
         else None
     )
     if panel is None or smoke_mode():

@@ -32,10 +32,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from minieng.course.kit import _results_dir, running_notebook
-from minieng.course.napkin_widget import _in_kernel, this_machine_device
+from minieng.course.kit import in_kernel, results_dir, running_notebook
 from minieng.measure.harness import smoke_mode
-from minieng.measure.napkin import TORCH_DTYPE_NAMES, NapkinEstimate, measured_device, napkin_estimate
+from minieng.measure.napkin import (
+    TORCH_DTYPE_NAMES,
+    NapkinEstimate,
+    measured_device,
+    napkin_estimate,
+    this_machine_device,
+)
 
 HEADLESS_ENV = "MINIENG_HEADLESS"  # set by the course runner: its kernels run with no reader to type
 FILE_PREFIX = "predictions-"
@@ -55,7 +60,7 @@ def predictions_path(notebook: str | None = None, directory: Path | None = None)
     """The predictions file of ``notebook`` (default: the running one, ``kit.running_notebook``) in
     the results folder (``kit.cached``'s: ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/``)."""
     name = running_notebook() if notebook is None else notebook
-    return _results_dir(directory) / f"{FILE_PREFIX}{name or 'notebook'}.json"
+    return results_dir(directory) / f"{FILE_PREFIX}{name or 'notebook'}.json"
 
 
 def _read(path: Path) -> dict:
@@ -209,7 +214,7 @@ def can_type() -> bool:
     mode, not a run without a reader (``MINIENG_HEADLESS``, which the course runner sets)."""
     if smoke_mode() or os.environ.get(HEADLESS_ENV, "").lower() not in ("", "0", "false", "no"):
         return False
-    return _in_kernel()
+    return in_kernel()
 
 
 def _why_no_reader() -> str:
@@ -485,7 +490,7 @@ def score(key: str, measured, why: str = "", directory: Path | None = None) -> N
     (one line on why the napkin and the measurement differ), and store the score
     (``score_prediction``, whose errors it raises). Displays Markdown in a kernel, prints elsewhere."""
     result = score_prediction(key, measured, why, directory)
-    if _in_kernel():
+    if in_kernel():
         from IPython.display import Markdown, display  # lazy: IPython is there only in a kernel
 
         display(Markdown(result.markdown()))
@@ -498,7 +503,7 @@ def load_predictions(directory: Path | None = None, since: str | None = None) ->
     were asked, each entry with its ``key``. ``since``: only questions asked at or after this time
     (``now_utc``'s format), so a run's index leaves out what an earlier run left in the folder."""
     found = {}
-    for path in sorted(_results_dir(directory).glob(f"{FILE_PREFIX}*.json")):
+    for path in sorted(results_dir(directory).glob(f"{FILE_PREFIX}*.json")):
         rows = [
             {"key": key, **entry}
             for key, entry in _read(path).items()

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from minieng.config import ModelConfig
+from minieng.device import host_memory_bytes
 from minieng.measure.flops_bytes import decode_ridge_batch, decode_work, step_work
 from minieng.measure.peaks import DATASHEET, Peak
 from minieng.measure.roofline import prefill_floor_s, ridge_point, tpot_floor_s
@@ -126,6 +127,22 @@ def measured_device(peak: Peak, memory_bytes: float, dtype: str) -> DeviceSpec:
     return DeviceSpec(
         f"this machine ({peak.name})", peak.peak_tflops, peak.bandwidth_gbps, memory_bytes, "measured", name
     )
+
+
+def this_machine_device(ceilings) -> DeviceSpec | None:
+    """This machine as a ``DeviceSpec``: its ``ceilings`` (a ``ceilings.Ceilings``, from
+    ``machine_ceilings``) and the memory of their device (a GPU's total, or the host's RAM; None
+    where the OS does not say)."""
+    import torch  # lazy: the arithmetic of this module needs no torch
+
+    device = torch.device(ceilings.device)
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        memory = host_memory_bytes()[0] or 0
+    if not memory:
+        return None
+    return measured_device(ceilings.peak, memory, ceilings.dtype)
 
 
 def cost_per_mtok(tok_s: float, price_per_device_hour: float | None) -> float | None:

@@ -77,7 +77,7 @@ def test_smoke_mode_fills_the_prediction_with_the_napkin_value_and_says_so(tmp_p
 
 def test_the_course_runner_flag_fills_the_napkin_value_too(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(predictions.HEADLESS_ENV, "1")
-    monkeypatch.setattr(predictions, "_in_kernel", lambda: True)  # a kernel, but nobody at it
+    monkeypatch.setattr(predictions, "in_kernel", lambda: True)  # a kernel, but nobody at it
     assert predictions.can_type() is False
     predict("tpot", "TPOT at batch 1?", napkin=13.7, unit="ms")
     assert "without a reader" in capsys.readouterr().out
