@@ -5,7 +5,6 @@ tables. What the notebooks and ``python -m minieng bench`` run; the names below 
 from minieng.lab.batching import (
     batch_sweep,
     compare_batching,
-    compute_bound_batch,
     decode_point,
     format_batch_sweep,
     format_batching,
@@ -123,7 +122,6 @@ __all__ = [
     "choose_long_prompt",
     "compare_batching",
     "compare_disaggregation",
-    "compute_bound_batch",
     "concurrency_run",
     "counted_steps",
     "course_model",

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import time
 
-from minieng.config import ModelConfig
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.probes import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
-from minieng.measure.flops_bytes import decode_work, step_work
+from minieng.measure.flops_bytes import step_work
 from minieng.measure.metrics import common_tail, request_metrics, serving_metrics
 from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
@@ -142,33 +141,6 @@ def format_batch_sweep(rows: list[dict], ridge_flop_per_byte: float) -> list[str
             f"{format_percent(100 * r['kv_bytes_share']):>9}  {limiting_factor(r, ridge_flop_per_byte)}"
         )
     return lines
-
-
-def compute_bound_batch(
-    model_config: ModelConfig,
-    dtype_bytes: float,
-    context_tokens: int,
-    ridge_flop_per_byte: float,
-    max_batch: int = 1 << 16,
-) -> int | None:
-    """The smallest decode batch whose step is compute-bound by the roofline: FLOP per byte of
-    ``flops_bytes.decode_work`` (every sequence at ``context_tokens`` of context) at or past the ridge
-    point. None when no batch up to ``max_batch`` gets there: each sequence adds its K/V reads to
-    the bytes, so the intensity levels off, below the ridge on a device whose ridge is high.
-    Raises ``ValueError`` for a ridge <= 0."""
-    if ridge_flop_per_byte <= 0:
-        raise ValueError(f"ridge_flop_per_byte={ridge_flop_per_byte} must be > 0")
-
-    def intensity(b: int) -> float:
-        return decode_work(model_config, b, context_tokens, dtype_bytes).arithmetic_intensity_flop_per_byte
-
-    if intensity(max_batch) < ridge_flop_per_byte:
-        return None
-    lo, hi = 1, max_batch  # intensity grows with the batch: bisect for the first b at the ridge
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if intensity(mid) < ridge_flop_per_byte else (lo, mid)
-    return lo
 
 
 def sustainable_rate(

@@ -11,13 +11,11 @@ from minieng.lab import batching as batch_experiment
 from minieng.lab.batching import (
     batch_sweep,
     compare_batching,
-    compute_bound_batch,
     decode_point,
     limiting_factor,
     near_linear_batch,
     sustainable_rate,
 )
-from minieng.measure.flops_bytes import decode_work
 from minieng.measure.peaks import Peak
 from minieng.measure.workloads import RequestSpec, fixed_workload, poisson_workload, spread_output_lengths
 
@@ -74,22 +72,6 @@ def test_batch_sweep_keeps_to_max_batch_and_budget(monkeypatch):
 
 
 SMOL = ModelConfig("llama", 49152, 576, 1536, 30, 9, 3, 64, 1e-5, 8192, True)  # SmolLM2-135M's shape
-
-
-@pytest.mark.parametrize("ridge", [2.0, 10.0, 60.0])
-def test_compute_bound_batch_is_where_the_intensity_reaches_the_ridge(ridge):
-    b = compute_bound_batch(SMOL, 4, 96, ridge)
-    assert b is not None and b > 1
-    assert decode_work(SMOL, b, 96, 4).arithmetic_intensity_flop_per_byte >= ridge
-    assert decode_work(SMOL, b - 1, 96, 4).arithmetic_intensity_flop_per_byte < ridge
-
-
-def test_a_ridge_the_kv_reads_keep_out_of_reach_gives_none():
-    # Each sequence reads its K/V: the intensity levels off (fp32, 96 tokens: near 60 FLOP/byte).
-    assert compute_bound_batch(SMOL, 4, 96, 200.0) is None
-    assert compute_bound_batch(SMOL, 4, 96, 0.001) == 1
-    with pytest.raises(ValueError, match="ridge_flop_per_byte=0"):
-        compute_bound_batch(SMOL, 4, 96, 0)
 
 
 def test_sustainable_rate():
