@@ -6,13 +6,14 @@ Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded defaul
 from minieng._version import __version__
 from minieng.config import EngineConfig, ModelConfig, SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.engine.outputs import Logprob, RequestOutput, StepRecord
 from minieng.package_data import data_path
 
 __all__ = [
     "__version__",
     "EngineConfig",
     "LLMEngine",
+    "Logprob",
     "ModelConfig",
     "RequestOutput",
     "SamplingParams",

@@ -22,6 +22,11 @@ def _require(ok: bool, name: str, value: Any, limit: str) -> None:
         raise ValueError(f"{name}={value!r} is invalid: {limit}")
 
 
+def _is_count(value: Any) -> bool:
+    """An integer >= 0 (a bool is not one)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+
+
 # The embedded default model (``LLMEngine()`` with no model): served under this name, named in help.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -244,6 +249,9 @@ class EngineConfig:
             pool holds its share of the KV heads, and ``kv_cache_memory_gib`` is per rank. Greedy
             output equals p = 1's up to float rounding. Runs eager (no CUDA graphs, no ``compile``),
             without quantization or a draft model (prompt lookup works).
+        max_logprobs: the most log-probabilities a request may ask for per token
+            (``SamplingParams.logprobs`` and ``prompt_logprobs``), as vLLM's ``max_logprobs``
+            (default 20, also OpenAI's ``top_logprobs`` cap); ``add_request`` refuses more.
     """
 
     model: str | None = None
@@ -273,6 +281,7 @@ class EngineConfig:
     attention_backend: str = "sdpa"
     compile: bool = False
     tensor_parallel_size: int = 1
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
         _require(self.load_format in ("auto", "dummy"), "load_format", self.load_format, "use 'auto' or 'dummy'")
@@ -364,6 +373,12 @@ class EngineConfig:
             self.max_num_batched_tokens,
             f"must be >= max_num_seqs={self.max_num_seqs} so every running decode fits a step",
         )
+        _require(
+            _is_count(self.max_logprobs),
+            "max_logprobs",
+            self.max_logprobs,
+            "must be an integer >= 0 (the most log-probabilities a request may ask for per token)",
+        )
 
 
 @dataclass
@@ -381,6 +396,20 @@ class SamplingParams:
         stop: strings that end the output (excluded from the text).
         stop_token_ids: token ids that end the output, beside the model's EOS/end-of-turn ids.
         ignore_eos: keep generating through EOS (benchmarks with a fixed output length).
+        logprobs: None (default) computes nothing; k >= 0 returns, for every generated token, its
+            log-probability and those of the k most likely tokens at its position (0: the
+            generated token's only), in ``RequestOutput.logprobs`` (vLLM's ``logprobs``).
+        prompt_logprobs: the same for every prompt token (the first has none: None), in
+            ``RequestOutput.prompt_logprobs``. Such a request does not read the prefix cache for
+            the prompt positions it still needs (vLLM V1 skips reading it too): their logits are
+            computed, never served from cached KV.
+    Both are log_softmax of the model's raw float32 logits, before temperature, top-k and top-p
+    (vLLM's default ``logprobs_mode="raw_logprobs"``): the model's own distribution, the same
+    whatever the request samples with (``engine/logprobs.py``). At most the engine's
+    ``EngineConfig.max_logprobs`` each (``LLMEngine.add_request`` refuses more).
+    ``max_tokens=0`` is allowed only with ``prompt_logprobs``: the request scores its prompt
+    without generating (OpenAI's ``echo`` with ``max_tokens: 0``, lm-eval's loglikelihood) and
+    finishes with reason "length" and no output token.
     """
 
     temperature: float = 1.0
@@ -391,6 +420,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -405,7 +436,20 @@ class SamplingParams:
         _require(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 is greedy)")
         _require(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 keeps every token)")
         _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1] (1 keeps every token)")
-        _require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(
+                value is None or _is_count(value),
+                name,
+                value,
+                "must be None (none computed) or an integer >= 0 (0: the token's own log-probability only)",
+            )
+        _require(
+            self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None),
+            "max_tokens",
+            self.max_tokens,
+            "must be >= 1 (0 only with prompt_logprobs set, to score a prompt without generating)",
+        )
         _require(all(s for s in self.stop), "stop", self.stop, "stop strings must be non-empty")
 
     @classmethod

@@ -96,13 +96,19 @@ class BlockManager:
         """Cached blocks holding the longest prefix of ``seq``'s tokens. Changes nothing.
 
         At most ``(num_tokens - 1) // block_size`` blocks: the last known token is always
-        computed, so that even a fully cached prompt yields logits.
+        computed, so that even a fully cached prompt yields logits. A request that still owes
+        prompt log-probabilities gets no block at or after the first position that owes one
+        (``Sequence.prompt_logprobs_from``): those logits must be computed, as vLLM V1 skips
+        reading the cache for requests with ``prompt_logprobs`` (it may still write to it).
         """
         if not self.enable_prefix_caching:
             return []
         bs, tokens = self.block_size, seq.all_token_ids
+        limit = (len(tokens) - 1) // bs
+        if (owed := seq.prompt_logprobs_from) is not None:
+            limit = min(limit, owed // bs)
         hits, parent = [], 0
-        for i, key in enumerate(self._keys(seq, (len(tokens) - 1) // bs)):
+        for i, key in enumerate(self._keys(seq, limit)):
             block = self.cached.get(key)
             if block is None or not self._holds(block, tokens[i * bs : (i + 1) * bs], parent, seq.extra_keys):
                 break

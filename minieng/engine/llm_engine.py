@@ -26,8 +26,9 @@ from minieng.engine.chat_template import EMPTY_PROMPT, Message, Prompt, chat_tok
 from minieng.engine.detokenizer import IncrementalDetokenizer
 from minieng.engine.drafters import make_drafter
 from minieng.engine.kv_sizing import size_kv_pool
+from minieng.engine.logprobs import TokenTexts, make_logprob_dicts
 from minieng.engine.model_loading import load_engine_models
-from minieng.engine.model_runner import ModelRunner
+from minieng.engine.model_runner import ModelRunner, ModelRunnerOutput
 from minieng.engine.output_processor import RequestState, append_tokens, make_output
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.engine.sampling import KeyedRandom
@@ -62,6 +63,7 @@ class LLMEngine:
         if self.workers:  # stopped when the engine is collected, if nobody closed it
             weakref.finalize(self, self.workers.close)
         self.tokenizer, self.model_config = self.loaded.tokenizer, self.model.config
+        self.token_texts = TokenTexts(self.tokenizer)  # each id's text, for Logprob.decoded_token
         self.matmul_bytes = models.matmul_bytes  # the products' weight bytes, scales included (None: dtype's)
         weight = self.model.embed_tokens.weight  # in the compute dtype, on the engine's device
         self.device, self.dtype = weight.device, weight.dtype
@@ -138,7 +140,8 @@ class LLMEngine:
         Raises:
             ValueError: empty prompt, text that is not valid Unicode (a lone surrogate), prompt
                 too long for ``max_model_len``, an id outside the vocabulary, params that are not a
-                ``SamplingParams``, or a request id already in use. Nothing is queued then.
+                ``SamplingParams``, ``logprobs`` or ``prompt_logprobs`` above the engine's
+                ``max_logprobs``, or a request id already in use. Nothing is queued then.
         """
         ids, params = self._check_request(prompt, params, request_id)
         return self._queue(ids, params, request_id, arrival_s)
@@ -158,10 +161,23 @@ class LLMEngine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
+        cap = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > cap:  # as vLLM's Processor._validate_logprobs refuses them
+                raise ValueError(
+                    f"{name}={k} is invalid: this engine returns at most max_logprobs={cap} per token "
+                    f"(EngineConfig.max_logprobs): ask for {cap} or fewer, or build the engine with a "
+                    "larger max_logprobs"
+                )
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError(EMPTY_PROMPT)
-        if len(ids) >= self.max_model_len:
+        if params.max_tokens == 0 and len(ids) > self.max_model_len:  # scoring only: no output token
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}: shorten the prompt"
+            )
+        if params.max_tokens > 0 and len(ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
                 "room for at least one output token: shorten the prompt"
@@ -261,23 +277,47 @@ class LLMEngine:
             return []
         # The plan's composition, read now: finishing a sequence below resets its state.
         composition = (plan.num_prefill_tokens, len(plan.scheduled) - plan.num_decode_seqs, plan.num_decode_seqs)
-        emitted = self.runner.execute(plan.scheduled)
+        result = self.runner.execute(plan.scheduled)
         synchronize(self.device)
         end = self.clock()
-        outputs, chunks = self._process(plan.scheduled, emitted, end)
+        outputs, chunks = self._process(plan.scheduled, result, end)
         self._record(start, end, composition, len(plan.preempted), chunks, draft_s, lookups)
         return outputs
 
-    def _process(self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]], now: float):
-        """Advance the scheduled sequences past the KV the step wrote, append each request's emitted
-        tokens (finishing those that stop) and cache the full blocks of those still running.
+    def _process(self, scheduled: list[tuple[Sequence, int]], result: ModelRunnerOutput, now: float):
+        """Advance the scheduled sequences past the KV the step wrote, keep the prompt
+        log-probabilities the step computed, append each request's emitted tokens (finishing those
+        that stop), finish the requests that only score their prompt (``max_tokens=0``) once it is
+        computed, and cache the full blocks of those still running.
         Returns the step's outputs and its ``StepRecord.chunks``."""
-        chunks = self._advance(scheduled, emitted)
-        outputs = [self._append(self.requests[rid], tokens, now) for rid, tokens in emitted.items()]
+        chunks = self._advance(scheduled, result)
+        for rid, (first, rows) in result.prompt_logprobs.items():
+            seq = self.requests[rid].seq
+            assert first == len(seq.prompt_logprobs), f"{rid}: prompt log-probabilities out of order"
+            seq.prompt_logprobs.extend(make_logprob_dicts(rows, self.token_texts))
+        outputs = []
+        for rid, tokens in result.sampled_token_ids.items():
+            rows = result.logprobs.get(rid)
+            logprobs = None if rows is None else make_logprob_dicts(rows, self.token_texts)
+            outputs.append(self._append(self.requests[rid], tokens, now, logprobs))
         for seq, _ in scheduled:
-            if not seq.is_finished:
+            if seq.params.max_tokens == 0 and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                outputs.append(self._finish_scored(self.requests[seq.request_id], now))
+            elif not seq.is_finished:
                 self.block_manager.cache_full_blocks(seq)
         return outputs, chunks
+
+    def _finish_scored(self, req: RequestState, now: float) -> RequestOutput:
+        """Finish a request that scores its prompt without generating (``max_tokens=0``, with
+        ``prompt_logprobs``) once the prompt is computed: reason "length", no output token (as
+        vLLM finishes one), its full blocks cached before they are freed."""
+        seq = req.seq
+        self.block_manager.cache_full_blocks(seq)
+        self.scheduler.finish(seq, SequenceStatus.FINISHED_LENGTH)
+        self._forget_draft(seq)
+        seq.times.finished_s = now
+        delta = req.detokenizer.finish() if req.detokenizer is not None else ""
+        return make_output(req, [], delta)
 
     def _record(self, start: float, end: float, composition, num_preempted: int, chunks, draft_s: float, lookups):
         """Append the step's ``StepRecord``: ``composition`` is (prefill tokens, prefill sequences,
@@ -324,21 +364,20 @@ class LLMEngine:
         for seq, _ in plan.scheduled:
             if seq.times.first_scheduled_s is None:
                 seq.times.first_scheduled_s = start
-                lookups.append((seq.num_prompt_tokens, seq.num_cached_tokens))
+                if seq.params.prompt_logprobs is None:  # the others skip reading the cache (as vLLM's)
+                    lookups.append((seq.num_prompt_tokens, seq.num_cached_tokens))
         return plan, lookups
 
-    def _advance(
-        self, scheduled: list[tuple[Sequence, int]], emitted: dict[str, list[int]]
-    ) -> list[tuple[int, int, int]]:
+    def _advance(self, scheduled: list[tuple[Sequence, int]], result: ModelRunnerOutput) -> list[tuple[int, int, int]]:
         """Move each scheduled sequence past the tokens whose KV the step wrote (with drafts: the
         newest token and the accepted ones; the rejected drafts' KV trimmed) and return the step's
         ``StepRecord.chunks``."""
         chunks = []
         self._verified = {}
         for seq, n in scheduled:
-            tokens = emitted.get(seq.request_id, [])
-            logits_rows = seq.num_computed_tokens + n - seq.num_tokens + 1 if tokens else 0  # 1, or k + 1
-            chunks.append((n, seq.num_computed_tokens, logits_rows))
+            tokens = result.sampled_token_ids.get(seq.request_id, [])
+            # 1, or k + 1 (and the prompt positions of prompt log-probabilities); 0 mid-prompt
+            chunks.append((n, seq.num_computed_tokens, result.num_logits_rows.get(seq.request_id, 0)))
             if seq.spec_token_ids:  # the newest token and the accepted drafts now have KV
                 accepted = len(tokens) - 1
                 self.spec_records.append((len(self.step_records), seq.request_id, len(seq.spec_token_ids), accepted))
@@ -366,12 +405,13 @@ class LLMEngine:
         if self.drafter is not None:
             self.drafter.free(seq.request_id)
 
-    def _append(self, req: RequestState, token_ids: list[int], now: float) -> RequestOutput:
-        """Add a step's emitted tokens to a request (``output_processor.append_tokens``) and
-        finish it if it stops: only tokens it kept count as computed (drafts accepted past a stop
-        are dropped), and its full blocks are cached before they are freed."""
+    def _append(self, req: RequestState, token_ids: list[int], now: float, logprobs=None) -> RequestOutput:
+        """Add a step's emitted tokens (and their ``logprobs`` dicts, if asked) to a request
+        (``output_processor.append_tokens``) and finish it if it stops: only tokens it kept count
+        as computed (drafts accepted past a stop are dropped, their log-probabilities with them),
+        and its full blocks are cached before they are freed."""
         seq = req.seq
-        kept, delta, status = append_tokens(req, token_ids, self.loaded.eos_token_ids, self.max_model_len)
+        kept, delta, status = append_tokens(req, token_ids, self.loaded.eos_token_ids, self.max_model_len, logprobs)
         seq.times.emissions.append((now, len(kept)))
         if status:
             self._count_emitted_drafts(seq.request_id, len(kept))

@@ -5,7 +5,9 @@ runner lays them out (single-token rows first, then multi-token chunks), compute
 the block tables, runs one forward pass and samples one token for every sequence whose chunk
 reached the end of its known tokens. A prefill chunk that stops mid-prompt produces no token. A
 decode that carries k draft tokens gets logits at all k + 1 positions and emits what
-verification accepts.
+verification accepts. Log-probabilities are read from those same float32 rows, on every forward
+path alike (``execute``, ``engine/logprobs.py``); a request asking for its prompt's adds the rows
+of the prompt positions it is still owed, after the sampling rows (``StepLayout.prompt_rows``).
 
 A single-token row is attended the same way whether it is a decode or the last token of a
 prompt: one query over its whole context, itself included. So every step made only of
@@ -37,6 +39,7 @@ from minieng.engine.compilation import (
 )
 from minieng.engine.cuda_graph import capture_decode_graphs
 from minieng.engine.kv_sizing import gather_budget_tokens
+from minieng.engine.logprobs import RowLogprobs, gather_logprobs
 from minieng.engine.sampling import probabilities, sample
 from minieng.engine.sequence import Sequence
 from minieng.engine.verification import verify_coupled, verify_greedy
@@ -56,7 +59,11 @@ class StepLayout:
     Rows: the decodes first (``decodes``, ``query_len`` rows each: 1, or the n of a step whose
     every sequence runs n tokens), then multi-token chunks (``chunks``). ``sampling`` lists, per
     sequence that samples, ``(sequence, number of logits rows)``: 1, or k + 1 for a decode
-    verifying k drafts; ``logits_indices`` are those rows, in that order.
+    verifying k drafts; ``logits_indices`` are those rows, in that order, then the rows of
+    ``prompt_rows``: per request still owed prompt log-probabilities,
+    ``(sequence, first position, number of positions)``, the positions of its chunk whose logits
+    give a prompt token's log-probability (only requests that asked: the others' prompt positions
+    run no LM head, as before).
     """
 
     input_ids: list[int] = field(default_factory=list)
@@ -66,7 +73,31 @@ class StepLayout:
     chunks: list[tuple[int, list[int], int]] = field(default_factory=list)  # (q_len, block_table, context_len)
     logits_indices: list[int] = field(default_factory=list)
     sampling: list[tuple[Sequence, int]] = field(default_factory=list)
+    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
     query_len: int = 1
+
+    @property
+    def plain(self) -> StepLayout:
+        """The layout without its sequences: the plain lists a tensor-parallel worker runs."""
+        return replace(self, sampling=[], prompt_rows=[])
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one step produced, by request id (vLLM's ``ModelRunnerOutput``).
+
+    ``sampled_token_ids``: the tokens each sampling request emits (one, or the accepted drafts
+    and one more). ``logprobs``: for the requests that asked (``SamplingParams.logprobs``), one
+    ``RowLogprobs`` per emitted token, in order. ``prompt_logprobs``: for the requests owed
+    prompt log-probabilities, ``(first prompt token index, rows)``: the rows of prompt tokens
+    ``first .. first + len(rows) - 1``. ``num_logits_rows``: rows the LM head ran on, per request
+    with any.
+    """
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[RowLogprobs]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[RowLogprobs]]] = field(default_factory=dict)
+    num_logits_rows: dict[str, int] = field(default_factory=dict)
 
 
 class NonFiniteLogitsError(RuntimeError):
@@ -155,8 +186,10 @@ class ModelRunner:
         ordered = [item for item in scheduled if item[1] == out.query_len] + [
             item for item in scheduled if item[1] != out.query_len
         ]
+        prompt_indices: list[int] = []  # rows for prompt log-probabilities, after the sampling rows
         for seq, n in ordered:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            first_row = len(out.input_ids)
             known = seq.token_ids(start, end)
             out.input_ids.extend(known + seq.spec_token_ids[: n - len(known)])
             out.positions.extend(range(start, end))
@@ -165,10 +198,19 @@ class ModelRunner:
                 out.decodes.append((seq.block_table, end))
             else:  # a prefill chunk, or a decode verifying drafts: several queries, causal
                 out.chunks.append((n, seq.block_table, end))
-            if end >= seq.num_tokens:  # the chunk reaches the newest token: sample after it
+            # The chunk reaches the newest token: sample after it (a request scoring its prompt
+            # with max_tokens=0 samples nothing).
+            if end >= seq.num_tokens and seq.params.max_tokens > 0:
                 rows = end - seq.num_tokens + 1  # 1, or k + 1 when verifying k drafts
                 out.logits_indices.extend(range(len(out.input_ids) - rows, len(out.input_ids)))
                 out.sampling.append((seq, rows))
+            if (owed := seq.prompt_logprobs_from) is not None:
+                # positions p in the chunk whose logits give prompt token p + 1's log-probability
+                first, last = max(start, owed), min(end, seq.num_prompt_tokens - 1)
+                if last > first:
+                    prompt_indices.extend(range(first_row + first - start, first_row + last - start))
+                    out.prompt_rows.append((seq, first, last - first))
+        out.logits_indices.extend(prompt_indices)
         return out
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
@@ -202,21 +244,27 @@ class ModelRunner:
         )
 
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
-        """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``.
+        """One forward pass: logits [rows that sample, vocab] float32 and ``StepLayout.sampling``
+        (the rows of ``StepLayout.prompt_rows``, if any, follow the sampling rows).
 
         A decode step runs ``decode``, any other ``prefill`` (``run_layout``).
         Raises ``NonFiniteLogitsError`` when the logits hold NaN or inf.
         """
+        logits, lay = self.forward_layout(scheduled)
+        return logits, lay.sampling
+
+    def forward_layout(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepLayout]:
+        """``forward``, returning the whole ``StepLayout`` the logits rows follow."""
         fresh = self.block_manager.take_fresh_blocks()
         lay = self.layout(scheduled)
         if self.workers is None:
-            return self._check(self.run_layout(lay, fresh)), lay.sampling
-        self.workers.step(replace(lay, sampling=[]), fresh)  # plain lists: what a worker runs
+            return self._check(self.run_layout(lay, fresh)), lay
+        self.workers.step(lay.plain, fresh)  # plain lists: what a worker runs
         try:
             logits = self.run_layout(lay, fresh)
         except BaseException as e:  # the ranks are out of step now: name a dead worker, close them all
             self.workers.abandon(e)
-        return self._check(logits), lay.sampling
+        return self._check(logits), lay
 
     def run_layout(self, lay: StepLayout, fresh_blocks: list[int]) -> torch.Tensor:
         """Zero ``fresh_blocks`` (allocated since the last step), then run ``lay``: a step of
@@ -263,15 +311,64 @@ class ModelRunner:
             )
         return logits
 
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
-        """Run one step; return the tokens each sampling sequence emits, by request id: one token,
-        or, for a decode with drafts, the accepted drafts and one more (``verification.py``)."""
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> ModelRunnerOutput:
+        """Run one step: the tokens each sampling sequence emits, by request id (one token, or, for
+        a decode with drafts, the accepted drafts and one more: ``verification.py``), and the
+        log-probabilities the requests asked for (``logprobs``: every path's logits rows go
+        through the same ``_logprobs``)."""
         tp = self.model.tp
         start, comm_before = time.perf_counter(), tp.comm_s
-        logits, sampling = self.forward(scheduled)
+        logits, lay = self.forward_layout(scheduled)
         synchronize(self.device)
         self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
         self.last_comm_s = tp.comm_s - comm_before
+        tokens = self._sample(logits, lay.sampling)
+        result = ModelRunnerOutput(sampled_token_ids=tokens)
+        for seq, rows in lay.sampling:
+            result.num_logits_rows[seq.request_id] = rows
+        for seq, _, count in lay.prompt_rows:
+            result.num_logits_rows[seq.request_id] = result.num_logits_rows.get(seq.request_id, 0) + count
+        self._logprobs(logits, lay, tokens, result)
+        return result
+
+    def _logprobs(
+        self, logits: torch.Tensor, lay: StepLayout, tokens: dict[str, list[int]], result: ModelRunnerOutput
+    ) -> None:
+        """Fill ``result.logprobs`` and ``result.prompt_logprobs`` from ``logits`` [sampling rows,
+        then prompt rows, vocab], in one ``gather_logprobs`` over the rows asked for. An emitted
+        token's is read at the row that predicted it: with drafts, accepted draft i's at the
+        target's row i and the last token's at the row after the last accepted draft."""
+        rows, targets, tops, owners = [], [], [], []
+        row = 0
+        for seq, num_rows in lay.sampling:
+            k = seq.params.logprobs
+            if k is not None:
+                emitted = tokens[seq.request_id]
+                rows.extend(range(row, row + len(emitted)))
+                targets.extend(emitted)
+                tops.extend([k] * len(emitted))
+                owners.append((seq, len(emitted), None))
+            row += num_rows
+        for seq, first, count in lay.prompt_rows:
+            rows.extend(range(row, row + count))
+            targets.extend(seq.prompt_token_ids[first + 1 : first + 1 + count])
+            tops.extend([seq.params.prompt_logprobs] * count)
+            owners.append((seq, count, first + 1))
+            row += count
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        gathered = gather_logprobs(logits[index], targets, tops)
+        at = 0
+        for seq, count, first_prompt_token in owners:
+            if first_prompt_token is None:
+                result.logprobs[seq.request_id] = gathered[at : at + count]
+            else:
+                result.prompt_logprobs[seq.request_id] = (first_prompt_token, gathered[at : at + count])
+            at += count
+
+    def _sample(self, logits: torch.Tensor, sampling: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
+        """The tokens each sampling sequence emits, by request id."""
         plain = [(i, seq) for i, (seq, rows) in enumerate(sampling) if rows == 1]
         out: dict[str, list[int]] = {}
         if plain:
@@ -296,8 +393,9 @@ class ModelRunner:
 
 
 def sampled_rows(logits: torch.Tensor, lay: StepLayout) -> torch.Tensor:
-    """The rows of ``logits`` [every row of ``lay``, vocab] that sample (``lay.logits_indices``):
-    all of them, or fewer when a single-token row is a prompt chunk that stops mid-prompt."""
+    """The rows of ``logits`` [every row of ``lay``, vocab] that ``lay.logits_indices`` asks for
+    (the sampling rows, then those of prompt log-probabilities): all of them, or fewer when a
+    single-token row is a prompt chunk that stops mid-prompt."""
     if lay.logits_indices == list(range(len(lay.input_ids))):
         return logits
     return logits[torch.tensor(lay.logits_indices, dtype=torch.long, device=logits.device)]

@@ -11,9 +11,41 @@ from dataclasses import dataclass, field
 from minieng.engine.sequence import RequestTimes
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``Logprob``).
+
+    Attributes:
+        logprob: natural log of its probability under the model's raw logits (<= 0).
+        rank: 1 for the most likely token, counting ties as vLLM does (the tokens whose
+            log-probability is >= this one's).
+        decoded_token: the tokenizer's decode of this single id, or None without a tokenizer.
+    """
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+# vLLM's names: one dict per generated token; one per prompt token, the first None.
+SampleLogprobs = list[dict[int, Logprob]]
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
 @dataclass
 class RequestOutput:
-    """A request's state after a step: ``new_token_ids``/``delta`` are what this step added."""
+    """A request's state after a step: ``new_token_ids``/``delta`` are what this step added.
+
+    Log-probabilities (``engine/logprobs.py``: raw log_softmax, before temperature, top-k and
+    top-p), None unless the request asked (``SamplingParams.logprobs``, ``prompt_logprobs``):
+
+    - ``logprobs``: one ``{token id: Logprob}`` per token of ``token_ids`` (vLLM's
+      ``CompletionOutput.logprobs``): the generated token and the top ``logprobs`` tokens;
+      ``new_logprobs``: those of ``new_token_ids`` alone (what a stream sends on).
+    - ``prompt_logprobs``: one per prompt token, the first None (nothing predicts it), as vLLM's
+      ``RequestOutput.prompt_logprobs``: the prompt's token and the top ``prompt_logprobs``
+      tokens at each position. Complete from the first output on (the prompt is computed then).
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -25,6 +57,9 @@ class RequestOutput:
     finish_reason: str | None
     times: RequestTimes
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served
+    logprobs: SampleLogprobs | None = None
+    new_logprobs: SampleLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass
@@ -34,7 +69,8 @@ class StepRecord:
     ``chunks`` lists, per scheduled sequence (decodes first), ``(num_new_tokens,
     num_context_tokens, num_logits_rows)``: the tokens run this step, the tokens already in the
     KV cache before them, and the rows the LM head ran on (0 for a prompt chunk that stops
-    mid-prompt, 1, or k + 1 for a decode verifying k drafts). FLOPs and bytes of the step follow
+    mid-prompt, 1, or k + 1 for a decode verifying k drafts; plus, for a request asking
+    ``prompt_logprobs``, one per prompt position whose log-probability the step computed). FLOPs and bytes of the step follow
     from it (``flops_bytes.step_work``). Built by keyword (``LLMEngine.step``).
     """
 
@@ -56,4 +92,5 @@ class StepRecord:
     # Per request admitted for the first time this step (a preempted one's readmission is not):
     # (prompt tokens looked up in the prefix cache, tokens it served), vLLM's PrefixCacheStats
     # queries and hits, the source of the logged "Prefix cache hit rate" (``logged_throughput``).
+    # A request asking prompt_logprobs reads no cache, and is left out, as vLLM leaves it out.
     prefix_cache_lookups: list[tuple[int, int]] = field(default_factory=list)

@@ -4,6 +4,11 @@ A ``Sequence`` is plain bookkeeping: token ids, how many of them are already in 
 (``num_computed_tokens``), the blocks that hold them (``block_table``) and when things happened.
 It owns no tensors. Preemption by recompute simply sets ``num_computed_tokens`` back to 0: the
 prompt and the tokens generated so far are prefilled again when the request is readmitted.
+
+Log-probabilities a request asked for are kept here too, beside the tokens they belong to
+(``output_logprobs``, ``prompt_logprobs``). A recompute never computes them twice: the prompt's
+are kept across a preemption, and only the positions still owed ask the runner for logits
+(``prompt_logprobs_from``).
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of its full blocks (memoized)
         self.extra_keys: tuple = ()  # anything besides the tokens that changes the KV (a LoRA id)
         self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
+        # Log-probabilities (dicts of ``outputs.Logprob``), None where the request did not ask: one
+        # per output token, appended with it; one per prompt token computed so far, the first None.
+        self.output_logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.times = RequestTimes(arrival_s=arrival_s)
 
     @property
@@ -93,6 +102,15 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to be run through the model: the prompt at first, 1 when decoding."""
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def prompt_logprobs_from(self) -> int | None:
+        """The first position whose logits still owe a prompt log-probability (the logits at
+        position p give prompt token p + 1's), or None when none is owed (all computed, or none
+        asked). The prefix cache serves no block at or after it (``BlockManager.match_prefix``)."""
+        if self.prompt_logprobs is None or len(self.prompt_logprobs) >= self.num_prompt_tokens:
+            return None
+        return len(self.prompt_logprobs) - 1
 
     @property
     def is_finished(self) -> bool:

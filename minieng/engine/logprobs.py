@@ -1,0 +1,100 @@
+"""Log-probabilities of tokens, as a request asks for them (``SamplingParams.logprobs`` and
+``prompt_logprobs``, vLLM's names).
+
+What they are: log_softmax of the model's raw float32 logits at a position, before temperature,
+top-k and top-p, vLLM's default (``logprobs_mode="raw_logprobs"``, ``vllm/v1/sample/sampler.py``).
+So they are the model's own distribution, the same whether the request samples greedily or at
+temperature 1.3; the probability a sampled token was actually drawn with is not reported.
+
+For one position the engine returns a dict ``{token id: Logprob}`` (vLLM's ``SampleLogprobs``
+entries): first the token itself (the generated one, or for a prompt the prompt's next token),
+with its rank, then the k most likely tokens, ranks 1..k, most likely first. The token is there
+even when it is outside the top k; when it is inside, it appears once (so a dict holds k or
+k + 1 entries). Its rank is the number of tokens whose log-probability is >= its own, as vLLM's
+``batched_count_greater_than`` counts it (1 = the most likely).
+
+The model runner computes them on the rows of logits it already has (``gather_logprobs``: plain
+lists, one device-to-host copy per tensor); the engine turns them into dicts with each token's
+text (``make_logprob_dicts``), where it has the tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from minieng.engine.outputs import Logprob, SampleLogprobs
+
+
+class RowLogprobs(NamedTuple):
+    """One position's log-probabilities as plain data: ``token_ids[0]`` is the token asked about
+    and ``rank`` its rank; ``token_ids[1:]`` the top k, most likely first; ``logprobs`` alike."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    rank: int
+
+
+def gather_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[RowLogprobs]:
+    """Log-probabilities of ``token_ids`` and of the top tokens, row by row.
+
+    Args:
+        logits: [n, vocab] raw logits (computed in float32 whatever their dtype).
+        token_ids: n ids, the token each row asks about (sampled, or the prompt's next).
+        num_top: n counts k >= 0 of top tokens to return per row (more than the vocabulary: all).
+    Returns:
+        n ``RowLogprobs``, each of 1 + k entries.
+    As vLLM's ``Sampler.gather_logprobs`` (``vllm/v1/sample/sampler.py``): log_softmax, the
+    token's value and rank, then ``torch.topk``. One log_softmax over the n rows at once.
+    """
+    n = logits.shape[0]
+    if n == 0:
+        return []
+    assert len(token_ids) == n and len(num_top) == n, "one token id and one k per row"
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(token_ids), dtype=torch.long, device=logits.device).unsqueeze(1)
+    token_logprobs = logprobs.gather(1, ids)  # [n, 1]
+    ranks = (logprobs >= token_logprobs).sum(dim=-1)
+    k = min(max(num_top), logprobs.shape[-1])
+    if k > 0:
+        top_values, top_ids = torch.topk(logprobs, k, dim=-1)
+        ids, token_logprobs = torch.cat([ids, top_ids], dim=1), torch.cat([token_logprobs, top_values], dim=1)
+    rows_ids, rows_values, rows_ranks = ids.tolist(), token_logprobs.tolist(), ranks.tolist()
+    return [
+        RowLogprobs(i[: 1 + top], v[: 1 + top], r) for i, v, r, top in zip(rows_ids, rows_values, rows_ranks, num_top)
+    ]
+
+
+class TokenTexts:
+    """Each token id's text, ``tokenizer.decode([id])``, decoded once and remembered (at most one
+    entry per vocabulary id). Without a tokenizer every text is None."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+
+def make_logprob_dict(row: RowLogprobs, decode: Callable[[int], str | None]) -> dict[int, Logprob]:
+    """``{token id: Logprob}`` of one position: the token asked about first (with its rank), then
+    the top k by rank (1..k); a top token equal to the first is not repeated."""
+    first, *top = zip(row.token_ids, row.logprobs)
+    out = {first[0]: Logprob(first[1], row.rank, decode(first[0]))}
+    for rank, (token_id, value) in enumerate(top, start=1):
+        if token_id not in out:
+            out[token_id] = Logprob(value, rank, decode(token_id))
+    return out
+
+
+def make_logprob_dicts(rows: Sequence[RowLogprobs], decode: Callable[[int], str | None]) -> SampleLogprobs:
+    """``make_logprob_dict`` of every row, in order."""
+    return [make_logprob_dict(row, decode) for row in rows]
