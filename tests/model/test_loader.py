@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from minieng import EngineConfig, LLMEngine
 from minieng.config import PUBLISHED_SHAPES, published_config
@@ -32,3 +33,32 @@ def test_a_shape_without_weights_loads_only_as_dummy_and_says_where_the_real_one
         EngineConfig(model="SmolLM2-135M", load_format="dummy", device="cpu", kv_cache_memory_gib=0.1, max_model_len=64)
     )
     assert engine.model_config == published_config("SmolLM2-135M") and engine.tokenizer.encode("hi")
+
+
+def test_building_a_bf16_model_allocates_its_weights_in_bf16_only():
+    """No float32 copy of a weight at any point of ``build_model`` in bfloat16: every tensor the
+    build creates, summed, stays within 2.05 bytes a parameter (a float32 detour would be 6)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from minieng.model.loader import build_model
+
+    created: list[tuple[torch.dtype, int]] = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not func._schema.is_mutable:
+                    if func.is_view or func.__name__.startswith(("view", "alias", "detach")):
+                        continue
+                    created.append((t.dtype, t.untyped_storage().nbytes()))
+            return out
+
+    config = published_config("SmolLM2-135M")
+    with Allocations():
+        model = build_model(config, torch.bfloat16, torch.device("cpu"), max_position=256)
+    params = sum(p.numel() for p in model.parameters())
+    matrices = {p.numel() for p in model.parameters() if p.dim() == 2}
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert not [n for dtype, n in created if dtype == torch.float32 and n // 4 in matrices]
+    assert sum(n for _, n in created) <= 2.05 * params
