@@ -24,7 +24,7 @@ RNG = [
     r"\bdefault_rng\(seed\)",  # numpy's generator
     r"\bseed: int\b",  # a parameter or field annotated as the integer seed
     r"^\s*seed: (seeds (requests|this request's random draws)|the request's seed)\b",  # its Args entry
-    r"\bseed=",  # a keyword argument: SamplingParams(seed=0), poisson_workload(..., seed=0)
+    r"\bseed=(seed\b)?",  # a keyword argument: SamplingParams(seed=0), workload_prompts(..., seed=seed)
     r"\bseed = |= seed\b",  # an assignment in code: seed = params.seed ..., self.seed = seed
     r", seed\)",  # passed on positionally: nudged_logits(model, token_ids, epsilon, seed)
     r"--seed\b",  # the command line's flag
