@@ -10,7 +10,8 @@ it sleeps until a request arrives or the batch's timeout.
 Every ``log_interval_s`` seconds it logs vLLM's stats line (``measure.logged_throughput``: prompt
 and generation throughput as vLLM's ``LoggingStatLogger`` counts them, running and waiting requests,
 KV cache usage, prefix cache hit rate) through the ``logging`` logger of this module, at INFO (DEBUG
-while the server stays idle, as vLLM does).
+while the server stays idle, as vLLM does), and keeps each line's figures (``logged``). With a
+``ServerMetrics`` it also feeds the Prometheus metrics every step and every finished request.
 """
 
 from __future__ import annotations
@@ -19,18 +20,26 @@ import asyncio
 import logging
 import math
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
-from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S, StatLogger
+from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S, LoggedStats, StatLogger
+from minieng.serve.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
 # Step records the server keeps (for engine-side figures of recent traffic); older ones are dropped.
 MAX_STEP_RECORDS = 10_000
+MAX_LOGGED = 1_000  # stats lines whose figures AsyncEngine.logged keeps (the newest)
+
+
+def new_request_id(prefix: str = "cmpl") -> str:
+    """A fresh id, ``prefix``-hex, as OpenAI's ``cmpl-`` and ``chatcmpl-``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def check_log_interval(log_interval_s: float | None) -> None:
@@ -48,7 +57,9 @@ class AsyncEngine:
             that finished or was aborted, before the engine forgets it: the engine-side record
             of each request's timestamps.
         log_interval_s: seconds between two stats lines (vLLM's ``VLLM_LOG_STATS_INTERVAL``, 10 s);
-            None or 0: no stats logged. ``stat_logger`` holds the counts of the current interval.
+            None or 0: no stats logged. ``stat_logger`` holds the counts of the current interval,
+            ``logged`` the figures of the most recent ``MAX_LOGGED`` lines (``LoggedStats``).
+        metrics: the Prometheus metrics to feed (``ServerMetrics``), or None.
     Raises ``ValueError`` for a negative ``log_interval_s``.
     """
 
@@ -57,12 +68,15 @@ class AsyncEngine:
         engine: LLMEngine,
         on_finished: Callable[[RequestOutput], None] | None = None,
         log_interval_s: float | None = DEFAULT_LOG_INTERVAL_S,
+        metrics: ServerMetrics | None = None,
     ):
         check_log_interval(log_interval_s)
         self.engine = engine
         self.on_finished = on_finished
+        self.metrics = metrics
         self.log_interval_s = log_interval_s or None
         self.stat_logger: StatLogger | None = None
+        self.logged: deque[LoggedStats] = deque(maxlen=MAX_LOGGED)
         self._log_task: asyncio.Task | None = None
         self._submitted: list[tuple[str, list[int], SamplingParams, float]] = []
         self._aborts: set[str] = set()
@@ -100,15 +114,22 @@ class AsyncEngine:
         while True:
             await asyncio.sleep(self.log_interval_s)
             stats = self.stat_logger.log(self.engine.clock())
+            self.logged.append(stats)
             logger.log(logging.DEBUG if self.stat_logger.idle else logging.INFO, stats.line())
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, arrival_s: float, prefix: str = "cmpl"
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        arrival_s: float,
+        request_id: str | None = None,
+        queue: asyncio.Queue | None = None,
     ) -> tuple[str, asyncio.Queue]:
-        """Queue an already validated request; returns its id (``prefix``-hex, as OpenAI's ``cmpl-``
-        and ``chatcmpl-``) and the queue its outputs arrive on."""
-        request_id = f"{prefix}-{uuid.uuid4().hex}"
-        queue: asyncio.Queue = asyncio.Queue()
+        """Queue an already validated request; returns its id (``request_id``, default
+        ``new_request_id()``; it must be unused) and the queue its outputs arrive on (``queue``,
+        default a new one: several requests may share one, each output naming its request)."""
+        request_id = request_id or new_request_id()
+        queue = asyncio.Queue() if queue is None else queue
         self._queues[request_id] = queue
         self._submitted.append((request_id, prompt_ids, params, arrival_s))
         self._wake.set()
@@ -125,12 +146,19 @@ class AsyncEngine:
         for request_id, ids, params, arrival_s in self._submitted:
             engine.add_request(ids, params, request_id=request_id, arrival_s=arrival_s)
         self._submitted.clear()
+        aborted = False
         for request_id in self._aborts:
             if request_id in engine.requests:
                 engine.abort_request(request_id)
                 self.num_aborted += 1
+                aborted = True
                 self._finish(engine.output(request_id))
         self._aborts.clear()
+        if aborted and self.metrics is not None:  # no step may follow: the gauges as the aborts left them
+            scheduler = engine.scheduler
+            self.metrics.record_scheduler(
+                len(scheduler.running), len(scheduler.waiting), engine.block_manager.num_used_blocks
+            )
         if len(engine.step_records) > MAX_STEP_RECORDS:
             del engine.step_records[:-MAX_STEP_RECORDS]
             del engine.spec_records[:-MAX_STEP_RECORDS]
@@ -138,6 +166,8 @@ class AsyncEngine:
     def _finish(self, out: RequestOutput) -> None:
         self.engine.release_request(out.request_id)
         self._queues.pop(out.request_id, None)
+        if self.metrics is not None:
+            self.metrics.record_finished(out)
         if self.on_finished is not None:
             self.on_finished(out)
 
@@ -158,8 +188,11 @@ class AsyncEngine:
                 continue
             num_steps = len(engine.step_records)
             outputs = await loop.run_in_executor(self._stepper, engine.step)
-            if self.stat_logger is not None and len(engine.step_records) > num_steps:  # a step ran
-                self.stat_logger.record(engine.step_records[-1], outputs)
+            if len(engine.step_records) > num_steps:  # a step ran
+                if self.stat_logger is not None:
+                    self.stat_logger.record(engine.step_records[-1], outputs)
+                if self.metrics is not None:
+                    self.metrics.record_step(engine.step_records[-1], outputs)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:

@@ -5,12 +5,24 @@ anything reaches the engine; ``server.py`` turns every refusal into OpenAI's err
 (``error_body``) with status 400 (404 for an unknown model), never a 500.
 
 Fields minieng cannot honour are refused, never silently ignored: each of ``NOT_HONOURED``
-(``logprobs``, ``echo``, ``n`` > 1, ``best_of`` > 1, ``logit_bias``, penalties, ``suffix``,
-``response_format``, tools, and vLLM's sampling extensions) is accepted only with its neutral
-value, what its absence means (``logprobs: null``, ``presence_penalty: 0``), and otherwise
-answers 400 naming it (``_SamplingRequest.check_honoured``); so does ``stream_options`` without
-``stream``, as OpenAI's API and vLLM's do. Other unknown fields (``user``, ``metadata``, ...) change
-nothing about the answer and are ignored, as OpenAI-compatible servers do.
+(``logprobs``, ``echo``, ``logit_bias``, penalties, ``suffix``, ``response_format``, tools, and
+vLLM's sampling extensions) is accepted only with its neutral value, what its absence means
+(``logprobs: null``, ``presence_penalty: 0``), and otherwise answers 400 naming it
+(``_SamplingRequest.check_honoured``); so do ``best_of`` other than ``n``, ``n`` > 1 with greedy
+sampling (as vLLM's ``SamplingParams._verify_greedy_sampling`` refuses it) and ``stream_options``
+without ``stream``, as OpenAI's API and vLLM's do. Other unknown fields (``user``, ``metadata``,
+...) change nothing about the answer and are ignored, as OpenAI-compatible servers do.
+
+An explicit JSON ``null`` is the field's absence, its default: every optional field OpenAI's
+reference marks nullable (``temperature``, ``top_p``, ``n``, ``stream``, ``stop``, ``seed``,
+``max_tokens``, ``logprobs``, penalties, ``stream_options``, ...) and vLLM's ``Optional`` extensions
+(``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``), as both servers read it, so a
+LangChain or LiteLLM body that sends every unset option as null is served (llama.cpp's server
+refused such bodies: its issue #25515).
+
+``n`` choices of each prompt, and a completion's ``prompt`` as a batch (a list of strings or of
+token-id lists), are answered as vLLM answers them (``server.py``): one engine request per choice,
+``index`` prompt-major (prompt p's choice i is ``p * n + i``).
 
 Field names, defaults and object layouts follow OpenAI's API reference for ``/v1/completions``
 and ``/v1/chat/completions`` (streaming chunks, ``stream_options.include_usage``, text content
@@ -27,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from minieng.config import SamplingParams
+from minieng.config import GREEDY_TEMPERATURE, SamplingParams
 
 
 class NotHonoured(ValueError):
@@ -66,8 +78,6 @@ def _no_tool(value: Any) -> bool:
 # accepted only when its test says the value is neutral (what leaving it out means), otherwise
 # refused with the reason and what to send instead.
 NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (_one, "minieng returns one choice per request: send n=1 (or omit it) and repeat the request"),
-    "best_of": (_one, "minieng samples one sequence per request: send best_of=1 (or omit it)"),
     "logprobs": (_off, "minieng does not return log-probabilities: omit logprobs (or send null/false)"),
     "top_logprobs": (_zero, "minieng does not return log-probabilities: omit top_logprobs"),
     "echo": (_off, "minieng does not echo the prompt: omit echo (or send false)"),
@@ -98,7 +108,7 @@ NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    include_usage: bool = False
+    include_usage: bool | None = None  # null: false
 
 
 class _SamplingRequest(BaseModel):
@@ -108,16 +118,20 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
+    # Every optional field takes null as its absence (OpenAI's reference marks them nullable; vLLM
+    # declares its extensions Optional): the defaults are applied in ``sampling_params``.
     max_tokens: int | None = Field(default=None, ge=1)
     # allow_inf_nan=False: JSON's Infinity (or 1e400) and NaN are refused here, naming the field.
-    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=-1)  # vLLM: -1 or 0 keeps every token
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)  # null: 1
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)  # null: 1
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM: -1 or 0 (or null) keeps every token
+    n: int | None = Field(default=None, ge=1)  # choices per prompt; null: 1
+    best_of: int | None = Field(default=None, ge=1)  # candidates per prompt; only n is served
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # vLLM: token ids that end the output, beside EOS
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: bool | None = None  # null: false
+    stream: bool | None = None  # null: false
     stream_options: StreamOptions | None = None
 
     @field_validator("stop")
@@ -133,12 +147,32 @@ class _SamplingRequest(BaseModel):
 
         Raises:
             NotHonoured: a field of ``NOT_HONOURED`` sent with a value that asks for something
-                (``logprobs: 5``, ``presence_penalty: 0.5``), or ``stream_options`` without
-                ``stream: true``.
+                (``logprobs: 5``, ``presence_penalty: 0.5``); ``stream_options`` without
+                ``stream: true``; ``best_of`` other than ``n`` (OpenAI: best_of >= n; ranking more
+                candidates than are returned needs their log-probabilities, which vLLM V1 refuses
+                too: "does not yet support best_of"); ``n`` > 1 with greedy sampling (n identical
+                choices), as vLLM's ``SamplingParams._verify_greedy_sampling`` refuses it.
         """
         if self.stream_options is not None and not self.stream:
             raise NotHonoured(
                 "stream_options", "it applies to streamed responses only: send stream=true, or omit stream_options"
+            )
+        n = self.num_choices
+        if self.best_of is not None and self.best_of < n:
+            raise NotHonoured(
+                "best_of", f"best_of={self.best_of} must be >= n={n} (OpenAI's rule): raise it, or omit it"
+            )
+        if self.best_of is not None and self.best_of > n:
+            raise NotHonoured(
+                "best_of",
+                f"minieng does not rank {self.best_of} candidates to return the best n={n}: "
+                "send best_of equal to n (or omit it) and ask for n choices",
+            )
+        if n > 1 and self.temperature is not None and self.temperature < GREEDY_TEMPERATURE:
+            raise NotHonoured(
+                "n",
+                f"minieng refuses n={n} with greedy sampling (temperature {self.temperature}): the {n} "
+                "choices would be identical (vLLM refuses it too); send n=1, or a temperature above 0",
             )
         for name, value in (self.model_extra or {}).items():
             if name in NOT_HONOURED and not NOT_HONOURED[name][0](value):
@@ -148,55 +182,68 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def num_choices(self) -> int:
+        """``n``: the choices asked of each prompt (1 when absent or null)."""
+        return 1 if self.n is None else self.n
+
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """The engine's ``SamplingParams``; ``default_max_tokens`` when the request gives none.
+        """The engine's ``SamplingParams``; ``default_max_tokens`` when the request gives none, and
+        each null field's default (temperature 1, top_p 1, every token kept, no stop).
         Raises ``ValueError`` (naming the field) for what ``SamplingParams`` refuses."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=max(self.top_k, 0),
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
             seed=self.seed,
             max_tokens=self.max_tokens or default_max_tokens,
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=self.ignore_eos,
+            ignore_eos=bool(self.ignore_eos),
         )
 
 
 class CompletionRequest(_SamplingRequest):
-    """``POST /v1/completions``: one prompt, as text or token ids. OpenAI's default ``max_tokens`` is 16.
+    """``POST /v1/completions``: one prompt (text, or token ids) or a batch of them (a list of
+    strings, or of token-id lists), as OpenAI's API takes them; each prompt is answered with ``n``
+    choices. OpenAI's default ``max_tokens`` is 16."""
 
-    OpenAI's API also takes a batch of prompts (a list of strings, or of token-id lists) and
-    answers a choice for each; minieng answers one choice per request, so it takes a batch of one
-    (``["text"]``, ``[[1, 2]]``) as that prompt and refuses larger batches.
-    """
-
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, prompt):
+    def _prompt_forms(cls, prompt):
+        """Refuse, saying what is wrong, a list that is none of OpenAI's three list forms."""
         if not isinstance(prompt, list):
             return prompt  # a str passes; anything else fails the type check, naming prompt
-        if len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-            raise PydanticCustomError(
-                "batch",
-                "a batch of several prompts is not supported (minieng answers one "
-                "choice per request): send one request per prompt",
-            )
-        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one prompt
-            if isinstance(prompt, str):
-                return prompt
-        bad = next((i for i, p in enumerate(prompt) if type(p) is not int), None)
+        if not prompt:
+            raise PydanticCustomError("batch", "an empty list holds no prompt: send a string, or a list of prompts")
+        if all(isinstance(p, str) for p in prompt):
+            return prompt  # a batch of texts
+        if all(isinstance(p, list) for p in prompt):  # a batch of token-id lists
+            for i, ids in enumerate(prompt):
+                cls._check_ids(ids, f"prompt {i}: ")
+            return prompt
+        cls._check_ids(prompt, "")  # one prompt's token ids
+        return prompt
+
+    @staticmethod
+    def _check_ids(ids: list, where: str) -> None:
+        bad = next((i for i, p in enumerate(ids) if type(p) is not int), None)
         if bad is not None:
             raise PydanticCustomError(
                 "token_ids",
-                "a list prompt holds token ids, which are integers; got {value} at index {index}",
-                {"value": repr(prompt[bad])[:40], "index": bad},
+                "{where}a list prompt holds token ids, which are integers (or a batch holds prompts, all "
+                "strings or all token-id lists); got {value} at index {index}",
+                {"where": where, "value": repr(ids[bad])[:40], "index": bad},
             )
-        return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch's prompts, in order: one for a single prompt (text or token ids)."""
+        if isinstance(self.prompt, str) or not self.prompt or isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
 
 
 class ChatMessage(BaseModel):
@@ -255,12 +302,67 @@ class ChatCompletionRequest(_SamplingRequest):
         return [{"role": m.role, "content": m.content} for m in self.messages]
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error"}.get(
-        status, "server_error"
-    )
-    code = {404: "model_not_found"}.get(status)
+class TokenizeCompletionRequest(BaseModel):
+    """``POST /tokenize`` with a prompt (vLLM's ``TokenizeCompletionRequest``): its token ids, the
+    tokenizer's special tokens added unless ``add_special_tokens`` is false; ``return_token_strs``
+    also returns each token's string (``convert_ids_to_tokens``). ``model``, when given, must be
+    the served one."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool | None = None  # null: true
+    return_token_strs: bool | None = None  # null: false
+
+
+class TokenizeChatRequest(BaseModel):
+    """``POST /tokenize`` with a conversation (vLLM's ``TokenizeChatRequest``): its token ids
+    through the chat template, the generation prompt added, as ``/v1/chat/completions`` sends them
+    to the engine. vLLM's options that change the template's output (``add_generation_prompt:
+    false``, ``continue_final_message``, ``add_special_tokens: true``, ``chat_template``, tools)
+    are refused: minieng tokenizes a conversation only the way it serves one."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    return_token_strs: bool | None = None
+
+    def check_honoured(self) -> None:
+        """Raises ``NotHonoured`` for an option that would tokenize otherwise than the chat endpoint."""
+        neutral = {
+            "add_generation_prompt": (None, True),
+            "continue_final_message": (None, False),
+            "add_special_tokens": (None, False),
+            "chat_template": (None,),
+            "chat_template_kwargs": (None, {}),
+            "tools": (None, []),
+        }
+        for name, value in (self.model_extra or {}).items():
+            if name in neutral and not any(value is v or (v is not None and value == v) for v in neutral[name]):
+                raise NotHonoured(
+                    name,
+                    f"minieng tokenizes a conversation as its chat endpoint serves it (the generation prompt "
+                    f"added, its own template): omit {name}; got {repr(value)[:60]}",
+                )
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.content} for m in self.messages]
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM's ``DetokenizeRequest``): ``tokens`` back to text, special tokens
+    included (the tokenizer's ``decode``, as vLLM's)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    tokens: list[int]
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``. Every 4xx is an
+    ``invalid_request_error``, as OpenAI's API types them (an unknown model too, with ``code``
+    ``"model_not_found"``); 5xx a ``server_error``."""
+    kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -275,16 +377,22 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def completion_chunk(
-    request_id: str, model: str, created: int, text: str, finish_reason: str | None, include_usage: bool
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str | None,
+    include_usage: bool,
+    index: int = 0,
 ) -> dict:
-    """One streamed ``text_completion`` object. With ``include_usage``, every content chunk carries
-    ``usage: null`` (the totals come in a last chunk of their own, ``usage_chunk``)."""
+    """One streamed ``text_completion`` object, for choice ``index``. With ``include_usage``, every
+    content chunk carries ``usage: null`` (the totals come in a last chunk of their own, ``usage_chunk``)."""
     chunk = {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None
@@ -292,16 +400,22 @@ def completion_chunk(
 
 
 def chat_chunk(
-    request_id: str, model: str, created: int, delta: dict, finish_reason: str | None, include_usage: bool
+    request_id: str,
+    model: str,
+    created: int,
+    delta: dict,
+    finish_reason: str | None,
+    include_usage: bool,
+    index: int = 0,
 ) -> dict:
-    """One streamed ``chat.completion.chunk``; ``delta`` is ``{"role": "assistant", "content": ""}``
-    in the first chunk and ``{"content": text}`` after it."""
+    """One streamed ``chat.completion.chunk``, for choice ``index``; ``delta`` is
+    ``{"role": "assistant", "content": ""}`` in each choice's first chunk and ``{"content": text}`` after it."""
     chunk = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None
@@ -320,18 +434,25 @@ def usage_chunk(request_id: str, model: str, created: int, chat: bool, totals: d
     }
 
 
-def completion_response(request_id: str, model: str, created: int, text: str, finish_reason: str, totals: dict) -> dict:
+def completion_response(
+    request_id: str, model: str, created: int, choices: list[tuple[str, str]], totals: dict
+) -> dict:
+    """The ``text_completion`` object; ``choices``: ``(text, finish_reason)`` in ``index`` order."""
     return {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(choices)
+        ],
         "usage": totals,
     }
 
 
-def chat_response(request_id: str, model: str, created: int, text: str, finish_reason: str, totals: dict) -> dict:
+def chat_response(request_id: str, model: str, created: int, choices: list[tuple[str, str]], totals: dict) -> dict:
+    """The ``chat.completion`` object; ``choices``: ``(text, finish_reason)`` in ``index`` order."""
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -339,27 +460,22 @@ def chat_response(request_id: str, model: str, created: int, text: str, finish_r
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": i,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
-                "finish_reason": finish_reason,
+                "finish_reason": reason,
             }
+            for i, (text, reason) in enumerate(choices)
         ],
         "usage": totals,
     }
 
 
+def model_card(model: str, max_model_len: int, created: int) -> dict:
+    """OpenAI's model object (``GET /v1/models/{model}``), with vLLM's ``max_model_len``."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "minieng", "max_model_len": max_model_len}
+
+
 def models_list(model: str, max_model_len: int, created: int | None = None) -> dict:
     """``GET /v1/models``: the one model this server runs."""
-    return {
-        "object": "list",
-        "data": [
-            {
-                "id": model,
-                "object": "model",
-                "created": created or int(time.time()),
-                "owned_by": "minieng",
-                "max_model_len": max_model_len,
-            }
-        ],
-    }
+    return {"object": "list", "data": [model_card(model, max_model_len, created or int(time.time()))]}

@@ -1,8 +1,11 @@
 """An OpenAI-compatible HTTP server over one engine: ``python -m minieng serve``.
 
-Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions`` and
-``POST /v1/chat/completions`` (the chat template applied), streamed as server-sent events when
-``stream`` is true. Built on FastAPI and uvicorn; request bodies are checked by the models of
+Endpoints: ``GET /health``, ``GET /v1/models`` and ``GET /v1/models/{model}`` (OpenAI's),
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (the chat template applied), streamed as
+server-sent events when ``stream`` is true, with ``n`` choices of each prompt and a completion's
+batch of prompts (``respond``); vLLM's ``POST /tokenize`` and ``POST /detokenize``; and ``GET
+/metrics``, Prometheus' text format (``metrics.ServerMetrics``: vLLM's ``vllm:`` metrics as
+``minieng:``). Built on FastAPI and uvicorn; request bodies are checked by the models of
 ``protocol.py``, after a size cap (``max_body_bytes``: 413 beyond it, before any parsing).
 
 One engine loop serves every connection (``AsyncEngine``): a task on the server's event loop
@@ -34,12 +37,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
@@ -47,16 +52,21 @@ from minieng.engine.chat_template import check_text
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
-from minieng.serve.async_engine import AsyncEngine, check_log_interval
+from minieng.serve.async_engine import AsyncEngine, check_log_interval, new_request_id
+from minieng.serve.metrics import ServerMetrics
 from minieng.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     NotHonoured,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     chat_chunk,
     chat_response,
     completion_chunk,
     completion_response,
     error_body,
+    model_card,
     models_list,
     usage,
     usage_chunk,
@@ -68,14 +78,17 @@ DEFAULT_PORT = 8000
 # token ids takes ~7 bytes, as escaped text at most a dozen), and never under 1 MiB.
 BODY_BYTES_PER_TOKEN = 32
 MIN_MAX_BODY_BYTES = 2**20
+# The most choices (n x prompts) one request may ask for: each is an engine request holding its own
+# KV blocks, so a larger batch is better split by the client. OpenAI's API caps n at 128.
+DEFAULT_MAX_CHOICES = 128
 
 
 class _Refused(Exception):
     """A request refused with an OpenAI error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.code = status, message, param, code
 
 
 class BodyLimit:
@@ -166,26 +179,36 @@ def build_app(
     on_finished: Callable[[RequestOutput], None] | None = None,
     max_body_bytes: int | None = None,
     log_interval_s: float | None = DEFAULT_LOG_INTERVAL_S,
+    max_choices: int = DEFAULT_MAX_CHOICES,
 ):
     """The FastAPI application serving ``engine`` under ``model_name`` (default ``served_model_name``).
 
     The engine loop starts and stops with the application (its lifespan). ``app.state.engine_loop``
-    is the ``AsyncEngine``. Request bodies over ``max_body_bytes`` (default
-    ``default_max_body_bytes``) are refused with 413. Every ``log_interval_s`` seconds the loop logs
-    vLLM's stats line (``AsyncEngine``; None or 0: none). Raises ``ValueError`` for a negative
-    ``log_interval_s``.
+    is the ``AsyncEngine``, ``app.state.metrics`` the ``ServerMetrics`` behind ``GET /metrics`` (a
+    registry of this app's own). Request bodies over ``max_body_bytes`` (default
+    ``default_max_body_bytes``) are refused with 413. A request may ask for at most ``max_choices``
+    choices, ``n`` x its prompts (400 beyond). Every ``log_interval_s`` seconds the loop logs vLLM's
+    stats line (``AsyncEngine``; None or 0: none). Raises ``ValueError`` for a negative
+    ``log_interval_s`` or a ``max_choices`` under 1.
     """
     check_log_interval(log_interval_s)
+    if max_choices < 1:
+        raise ValueError(f"max_choices={max_choices} must be >= 1 (choices a request may ask for, n x prompts)")
     model_name = model_name or served_model_name(engine)
+    created = int(time.time())
+    metrics = ServerMetrics(
+        model_name, engine.max_model_len, engine.block_manager.num_blocks, engine.block_manager.block_size
+    )
 
     @asynccontextmanager
     async def lifespan(app):
-        app.state.engine_loop = AsyncEngine(engine, on_finished, log_interval_s)
+        app.state.engine_loop = AsyncEngine(engine, on_finished, log_interval_s, metrics)
         app.state.engine_loop.start()
         yield
         await app.state.engine_loop.stop()
 
     app = FastAPI(title="minieng", lifespan=lifespan)
+    app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes or default_max_body_bytes(engine))
 
     @app.exception_handler(RequestValidationError)
@@ -202,11 +225,19 @@ def build_app(
 
     @app.exception_handler(_Refused)
     async def _refused(request, exc: _Refused):
-        return JSONResponse(error_body(exc.message, exc.status, exc.param), status_code=exc.status)
+        return JSONResponse(error_body(exc.message, exc.status, exc.param, exc.code), status_code=exc.status)
 
     @app.exception_handler(HTTPException)
     async def _http(request, exc: HTTPException):
-        return JSONResponse(error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):  # OpenAI's wording for a route it does not serve
+            message = f"Invalid URL ({request.method} {request.url.path}): {message}"
+        return JSONResponse(error_body(message, exc.status_code), status_code=exc.status_code)
+
+    def unknown_model(name: str) -> _Refused:
+        return _Refused(
+            404, f"the model {name!r} does not exist: this server runs {model_name!r}", "model", "model_not_found"
+        )
 
     @app.get("/health")
     async def health():
@@ -214,119 +245,185 @@ def build_app(
 
     @app.get("/v1/models")
     async def models():
-        return models_list(model_name, engine.max_model_len)
+        return models_list(model_name, engine.max_model_len, created)
 
-    def refuse_early(body) -> None:
-        """What needs no tokenizer: the model's name, and fields minieng cannot honour."""
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        """OpenAI's ``GET /v1/models/{model}``: the model object, or 404 (``model_not_found``)."""
+        if model_id != model_name:
+            raise unknown_model(model_id)
+        return model_card(model_name, engine.max_model_len, created)
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request):
+        """Prometheus' text format (``ServerMetrics``), as vLLM's ``/metrics``."""
+        text, content_type = metrics.render(request.headers.get("accept"))
+        return Response(text, media_type=content_type)
+
+    def refuse_early(body, chat: bool) -> None:
+        """What needs no tokenizer: the model's name, fields minieng cannot honour, and the number
+        of choices (``n`` x prompts) against ``max_choices``."""
         if body.model != model_name:
-            raise _Refused(404, f"the model {body.model!r} does not exist: this server runs {model_name!r}", "model")
+            raise unknown_model(body.model)
         try:
             body.check_honoured()
         except NotHonoured as e:
             raise _Refused(400, str(e), e.param) from None
+        n, num_prompts = body.num_choices, 1 if chat else len(body.prompts())
+        if n * num_prompts > max_choices:
+            asked = f"{num_prompts} prompts x n={n}" if num_prompts > 1 else f"n={n}"
+            raise _Refused(
+                400,
+                f"{asked} asks for {n * num_prompts} choices; this server answers at most {max_choices} "
+                "per request (each choice is an engine request): send fewer prompts or a smaller n per request",
+                "n" if n > 1 else "prompt",
+            )
 
-    def prepare(body, chat: bool) -> tuple[list[int], SamplingParams]:
-        """A request's prompt ids (the chat template applied) and its ``SamplingParams``, or
-        ``_Refused``. Tokenizes: run in a worker thread, never on the event loop."""
+    def prepare(body, chat: bool) -> list[tuple[list[int], SamplingParams]]:
+        """Each prompt's ids (the chat template applied) and ``SamplingParams``, in order, or
+        ``_Refused`` naming the prompt. Tokenizes: run in a worker thread, never on the event loop."""
         if chat:
             messages, param = body.conversation(), "messages"
             try:
                 for i, m in enumerate(messages):
                     check_text(m["content"], f"message {i}'s content")
-                prompt = engine.chat_prompt(messages)
+                prompts = [engine.chat_prompt(messages)]
             except (ValueError, TemplateError) as e:  # no template, an empty message, an order it refuses
                 raise _Refused(400, f"messages: {e}", "messages") from None
             default_max_tokens = None  # OpenAI's chat answers may run to the end of the context
             if body.max_completion_tokens is not None:
                 body.max_tokens = body.max_completion_tokens
         else:
-            prompt, param, default_max_tokens = body.prompt, "prompt", 16
-        try:
-            ids = engine.check_request(prompt)
-        except ValueError as e:  # empty, too long, not Unicode, ids outside the vocabulary
-            raise _Refused(400, f"{param}: {e}", param) from None
-        room = engine.max_model_len - len(ids)
-        try:
-            params = body.sampling_params(default_max_tokens or room)
-        except ValueError as e:
-            raise _Refused(400, str(e)) from None
-        if params.max_tokens > room:
-            raise _Refused(
-                400,
-                f"the prompt has {len(ids)} tokens and max_tokens={params.max_tokens}: together "
-                f"they exceed the context of {engine.max_model_len} tokens; lower max_tokens",
-                "max_tokens",
-            )
-        return ids, params
+            prompts, param, default_max_tokens = body.prompts(), "prompt", 16
+        prepared = []
+        for p, prompt in enumerate(prompts):
+            which = param if len(prompts) == 1 else f"{param} {p}"
+            try:
+                ids = engine.check_request(prompt)
+            except ValueError as e:  # empty, too long, not Unicode, ids outside the vocabulary
+                raise _Refused(400, f"{which}: {e}", param) from None
+            room = engine.max_model_len - len(ids)
+            try:
+                params = body.sampling_params(default_max_tokens or room)
+            except ValueError as e:
+                raise _Refused(400, str(e)) from None
+            if params.max_tokens > room:
+                raise _Refused(
+                    400,
+                    f"{'the prompt' if which == param else which} has {len(ids)} tokens and "
+                    f"max_tokens={params.max_tokens}: together they exceed the context of "
+                    f"{engine.max_model_len} tokens; lower max_tokens",
+                    "max_tokens",
+                )
+            prepared.append((ids, params))
+        return prepared
 
     async def handle(request: Request, body, chat: bool):
         arrival_s = time.perf_counter()
-        refuse_early(body)
-        ids, params = await asyncio.to_thread(prepare, body, chat)
-        return await respond(request, ids, params, chat, body.include_usage, body.stream, arrival_s)
+        refuse_early(body, chat)
+        prepared = await asyncio.to_thread(prepare, body, chat)
+        return await respond(request, prepared, body.num_choices, chat, body.include_usage, body.stream, arrival_s)
 
     async def respond(
         request: Request,
-        ids: list[int],
-        params: SamplingParams,
+        prepared: list[tuple[list[int], SamplingParams]],
+        n: int,
         chat: bool,
         include_usage: bool,
         stream: bool,
         arrival_s: float,
     ):
+        """Submit ``n`` choices of each prompt, one engine request each, and answer them.
+
+        Choice ``i`` of prompt ``p`` has ``index`` ``p * n + i`` (prompt-major, as OpenAI's API and
+        vLLM's ``serving_completion.py`` order them) and, with a ``seed``, samples with ``seed`` + i,
+        as vLLM's ``ParentRequest._get_child_sampling_params`` (``vllm/v1/engine/parallel_sampling.py``)
+        gives its n children their own seeds. Usage sums them as vLLM does: each prompt's tokens
+        once, every choice's tokens, and the prefix cache's hits on each prompt's first choice.
+        """
         loop: AsyncEngine = request.app.state.engine_loop
-        request_id, queue = loop.submit(ids, params, arrival_s, "chatcmpl" if chat else "cmpl")
+        response_id = new_request_id("chatcmpl" if chat else "cmpl")
+        queue: asyncio.Queue = asyncio.Queue()  # every choice's outputs, each naming its request
+        choice_ids = []
+        for p, (ids, params) in enumerate(prepared):
+            for i in range(n):
+                child = params if params.seed is None else replace(params, seed=params.seed + i)
+                choice_ids.append(loop.submit(ids, child, arrival_s, f"{response_id}-{p * n + i}", queue)[0])
         created = int(time.time())
+
+        def totals(finals: list[RequestOutput]) -> dict:
+            return usage(
+                sum(len(ids) for ids, _ in prepared),
+                sum(len(out.token_ids) for out in finals),
+                sum(finals[p * n].num_cached_tokens for p in range(len(prepared))),
+            )
+
         if stream:
             return StreamingResponse(
-                _sse(loop, request_id, queue, created, chat, include_usage, len(ids)), media_type="text/event-stream"
+                _sse(loop, response_id, queue, choice_ids, created, chat, include_usage, totals),
+                media_type="text/event-stream",
             )
-        text, out = [], None
+        index_of = {rid: i for i, rid in enumerate(choice_ids)}
+        texts: list[list[str]] = [[] for _ in choice_ids]
+        finals: list[RequestOutput | None] = [None] * len(choice_ids)
+        remaining = len(choice_ids)
         try:
-            while out is None or not out.finished:
+            while remaining:
                 out = await queue.get()
-                text.append(out.delta)
+                i = index_of[out.request_id]
+                texts[i].append(out.delta)
+                if out.finished:
+                    finals[i], remaining = out, remaining - 1
         except asyncio.CancelledError:  # the client left (_cancel_on_disconnect), or the server stops
-            loop.abort(request_id)
+            for rid in choice_ids:
+                loop.abort(rid)  # a no-op for those that finished
             raise
-        totals = usage(len(ids), len(out.token_ids), out.num_cached_tokens)
         make = chat_response if chat else completion_response
-        return make(request_id, model_name, created, "".join(text), out.finish_reason, totals)
+        choices = [("".join(t), out.finish_reason) for t, out in zip(texts, finals)]
+        return make(response_id, model_name, created, choices, totals(finals))
 
     async def _sse(
         loop: AsyncEngine,
-        request_id: str,
+        response_id: str,
         queue: asyncio.Queue,
+        choice_ids: list[str],
         created: int,
         chat: bool,
         include_usage: bool,
-        prompt_tokens: int,
+        totals: Callable[[list[RequestOutput]], dict],
     ) -> AsyncIterator[str]:
-        out = None
+        """The server-sent events of every choice, as their tokens come, each chunk naming its
+        choice's ``index``; then the usage chunk (with ``include_usage``) and ``[DONE]``."""
+        index_of = {rid: i for i, rid in enumerate(choice_ids)}
+        finals: list[RequestOutput | None] = [None] * len(choice_ids)
+        remaining = len(choice_ids)
         try:
-            if chat:  # OpenAI's first chat chunk carries the role and no text
-                yield _event(
-                    chat_chunk(
-                        request_id, model_name, created, {"role": "assistant", "content": ""}, None, include_usage
-                    )
-                )
-            while out is None or not out.finished:
+            if chat:  # OpenAI's first chat chunk of each choice carries the role and no text
+                for i in range(len(choice_ids)):
+                    role = {"role": "assistant", "content": ""}
+                    yield _event(chat_chunk(response_id, model_name, created, role, None, include_usage, i))
+            while remaining:
                 out = await queue.get()
-                if not out.delta and not out.finished:
+                i = index_of[out.request_id]
+                if out.finished:
+                    finals[i], remaining = out, remaining - 1
+                elif not out.delta:
                     continue  # tokens whose text is not yet safe to show (a partial character, a stop prefix)
                 reason = out.finish_reason if out.finished else None
                 if chat:
                     delta = {"content": out.delta} if out.delta else {}
-                    yield _event(chat_chunk(request_id, model_name, created, delta, reason, include_usage))
+                    yield _event(chat_chunk(response_id, model_name, created, delta, reason, include_usage, i))
                 else:
-                    yield _event(completion_chunk(request_id, model_name, created, out.delta, reason, include_usage))
+                    yield _event(
+                        completion_chunk(response_id, model_name, created, out.delta, reason, include_usage, i)
+                    )
             if include_usage:
-                totals = usage(prompt_tokens, len(out.token_ids), out.num_cached_tokens)
-                yield _event(usage_chunk(request_id, model_name, created, chat, totals))
+                yield _event(usage_chunk(response_id, model_name, created, chat, totals(finals)))
             yield "data: [DONE]\n\n"
         finally:
-            if out is None or not out.finished:  # the client left (the response was cancelled)
-                loop.abort(request_id)
+            if remaining:  # the client left (the response was cancelled)
+                for rid in choice_ids:
+                    loop.abort(rid)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -336,7 +433,75 @@ def build_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await _cancel_on_disconnect(request, handle(request, body, chat=True))
 
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise unknown_model(name)
+
+    def tokenizer():
+        if engine.tokenizer is None:
+            raise _Refused(400, "this model has no tokenizer: nothing to tokenize or detokenize with")
+        return engine.tokenizer
+
+    def tokenize_body(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict:
+        """vLLM's ``TokenizeResponse``; runs in a worker thread (a long prompt takes the tokenizer a while)."""
+        tok = tokenizer()
+        if isinstance(body, TokenizeChatRequest):
+            try:
+                body.check_honoured()
+            except NotHonoured as e:
+                raise _Refused(400, str(e), e.param) from None
+            try:
+                ids = engine.chat_prompt(body.conversation())
+            except (ValueError, TemplateError) as e:
+                raise _Refused(400, f"messages: {e}", "messages") from None
+        else:
+            try:
+                check_text(body.prompt, "prompt")
+            except ValueError as e:
+                raise _Refused(400, str(e), "prompt") from None
+            ids = list(tok.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False))
+        strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids, "token_strs": strs}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        """vLLM's ``POST /tokenize``: a prompt (``TokenizeCompletionRequest``) or a conversation
+        (``TokenizeChatRequest``, told apart by its ``messages``) to ``{count, max_model_len,
+        tokens, token_strs}``."""
+        data = await _json_body(request)
+        kind = TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
+        body = _validated(kind, data)
+        check_model(body.model)
+        return await _cancel_on_disconnect(request, asyncio.to_thread(tokenize_body, body))
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        """vLLM's ``POST /detokenize``: ``{"prompt": text}`` of ``tokens``, special tokens included."""
+        check_model(body.model)
+        tok, vocab = tokenizer(), engine.model_config.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise _Refused(400, f"tokens: token ids must be in [0, {vocab}); got {bad}", "tokens")
+        return {"prompt": await asyncio.to_thread(tok.decode, body.tokens)}
+
     return app
+
+
+async def _json_body(request: Request):
+    """The request's JSON body, or the 400 FastAPI gives a body that is not JSON."""
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": "JSON decode error"}]) from None
+
+
+def _validated(model: type[BaseModel], data):
+    """``model`` validated from ``data``, or ``RequestValidationError`` located in the body (the
+    app's 400, naming the field), as FastAPI validates a declared body."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
 def _event(obj: dict) -> str:

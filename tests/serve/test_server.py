@@ -234,13 +234,16 @@ def test_openai_client_streams(served):
         ({"model": MODEL, "prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens"),
         ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
         ({"model": MODEL, "prompt": 5}, 400, "prompt"),
-        # Prompts of the wrong shape; a batch of one (["hi"], [[1, 2]]) is served, see below.
+        # Prompts of the wrong shape; batches (["hi", "there"], [[1, 2], [3]]) are served
+        # (test_server_choices.py).
         ({"model": MODEL, "prompt": [1.5]}, 400, "prompt"),
         ({"model": MODEL, "prompt": [1, "a"]}, 400, "prompt"),
         ({"model": MODEL, "prompt": [True, 2]}, 400, "prompt"),
         ({"model": MODEL, "prompt": [["hi"]]}, 400, "prompt"),
-        ({"model": MODEL, "prompt": ["hi", "there"]}, 400, "prompt"),
-        ({"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [[1, 2], "there"]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [[1, 2], [3, True]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ["hi", ""]}, 400, "prompt"),  # one empty prompt of a batch
+        ({"model": MODEL, "prompt": [[1, 2], [10**9]]}, 400, "prompt"),
         ({"model": MODEL, "prompt": []}, 400, "prompt"),
         ({"model": MODEL, "prompt": {"text": "hi"}}, 400, "prompt"),
         ({"model": MODEL, "prompt": None}, 400, "prompt"),
@@ -249,7 +252,13 @@ def test_openai_client_streams(served):
         ({"model": MODEL, "prompt": "hi", "top_p": 1.5}, 400, "top_p"),
         ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
         ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-        ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+        ({"model": MODEL, "prompt": "hi", "n": 0}, 400, "n"),
+        ({"model": MODEL, "prompt": "hi", "n": 2, "temperature": 0}, 400, "n"),  # identical choices, as vLLM
+        ({"model": MODEL, "prompt": "hi", "n": 129}, 400, "n"),  # over the server's 128 choices
+        ({"model": MODEL, "prompt": ["hi"] * 65, "n": 2}, 400, "n"),  # 130 choices
+        ({"model": MODEL, "prompt": ["hi"] * 129}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "hi", "n": 3, "best_of": 2}, 400, "best_of"),  # OpenAI: best_of >= n
+        ({"model": MODEL, "prompt": "hi", "temperature": None, "top_p": "high"}, 400, "top_p"),
         ({"model": MODEL, "prompt": "hi", "stop": [""]}, 400, "stop"),
         ({"model": MODEL, "prompt": ""}, 400, "prompt"),
         ({"model": MODEL, "prompt": [10**9]}, 400, "prompt"),
@@ -308,7 +317,6 @@ NOT_HONOURED = [
     ("completions", "logit_bias", {"12": -100}),
     ("completions", "presence_penalty", 0.5),
     ("completions", "frequency_penalty", -1),
-    ("completions", "n", 2),
     ("completions", "repetition_penalty", 1.2),
     ("completions", "min_tokens", 4),
     ("chat/completions", "logprobs", True),
@@ -318,7 +326,6 @@ NOT_HONOURED = [
     ("chat/completions", "tool_choice", "required"),
     ("chat/completions", "functions", [{"name": "f", "parameters": {}}]),
     ("chat/completions", "logit_bias", {"12": 5}),
-    ("chat/completions", "n", 3),
 ]
 
 
