@@ -189,6 +189,7 @@ def warm_up_decode(decode_fn, model: LlamaForCausalLM, kv_cache: KVCache) -> flo
             kv_cache.null_block,
             kv_cache.kv.device,
             min_width=MIN_DECODE_WIDTH + 1,
+            dtype=kv_cache.kv.dtype,
         )
         zeros = torch.zeros(batch, dtype=torch.long, device=kv_cache.kv.device)
         run_decode(decode_fn, model, kv_cache, zeros, zeros, meta)

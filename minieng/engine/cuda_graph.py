@@ -161,7 +161,7 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[: b * q],
             num_decodes=b,
             decode_block_tables=self.block_tables[:b, :w],
-            decode_mask=decode_mask(self.context_lens[:b], w * self.block_size, q),
+            decode_mask=decode_mask(self.context_lens[:b], w * self.block_size, q, self.kv_cache.kv.dtype),
             prefills=[],
             decode_query_len=q,
             decode_context_lens=self.context_lens[:b],

@@ -234,6 +234,7 @@ class ModelRunner:
             self.max_gather_tokens,
             self.attention_backend,
             MIN_DECODE_WIDTH if self.compiled_decode is not None else 1,
+            self.kv_cache.kv.dtype,
         )
         return (
             torch.tensor(lay.input_ids, dtype=torch.long, device=dev),

@@ -76,8 +76,8 @@ class AttentionMetadata:
             sequence: ``decode_query_len`` tokens each (1; or k + 1 when every sequence of the
             step verifies k drafts).
         decode_block_tables: [num_decodes, max_blocks] int64, padded with the null block.
-        decode_mask: [num_decodes, 1, decode_query_len, max_blocks * block_size] bool
-            (``decode_mask``).
+        decode_mask: [num_decodes, 1, decode_query_len, max_blocks * block_size] additive, in
+            the model's dtype (``decode_mask``).
         prefills: the multi-token chunks, in row order after the decodes.
         decode_query_len: query tokens per decode sequence.
         decode_group_size: decodes gathered and attended at once; None: all of them. Smaller
@@ -104,16 +104,23 @@ class AttentionMetadata:
             self.decode_block_ids = self.decode_block_tables.reshape(-1)
 
 
-def decode_mask(context_lens: torch.Tensor, num_slots: int, query_len: int = 1) -> torch.Tensor:
-    """[batch, 1, query_len, num_slots] bool: query i of a sequence whose ``query_len`` new tokens
-    end its context of ``context_lens`` tokens sees slots ``0 .. context_len - query_len + i``
-    (causal, aligned to the lower right; with one query, the whole context).
+def decode_mask(
+    context_lens: torch.Tensor, num_slots: int, query_len: int = 1, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """[batch, 1, query_len, num_slots] additive, in ``dtype`` (the model's): 0 where query i of a
+    sequence whose ``query_len`` new tokens end its context of ``context_lens`` tokens sees a slot
+    (``0 .. context_len - query_len + i``: causal, aligned to the lower right; with one query, the
+    whole context), -inf where it does not.
 
-    Built from a tensor on the device, so a captured CUDA graph recomputes it on replay.
+    Additive once per step: SDPA turns a bool mask into an additive one at every call, a few
+    kernels in every layer. Built from a tensor on the device, so a captured CUDA graph recomputes
+    it on replay.
     """
     device = context_lens.device
     limit = context_lens[:, None] - query_len + 1 + torch.arange(query_len, device=device)[None, :]  # [B, q]
-    return (torch.arange(num_slots, device=device)[None, None, :] < limit[:, :, None])[:, None]
+    seen = (torch.arange(num_slots, device=device)[None, None, :] < limit[:, :, None])[:, None]
+    hidden = torch.full((), float("-inf"), dtype=dtype, device=device)
+    return torch.where(seen, torch.zeros((), dtype=dtype, device=device), hidden)
 
 
 def block_table_tensor(tables: list[list[int]], width: int, null_block: int) -> torch.Tensor:
@@ -147,6 +154,7 @@ def build_metadata(
     max_gather_tokens: int | None = None,
     backend: str = "sdpa",
     min_width: int = 1,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
     """Turn per-sequence block tables into the tensors attention needs.
 
@@ -162,6 +170,7 @@ def build_metadata(
         backend: the decodes' attention (``AttentionMetadata.backend``).
         min_width: the narrowest decode block table, in blocks (padding is masked): a compiled
             decode step (``engine.compilation``) keeps it above 1, the width torch would specialize.
+        dtype: the model's, for the decodes' additive mask.
     """
     decode_tables = mask = group = None
     if decodes:
@@ -170,7 +179,7 @@ def build_metadata(
             width = 1 << (width - 1).bit_length()
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
         lens = torch.tensor([n for _, n in decodes], device=device)
-        mask = decode_mask(lens, width * block_size, decode_query_len)
+        mask = decode_mask(lens, width * block_size, decode_query_len, dtype)
         group = decode_group_size(len(decodes), width * block_size, max_gather_tokens)
     chunks, q_start = [], len(decodes) * decode_query_len
     for q_len, table, context_len in prefills:

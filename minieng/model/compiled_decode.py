@@ -67,14 +67,12 @@ def decode_forward(
         rope: [batch, q + k + v heads, head_dim / 2, 2], ``view_as_real`` of
             ``RotaryEmbedding.tables`` at the tokens' positions.
         pool: the KV cache's tensor (``KVCache.kv``), written in place.
-        slot_mapping, block_tables: as ``paged_decode`` takes them; mask: bool
-            [batch, 1, 1, width * block_size] (``attention.decode_mask``).
+        slot_mapping, block_tables: as ``paged_decode`` takes them; mask: additive
+            [batch, 1, 1, width * block_size] in the model's dtype (``attention.decode_mask``).
     The same arithmetic as ``LlamaForCausalLM.forward`` on a decode step of one rank.
     """
     x = model.embed_tokens(input_ids)  # [batch, hidden]
-    # SDPA turns a bool mask into an additive one at every call: here once, for every layer.
-    bias = torch.where(mask, 0.0, float("-inf")).to(x.dtype)
     for i, layer in enumerate(model.layers):
         q, kv = layer.before_attention(x, rope)
-        x = layer.after_attention(x, paged_decode(q, kv, pool, i, slot_mapping, block_tables, bias))
+        x = layer.after_attention(x, paged_decode(q, kv, pool, i, slot_mapping, block_tables, mask))
     return model.lm_head(model.norm(x)).float()

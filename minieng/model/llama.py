@@ -81,8 +81,10 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), normalized in float32 and
-    cast back before the weight, as transformers' Llama does."""
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), in one op (``F.rms_norm``: one
+    fused kernel on CUDA). In bfloat16 or float16 torch normalizes and scales in float32 and rounds
+    once; transformers' Llama rounds before the weight too, so the two differ by at most one unit in
+    the last place of some elements, ours the nearer to float32's result."""
 
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
@@ -90,9 +92,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # the same arithmetic in one op (weight included): 3 fewer dispatches
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -120,30 +120,43 @@ class RotaryEmbedding(nn.Module):
         self.num_qk_heads = config.num_attention_heads + config.num_key_value_heads
         self.num_v_heads = config.num_key_value_heads
 
-    def tables(self, positions: torch.Tensor) -> torch.Tensor:
-        """[num_tokens, q + k + v heads, head_dim / 2] complex64: each token's rotation for every
-        head of the qkv product, 1 for the V heads (not rotated: the product then keeps K and V
-        side by side, for one write into the pool). Built once per step, shared by every layer."""
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Each token's rotation for every head of the qkv product, 1 for the V heads (not
+        rotated: the product then keeps K and V side by side, for one write into the pool). Built
+        once per step, shared by every layer.
+
+        float32: [num_tokens, q + k + v heads, head_dim / 2] complex64. Another ``dtype``: the same
+        rotations as real matrices [..., 2, 2] in ``dtype``, [[cos, sin], [-sin, cos]], which
+        rotate a pair (x0, x1) as one batched product (``apply_rope``): complex bfloat16 does not
+        exist, and a round trip through float32 costs two casts a layer. Rounding cos and sin to
+        the model's dtype is what transformers does too."""
         if self.freqs_cis.device != positions.device:  # a model moved after it was built: once
             self.freqs_cis = self.freqs_cis.to(positions.device)
         f = self.freqs_cis[positions][:, None]  # [n, 1, D / 2]
         n, half = f.shape[0], f.shape[-1]
         one = torch.ones((), dtype=f.dtype, device=f.device)
-        return torch.cat((f.expand(n, self.num_qk_heads, half), one.expand(n, self.num_v_heads, half)), dim=1)
+        table = torch.cat((f.expand(n, self.num_qk_heads, half), one.expand(n, self.num_v_heads, half)), dim=1)
+        if dtype == torch.float32:
+            return table
+        cos, sin = table.real, table.imag
+        return torch.stack((torch.stack((cos, sin), -1), torch.stack((-sin, cos), -1)), -2).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """x: [num_tokens, heads, head_dim / 2, 2] (each head's dimensions as interleaved pairs)
-    rotated by ``table`` [num_tokens, heads, head_dim / 2] complex (or its ``view_as_real``, which
-    compiled regions take: inductor generates no code for complex ops); same shape and dtype as x.
-    fp32 in one op; other dtypes through fp32 (as transformers computes RoPE's tables)."""
+    rotated by ``table`` (``RotaryEmbedding.tables``); same shape and dtype as x. One op: a
+    complex product in float32, a batched 1x2 by 2x2 product of rotation matrices [..., 2, 2] in
+    another dtype. A compiled region passes the complex table's ``view_as_real`` (inductor
+    generates no code for complex ops) and rotates in float32 reals."""
+    if table.dim() == x.dim() + 1:  # rotation matrices in x's dtype: (x0, x1) @ [[cos, sin], [-sin, cos]]
+        return (x.unsqueeze(-2) @ table).squeeze(-2)
     if not table.is_complex():  # its (cos, sin) pairs [..., 2], for compiled regions: the same product in reals
         cos, sin = table.unbind(-1)
         x0, x1 = x.float().unbind(-1)
         return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
     if x.dtype == torch.float32:
         return torch.view_as_real(torch.view_as_complex(x) * table)
-    return torch.view_as_real(torch.view_as_complex(x.float()) * table).to(x.dtype)
+    return torch.view_as_real(torch.view_as_complex(x.float()) * table).to(x.dtype)  # a complex table, any dtype
 
 
 def interleave_rope_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -298,9 +311,10 @@ class LlamaForCausalLM(nn.Module):
             [num_logits, vocab_size] logits in float32.
         """
         x = self.embed(input_ids)  # [num_tokens, hidden]
-        rope = self.rope.tables(positions)
-        if regions is not None:
-            rope = torch.view_as_real(rope)  # compiled regions rotate in reals (apply_rope)
+        if regions is not None:  # compiled regions rotate in float32 reals (apply_rope)
+            rope = torch.view_as_real(self.rope.tables(positions))
+        else:
+            rope = self.rope.tables(positions, x.dtype)
         with sdpa_backends(x.device):
             for layer, layer_kv in zip(self.layers, kv_cache.layers):
                 x = layer(x, rope, layer_kv, meta, regions)
