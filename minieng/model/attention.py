@@ -198,14 +198,21 @@ def build_metadata(
     )
 
 
+# The oldest GPU generation the Triton decode kernel runs on: sm_80 (Ampere) and later have the
+# tensor-core mma that its tl.dot lowers to.
+MIN_TRITON_CAPABILITY = (8, 0)
+
+
 def check_attention_backend(backend: str, head_dim: int, device: torch.device) -> None:
-    """Refuse ``backend="triton"`` where its kernel cannot run (``ValueError`` saying why and
-    naming the way out): no triton, a CPU without Triton's interpreter, or a ``head_dim`` the
-    kernel does not take. ``"sdpa"`` runs everywhere."""
+    """Refuse ``backend="triton"`` where its kernel cannot run, or runs badly (``ValueError`` saying
+    why and naming the way out): no triton, a CPU without Triton's interpreter, a ``head_dim`` the
+    kernel does not take, a GPU older than sm_80 (``MIN_TRITON_CAPABILITY``: Colab's T4 is sm_75).
+    ``"sdpa"`` runs everywhere."""
     if backend != "triton":
         return
     from minieng.model import triton_attention as ta  # lazy: triton is optional and slow to import
 
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     why = (
         "triton is not installed (pip install triton)"
         if not ta.TRITON_AVAILABLE
@@ -213,6 +220,9 @@ def check_attention_backend(backend: str, head_dim: int, device: torch.device) -
         if device.type == "cpu" and not ta.INTERPRETED
         else f"the kernel takes a head_dim that is a power of two >= 16, not {head_dim}"
         if head_dim < 16 or head_dim & (head_dim - 1)
+        else f"this GPU is sm_{capability[0]}{capability[1]}: below sm_80 Triton lowers the kernel's tl.dot to "
+        "FMA instructions, without tensor cores"
+        if capability is not None and capability < MIN_TRITON_CAPABILITY
         else None
     )
     if why:

@@ -216,3 +216,19 @@ def test_the_triton_backend_is_refused_where_it_cannot_run(tiny_llama, monkeypat
         make_engine(tiny_llama[1], attention_backend="triton")
     with pytest.raises(ValueError, match="use 'sdpa' or 'triton'"):
         make_engine(tiny_llama[1], attention_backend="flash")
+
+
+@pytest.mark.parametrize("capability, refused", [((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_the_triton_backend_is_refused_below_sm_80(monkeypatch, capability, refused):
+    """A T4 (sm_75) has no tensor-core mma for the kernel's tl.dot: refused, saying so; sm_80 and
+    later pass (the device is only named: nothing runs on it)."""
+    from minieng.model.attention import check_attention_backend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda = torch.device("cuda", 0)
+    if refused:
+        with pytest.raises(ValueError, match="sm_75: below sm_80 .* use attention_backend='sdpa'"):
+            check_attention_backend("triton", 64, cuda)
+    else:
+        check_attention_backend("triton", 64, cuda)
+    check_attention_backend("sdpa", 64, cuda)  # the other backend runs everywhere
