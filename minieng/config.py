@@ -235,6 +235,9 @@ class EngineConfig:
         enforce_eager: never capture CUDA graphs (vLLM's name). On CUDA the decode step is
             captured as CUDA graphs by default, one per (tokens per sequence, batch, block-table
             width) bucket (``cuda_graph``); a CPU always runs eager.
+        strict_forward_paths: raise when a fast path fails to build (the CUDA graphs' capture,
+            ``compile=True``'s compilation) instead of warning and running the slower one
+            (``engine.forward_paths``); ``make gpu-check`` sets it.
         attention_backend: how decodes attend: "sdpa" gathers each sequence's K/V blocks and runs
             SDPA (the reference, every device); "triton" reads them in place in the pool
             (``triton_attention``: needs triton; on a CPU only under its interpreter, for tests).
@@ -278,6 +281,7 @@ class EngineConfig:
     ngram_max: int = 3
     seed: int = 0
     enforce_eager: bool = False
+    strict_forward_paths: bool = False
     attention_backend: str = "sdpa"
     compile: bool = False
     tensor_parallel_size: int = 1

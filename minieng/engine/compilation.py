@@ -35,12 +35,12 @@ import os
 import shutil
 import time
 import types
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from minieng.engine.forward_paths import FastPathFailed
 from minieng.engine.memory_plan import throwaway_forward
 from minieng.model.attention import AttentionMetadata, build_metadata
 from minieng.model.compiled_decode import decode_forward
@@ -70,8 +70,9 @@ EAGER = CompiledParts()
 
 def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
     """Compile ``model``'s parts now (``regions``, ``warm_up``; on a CPU the whole decode step too,
-    ``compile_decode_step``, warmed up over ``kv_cache``), so no request pays for it. Where it cannot
-    compile (no compiler, or the compiler fails), warns why and returns ``EAGER``: the engine runs."""
+    ``compile_decode_step``, warmed up over ``kv_cache``), so no request pays for it. Raises
+    ``forward_paths.FastPathFailed`` where it cannot compile (no compiler, or the compiler fails):
+    the runner then runs eagerly (``forward_paths.fall_back``)."""
     device = kv_cache.kv.device
     why = compiler_missing(device)
     if why is None:
@@ -84,8 +85,7 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
             return CompiledParts(regions_, decode, compile_s + warm_up_decode(decode, model, kv_cache))
         except Exception as e:  # noqa: BLE001 (any compiler failure: the engine still runs, eagerly)
             why = f"torch.compile failed ({type(e).__name__}: {str(e)[:300]})"
-    warnings.warn(f"compile=True: {why}; the engine runs eagerly", stacklevel=4)
-    return EAGER
+    raise FastPathFailed("compile", why, f"compile=True: {why}; the engine runs eagerly")
 
 
 def regions() -> tuple:

@@ -33,11 +33,11 @@ eagerly on them, so the bucketing and padding logic is tested without a GPU.
 from __future__ import annotations
 
 import time
-import warnings
 
 import torch
 
 from minieng.config import EngineConfig
+from minieng.engine.forward_paths import FastPathFailed
 from minieng.model.attention import AttentionMetadata, block_table_tensor, decode_mask
 from minieng.model.kv_cache import KVCache
 from minieng.model.llama import LlamaForCausalLM
@@ -245,9 +245,11 @@ def capture_decode_graphs(
     query_lens: tuple[int, ...] | None = None,
     regions=None,
 ) -> DecodeGraphs | None:
-    """CUDA graphs of the decode step over ``kv_cache``: None on a CPU, with ``enforce_eager``, with
-    tensor parallelism (collectives inside captured graphs are untested here), or, with a warning
-    that says what to lower, when the capture fails (out of memory, an op the capture refuses).
+    """CUDA graphs of the decode step over ``kv_cache``: None on a CPU, with ``enforce_eager``, or with
+    tensor parallelism (collectives inside captured graphs are untested here). Raises
+    ``forward_paths.FastPathFailed``, saying what to lower, when the capture fails (out of memory,
+    an op the capture refuses, a Triton kernel that does not compile): the runner then decodes
+    eagerly (``forward_paths.fall_back``).
 
     ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
     decoding every verification width 2 .. k + 1 (experiments lower k at run time).
@@ -270,10 +272,11 @@ def capture_decode_graphs(
             regions=regions,
             attention_backend=config.attention_backend,
         )
-    except RuntimeError as e:  # out of memory (a subclass), or an op the capture refuses
-        warnings.warn(
-            f"CUDA graph capture failed ({type(e).__name__}: {e}); decode steps run eagerly. "
+    except Exception as e:  # noqa: BLE001 (out of memory, an op the capture refuses, Triton's CompilationError)
+        why = f"{type(e).__name__}: {str(e)[:300]}"
+        raise FastPathFailed(
+            "cuda_graph",
+            why,
+            f"CUDA graph capture failed ({why}); decode steps run eagerly. "
             "Lower gpu_memory_utilization or max_num_seqs, or pass enforce_eager=True.",
-            stacklevel=4,
-        )
-        return None
+        ) from e

@@ -339,7 +339,7 @@ class LLMEngine:
                 draft_s=draft_s,
                 forward_s=self.runner.last_forward_s,
                 comm_s=self.runner.last_comm_s,
-                graphed=self.runner.last_step_graphed,
+                forward_path=self.runner.last_forward_path,
                 prefix_cache_lookups=lookups,
             )
         )

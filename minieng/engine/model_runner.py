@@ -38,6 +38,8 @@ from minieng.engine.compilation import (
     run_decode,
 )
 from minieng.engine.cuda_graph import capture_decode_graphs
+from minieng.engine.forward_paths import COMPILED_REGIONS, COMPILED_STEP, CUDA_GRAPH, fall_back
+from minieng.engine.forward_paths import EAGER as EAGER_PATH
 from minieng.engine.kv_sizing import gather_budget_tokens
 from minieng.engine.logprobs import RowLogprobs, gather_logprobs
 from minieng.engine.sampling import probabilities, sample
@@ -142,7 +144,8 @@ class ModelRunner:
         self.max_gather_tokens = max_gather_tokens
         self.last_forward_s = 0.0
         self.last_comm_s = 0.0  # of last_forward_s, this rank's time in tensor-parallel collectives
-        self.last_step_graphed = False  # whether the last forward replayed a CUDA graph
+        self.last_forward_path = EAGER_PATH  # how the last forward ran (forward_paths.FORWARD_PATHS)
+        self.dropped_paths: dict[str, str] = {}  # fast paths that failed to build: path -> why
 
     @classmethod
     def build(
@@ -166,17 +169,31 @@ class ModelRunner:
         3. with ``compile`` (default ``config.compile``) the compiled parts
            (``compilation.compile_model``; the seconds it took in ``compile_s``);
         4. on CUDA, the decode step's graphs for ``query_lens`` (``cuda_graph.capture_decode_graphs``).
+
+        A fast path that fails to build (3, 4) leaves the slower one, with a warning and its reason
+        in ``dropped_paths``; with ``config.strict_forward_paths`` it raises
+        (``forward_paths.fall_back``).
         """
         param = next(model.parameters())
         kv_cache = KVCache(model.local_config, num_blocks, config.block_size, param.dtype, param.device)
         gather_tokens = gather_budget_tokens(kv_cache)
         if workers is not None:
             workers.allocate_kv(num_blocks, gather_tokens)
-        compiled = compile_model(model, kv_cache) if (config.compile if compile is None else compile) else EAGER
-        graphs = capture_decode_graphs(
-            config, model, kv_cache, max_model_len, gather_tokens, query_lens, compiled.regions
+        strict, dropped = config.strict_forward_paths, {}
+        compiled = EAGER
+        if config.compile if compile is None else compile:
+            compiled = fall_back(lambda: compile_model(model, kv_cache), EAGER, strict, dropped)
+        graphs = fall_back(
+            lambda: capture_decode_graphs(
+                config, model, kv_cache, max_model_len, gather_tokens, query_lens, compiled.regions
+            ),
+            None,
+            strict,
+            dropped,
         )
-        return cls(model, kv_cache, block_manager, graphs, gather_tokens, compiled, config.attention_backend, workers)
+        runner = cls(model, kv_cache, block_manager, graphs, gather_tokens, compiled, config.attention_backend, workers)
+        runner.dropped_paths = dropped
+        return runner
 
     def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
         """Lay out a step. ``scheduled``: (sequence, new tokens) in any order."""
@@ -273,7 +290,6 @@ class ModelRunner:
         a multi-token chunk is a ``prefill`` (a mixed step included). Returns the logits
         [rows that sample, vocab]."""
         self.kv_cache.zero_blocks(fresh_blocks)
-        self.last_step_graphed = False
         return self.prefill(lay) if lay.chunks else self.decode(lay)
 
     def decode(self, lay: StepLayout) -> torch.Tensor:
@@ -283,20 +299,31 @@ class ModelRunner:
         if self.graphs is not None:
             logits = self.graphs.run(lay)
             if logits is not None:
-                self.last_step_graphed = True
+                self.last_forward_path = CUDA_GRAPH
                 return sampled_rows(logits, lay)
         input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
         if self.compiled_decode is not None and fits_decode_step(meta):
+            self.last_forward_path = COMPILED_STEP
             return sampled_rows(
                 run_decode(self.compiled_decode, self.model, self.kv_cache, input_ids, positions, meta), lay
             )
-        return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
+        return self._eager(input_ids, positions, meta, logits_indices)
 
     def prefill(self, lay: StepLayout) -> torch.Tensor:
         """A step with prompt chunks (decodes beside them, in a mixed step): the model's forward,
         eager, its layers' compiled regions with ``compile=True``."""
         input_ids, positions, meta, logits_indices, _ = self._tensors(lay)
+        return self._eager(input_ids, positions, meta, logits_indices)
+
+    def _eager(self, input_ids, positions, meta, logits_indices) -> torch.Tensor:
+        """The model's forward: its layers' compiled regions with ``compile=True``, else eager."""
+        self.last_forward_path = EAGER_PATH if self.regions is None else COMPILED_REGIONS
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices, self.regions)
+
+    @property
+    def last_step_graphed(self) -> bool:
+        """Whether the last forward replayed a CUDA graph."""
+        return self.last_forward_path == CUDA_GRAPH
 
     def _check(self, logits: torch.Tensor) -> torch.Tensor:
         if not bool(torch.isfinite(logits).all()):

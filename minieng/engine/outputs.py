@@ -88,9 +88,16 @@ class StepRecord:
     draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
     forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
     comm_s: float = 0.0  # of forward_s, rank 0's time in tensor-parallel collectives (0 on one rank)
-    graphed: bool = False  # the forward replayed a captured CUDA graph
+    # How the forward ran (``forward_paths.FORWARD_PATHS``): "cuda_graph", "compiled_step",
+    # "compiled_regions" or "eager".
+    forward_path: str = "eager"
     # Per request admitted for the first time this step (a preempted one's readmission is not):
     # (prompt tokens looked up in the prefix cache, tokens it served), vLLM's PrefixCacheStats
     # queries and hits, the source of the logged "Prefix cache hit rate" (``logged_throughput``).
     # A request asking prompt_logprobs reads no cache, and is left out, as vLLM leaves it out.
     prefix_cache_lookups: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the forward replayed a captured CUDA graph."""
+        return self.forward_path == "cuda_graph"

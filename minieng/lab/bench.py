@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -149,6 +150,7 @@ def run_bench(
             "utilization": phase_utilization(
                 engine.model_config, engine.dtype.itemsize, steps, peaks, engine.matmul_bytes
             ),
+            "forward_paths": dict(Counter(s.forward_path for s in steps)),  # how its steps ran
         }
         if hf is not None:
             row["transformers_tpot_ms"] = 1e3 * hf_decode(hf, prompts, cfg.output_tokens)
@@ -217,4 +219,5 @@ def bench_environment(engine: LLMEngine) -> dict:
         "cuda_graphs": graphs.num_graphs if graphs else 0,  # decode buckets captured (0: eager)
         "cuda_graph_capture_s": graphs.capture_s if graphs else None,
         "compile_s": engine.runner.compile_s,  # compile=True's start-up compilation (None: eager)
+        "dropped_paths": dict(engine.runner.dropped_paths),  # fast paths that failed to build: why
     }

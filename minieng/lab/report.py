@@ -5,6 +5,8 @@ Formatting only: every figure was measured by ``bench`` or ``replay`` and sits i
 
 from __future__ import annotations
 
+from collections import Counter
+
 from minieng.lab.quantization import decode_vs_prefill
 from minieng.lab.speculative import format_speculative
 from minieng.lab.token_cost import format_token_cost
@@ -49,6 +51,13 @@ def format_table(result: dict) -> str:
         )
     if env.get("compile_s") is not None:
         lines.append(f"the layers' dense parts compiled (torch.compile) in {env['compile_s']:.1f} s at start-up")
+    for path, why in (env.get("dropped_paths") or {}).items():
+        lines.append(f"FAST PATH DROPPED at start-up, a slower one ran: {path}: {why}")
+    paths = Counter()
+    for row in result["decode"]:
+        paths.update(row.get("forward_paths") or {})
+    if paths:
+        lines.append("decode steps ran: " + ", ".join(f"{n} {path}" for path, n in paths.most_common()))
     if result["prefill"] or result["decode"]:
         lines += _sweeps(result) + _utilization(result) + _decode_step(result) + _phase_ratio(result["phase_ratio"])
     if result.get("token_cost"):

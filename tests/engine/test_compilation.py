@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 
 import minieng.engine.compilation as compilation
 import minieng.engine.model_runner as model_runner
+from minieng.engine.forward_paths import FastPathFailed
 from minieng import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -45,8 +46,11 @@ def decode_steps(monkeypatch):
 def test_compiled_greedy_tokens_equal_the_eager_engine(tiny_llama, compiled, decode_steps, lengths):
     prompts = random_prompts(lengths, tiny_llama[1].model.config.vocab_size, seed=4)
     eager = make_engine(tiny_llama[1], max_num_seqs=8, max_num_batched_tokens=64).generate(prompts, GREEDY)
+    before = len(compiled.step_records)
     assert [o.token_ids for o in compiled.generate(prompts, GREEDY)] == [o.token_ids for o in eager]
     assert decode_steps  # the decodes ran the compiled decode step
+    paths = {s.forward_path for s in compiled.step_records[before:]}
+    assert "compiled_step" in paths and paths <= {"compiled_step", "compiled_regions"}  # prefills: the regions
 
 
 @pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines, reason="W8A8 on a CPU needs fbgemm")
@@ -91,3 +95,6 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     with pytest.warns(UserWarning, match="no C.. compiler on PATH; the engine runs eagerly"):
         engine = make_engine(tiny_llama[1], compile=True)
     assert engine.runner.regions is None and engine.runner.compiled_decode is None and engine.runner.compile_s is None
+    assert engine.runner.dropped_paths == {"compile": "no C++ compiler on PATH"}
+    with pytest.raises(FastPathFailed, match="no C.. compiler on PATH"):  # gpu-check's strict mode
+        make_engine(tiny_llama[1], compile=True, strict_forward_paths=True)

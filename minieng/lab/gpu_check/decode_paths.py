@@ -59,6 +59,7 @@ def decode_paths(path: Path, device: torch.device, peaks: list[Peak], sizes: Che
         device=str(device),
         max_num_seqs=max(sizes.batches),
         enable_prefix_caching=False,
+        strict_forward_paths=True,  # a fast path that fails must fail the check, not pass as slow steps
         **cpu_pool(device),
     )
     out: dict = {"rows": {}}

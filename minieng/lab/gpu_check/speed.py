@@ -100,6 +100,7 @@ def shape_speed(
         max_num_seqs=max(sizes.batches),
         max_num_batched_tokens=max(sizes.prefill_lens),
         enable_prefix_caching=False,
+        strict_forward_paths=True,  # a fast path that fails must fail the check, not pass as slow steps
         **cpu_pool(device),
     )
     start = time.perf_counter()
