@@ -106,7 +106,12 @@ def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], rngs: list[KeyedRandom | None], positions: list[int]
 ) -> list[int]:
-    """One token per row.
+    """One token per row, with one host sync for the whole step.
+
+    The non-greedy rows that share their temperature, top-k and top-p (a server's usual batch:
+    one group) are drawn in one pass (``probabilities`` and ``race`` on their rows together, each
+    row with its own noise); the tokens reach the host once, at the end. A row's draw is the same
+    whatever rows share its pass: every operation is row by row.
 
     Args:
         logits: [n, vocab], one row per sequence that samples this step.
@@ -115,9 +120,14 @@ def sample(
     Returns:
         n token ids.
     """
-    tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done; others are overwritten
-    vocab = logits.shape[-1]
-    for row, (p, rng, position) in enumerate(zip(params, rngs, positions)):
+    tokens = logits.argmax(dim=-1)  # [n]: greedy rows are done; the others are overwritten
+    groups: dict[tuple[float, int, float], list[int]] = {}
+    for row, p in enumerate(params):
         if not p.greedy:
-            tokens[row] = int(race(probabilities(logits[row], p), rng.exponentials(position, vocab)))
-    return tokens
+            groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(row)
+    vocab = logits.shape[-1]
+    for rows in groups.values():
+        noise = torch.stack([rngs[r].exponentials(positions[r], vocab) for r in rows])  # [m, vocab]
+        index = torch.tensor(rows, device=logits.device)
+        tokens[index] = race(probabilities(logits[index], params[rows[0]]), noise.to(logits.device))
+    return tokens.tolist()

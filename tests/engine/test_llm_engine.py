@@ -500,6 +500,36 @@ def test_sample_frequencies_follow_the_distribution():
     assert sample(logits[None], [SamplingParams(temperature=0)], [None], [0]) == [0]
 
 
+def test_a_step_of_sampled_rows_reaches_the_host_once(monkeypatch):
+    """Eight rows, greedy and sampled under two settings: one transfer of the step's tokens to the
+    host (on a GPU each is a sync), not one per sampled row; the same tokens as row by row."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 50, generator=gen) * 2
+    hot, cold = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.5, top_k=5)
+    params = [hot, SamplingParams(temperature=0), cold, hot, hot, cold, SamplingParams(temperature=0), hot]
+    rngs = [KeyedRandom(seed) for seed in range(8)]
+    positions = list(range(8))
+    one_by_one = [
+        sample(logits[i : i + 1], params[i : i + 1], rngs[i : i + 1], positions[i : i + 1])[0] for i in range(8)
+    ]
+
+    transfers = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: transfers.append("tolist") or tolist(t))
+
+    class Scalars(TorchDispatchMode):  # int(t) and t.item() dispatch _local_scalar_dense
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.startswith("_local_scalar_dense"):
+                transfers.append("item")
+            return func(*args, **(kwargs or {}))
+
+    with Scalars():
+        tokens = sample(logits, params, rngs, positions)
+    assert transfers == ["tolist"] and tokens == one_by_one
+
+
 def test_keyed_draws_depend_on_seed_and_position_only():
     """A row's token is a function of its logits, its seed and its output position: not of the
     other rows, their order, or how many draws came before (what makes seeds reproducible)."""
