@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup run bench test test-notebooks course lab gpu-check dist clean
+.PHONY: setup run bench test test-notebooks course lab gpu-check eval-check dist clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -75,6 +75,23 @@ course: setup
 # The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json.
 gpu-check: setup
 	$(BIN)/python benchmarks/gpu_check.py
+
+# lm-eval against `python -m minieng serve` (local-completions, --batch_size 4) and against transformers
+# (hf) on the same model directory and task (tests/eval/: 20 questions from a local JSONL): their
+# accuracies must be equal (tests/eval/eval_check.py; a few minutes on a CPU). lm-eval is heavy and
+# pins its own dependencies, so it lives in EVAL_VENV, which sees the project venv's packages (torch,
+# transformers) after its own and never changes them.
+EVAL_VENV ?= build/evalvenv
+LM_EVAL_SPEC ?= lm-eval[api]>=0.4.13,<0.5
+
+$(EVAL_VENV)/bin/lm_eval: | setup
+	$(BIN)/python -m venv --system-site-packages $(EVAL_VENV)
+	echo "import site; site.addsitedir('$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")')" \
+	  > "$$($(EVAL_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_minieng_venv.pth"
+	$(EVAL_VENV)/bin/python -m pip install -q "$(LM_EVAL_SPEC)"
+
+eval-check: setup $(EVAL_VENV)/bin/lm_eval
+	$(BIN)/python tests/eval/eval_check.py --lm-eval $(EVAL_VENV)/bin/lm_eval
 
 # JupyterLab refuses to start as root (containers, workshop VMs) unless told it may.
 lab: setup

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput
+from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S, LoggedStats, StatLogger
 from minieng.serve.metrics import ServerMetrics
 
@@ -171,6 +171,22 @@ class AsyncEngine:
         if self.on_finished is not None:
             self.on_finished(out)
 
+    def _record_step(self, step: StepRecord, outputs: list[RequestOutput]) -> None:
+        """Feed the stats line and the metrics one step. A prompt scored without generating
+        (``max_tokens=0``, ``echo``) finishes with no emission, so neither counts it as an emission;
+        its prompt tokens are counted here, as vLLM counts the prompt of a request (which runs one
+        token for it)."""
+        emitted = [out for out in outputs if out.times.emissions]
+        scored = [len(out.prompt_token_ids) for out in outputs if not out.times.emissions and out.finished]
+        if self.stat_logger is not None:
+            self.stat_logger.record(step, emitted)
+            for num_tokens in scored:
+                self.stat_logger.record_tokens(num_tokens, 0)
+        if self.metrics is not None:
+            self.metrics.record_step(step, emitted)
+            if scored:
+                self.metrics.prompt_tokens.inc(sum(scored))
+
     async def _run(self) -> None:
         engine, loop = self.engine, asyncio.get_running_loop()
         while True:
@@ -189,10 +205,7 @@ class AsyncEngine:
             num_steps = len(engine.step_records)
             outputs = await loop.run_in_executor(self._stepper, engine.step)
             if len(engine.step_records) > num_steps:  # a step ran
-                if self.stat_logger is not None:
-                    self.stat_logger.record(engine.step_records[-1], outputs)
-                if self.metrics is not None:
-                    self.metrics.record_step(engine.step_records[-1], outputs)
+                self._record_step(engine.step_records[-1], outputs)
             for out in outputs:
                 queue = self._queues.get(out.request_id)
                 if queue is not None:

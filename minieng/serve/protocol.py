@@ -5,13 +5,20 @@ anything reaches the engine; ``server.py`` turns every refusal into OpenAI's err
 (``error_body``) with status 400 (404 for an unknown model), never a 500.
 
 Fields minieng cannot honour are refused, never silently ignored: each of ``NOT_HONOURED``
-(``logprobs``, ``echo``, ``logit_bias``, penalties, ``suffix``, ``response_format``, tools, and
-vLLM's sampling extensions) is accepted only with its neutral value, what its absence means
-(``logprobs: null``, ``presence_penalty: 0``), and otherwise answers 400 naming it
+(``logit_bias``, penalties, ``suffix``, ``response_format``, tools, chat's ``echo``, vLLM's
+``prompt_logprobs`` and sampling extensions) is accepted only with its neutral value, what its
+absence means (``presence_penalty: 0``), and otherwise answers 400 naming it
 (``_SamplingRequest.check_honoured``); so do ``best_of`` other than ``n``, ``n`` > 1 with greedy
 sampling (as vLLM's ``SamplingParams._verify_greedy_sampling`` refuses it) and ``stream_options``
 without ``stream``, as OpenAI's API and vLLM's do. Other unknown fields (``user``, ``metadata``,
 ...) change nothing about the answer and are ignored, as OpenAI-compatible servers do.
+
+Log-probabilities (``logprobs.py`` builds the objects): a completion's ``logprobs: k`` and
+``echo`` (the prompt's text first and, with ``logprobs``, its tokens with their log-probabilities;
+``max_tokens: 0`` with ``echo`` scores the prompt without generating, what lm-eval's
+loglikelihood requests ask), and chat's ``logprobs: true`` with ``top_logprobs: k``. k is capped by
+the server's ``max_logprobs`` (the engine's ``EngineConfig.max_logprobs``), beyond which the
+request is refused naming the cap (vLLM's rule; OpenAI's API caps completions at 5, chat at 20).
 
 An explicit JSON ``null`` is the field's absence, its default: every optional field OpenAI's
 reference marks nullable (``temperature``, ``top_p``, ``n``, ``stream``, ``stop``, ``seed``,
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -78,9 +85,8 @@ def _no_tool(value: Any) -> bool:
 # accepted only when its test says the value is neutral (what leaving it out means), otherwise
 # refused with the reason and what to send instead.
 NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "logprobs": (_off, "minieng does not return log-probabilities: omit logprobs (or send null/false)"),
-    "top_logprobs": (_zero, "minieng does not return log-probabilities: omit top_logprobs"),
-    "echo": (_off, "minieng does not echo the prompt: omit echo (or send false)"),
+    # Declared by completions (the prompt echoed); a chat request's echo is vLLM's (the last message repeated).
+    "echo": (_off, "minieng does not echo a chat's last message (vLLM's chat echo): omit echo (or send false)"),
     "suffix": (_empty, "minieng does not complete text before a suffix: omit suffix"),
     "logit_bias": (_empty, "minieng does not bias logits: omit logit_bias"),
     "presence_penalty": (_zero, "minieng applies no penalties: omit presence_penalty (or send 0)"),
@@ -97,7 +103,11 @@ NOT_HONOURED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "repetition_penalty": (_one, "minieng applies no penalties: omit repetition_penalty (or send 1)"),
     "min_p": (_zero, "minieng samples with top_k and top_p only: omit min_p (or send 0)"),
     "min_tokens": (_zero, "minieng does not hold back EOS: omit min_tokens (or send 0)"),
-    "prompt_logprobs": (_absent, "minieng does not return log-probabilities: omit prompt_logprobs"),
+    "prompt_logprobs": (
+        _absent,
+        "minieng returns a prompt's log-probabilities through /v1/completions with echo=true and logprobs "
+        "(OpenAI's way), not vLLM's prompt_logprobs field: omit prompt_logprobs",
+    ),
     "use_beam_search": (_off, "minieng does not search beams: omit use_beam_search (or send false)"),
     "include_stop_str_in_output": (
         _off,
@@ -142,8 +152,9 @@ class _SamplingRequest(BaseModel):
             raise ValueError("stop strings must be non-empty")
         return stop
 
-    def check_honoured(self) -> None:
-        """Refuse what minieng would otherwise silently ignore.
+    def check_honoured(self, max_logprobs: int | None = None) -> None:
+        """Refuse what minieng would otherwise silently ignore, and log-probabilities beyond
+        ``max_logprobs`` (the server's cap; None: no cap checked here).
 
         Raises:
             NotHonoured: a field of ``NOT_HONOURED`` sent with a value that asks for something
@@ -151,7 +162,8 @@ class _SamplingRequest(BaseModel):
                 ``stream: true``; ``best_of`` other than ``n`` (OpenAI: best_of >= n; ranking more
                 candidates than are returned needs their log-probabilities, which vLLM V1 refuses
                 too: "does not yet support best_of"); ``n`` > 1 with greedy sampling (n identical
-                choices), as vLLM's ``SamplingParams._verify_greedy_sampling`` refuses it.
+                choices), as vLLM's ``SamplingParams._verify_greedy_sampling`` refuses it; what
+                ``_check_logprobs`` refuses.
         """
         if self.stream_options is not None and not self.stream:
             raise NotHonoured(
@@ -177,6 +189,30 @@ class _SamplingRequest(BaseModel):
         for name, value in (self.model_extra or {}).items():
             if name in NOT_HONOURED and not NOT_HONOURED[name][0](value):
                 raise NotHonoured(name, f"{NOT_HONOURED[name][1]}; got {repr(value)[:60]}")
+        self._check_logprobs(max_logprobs)
+
+    def _check_logprobs(self, max_logprobs: int | None) -> None:
+        """Raises ``NotHonoured`` for log-probabilities the request cannot have (each kind says which)."""
+        k, param = self.num_top_logprobs, self._top_logprobs_param
+        if k is not None and max_logprobs is not None and k > max_logprobs:
+            raise NotHonoured(
+                param,
+                f"{param}={k} asks for more log-probabilities per token than this server's cap, "
+                f"max_logprobs={max_logprobs} (EngineConfig.max_logprobs, as vLLM's --max-logprobs): "
+                f"ask for {max_logprobs} or fewer",
+            )
+
+    _top_logprobs_param: ClassVar[str] = "logprobs"  # the field that sets k
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        """k, the most likely tokens returned beside each token's own log-probability; None when
+        the request asks for no log-probabilities."""
+        return None
+
+    def _logprob_counts(self) -> tuple[int | None, int | None]:
+        """The engine's ``SamplingParams.logprobs`` and ``prompt_logprobs``."""
+        return self.num_top_logprobs, None
 
     @property
     def include_usage(self) -> bool:
@@ -189,27 +225,60 @@ class _SamplingRequest(BaseModel):
 
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's ``SamplingParams``; ``default_max_tokens`` when the request gives none, and
-        each null field's default (temperature 1, top_p 1, every token kept, no stop).
+        each null field's default (temperature 1, top_p 1, every token kept, no stop), with the
+        log-probabilities asked (``max_tokens: 0``: the prompt's, and no output token).
         Raises ``ValueError`` (naming the field) for what ``SamplingParams`` refuses."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        logprobs, prompt_logprobs = self._logprob_counts()
+        if max_tokens == 0 and prompt_logprobs is None:
+            prompt_logprobs = 0  # the engine scores a prompt only when asked for its log-probabilities
         return SamplingParams(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(self.top_k or 0, 0),
             seed=self.seed,
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=max_tokens,
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: one prompt (text, or token ids) or a batch of them (a list of
     strings, or of token-id lists), as OpenAI's API takes them; each prompt is answered with ``n``
-    choices. OpenAI's default ``max_tokens`` is 16."""
+    choices. OpenAI's default ``max_tokens`` is 16.
+
+    ``logprobs: k`` returns each token's log-probability and the k most likely at its position;
+    ``echo: true`` returns the prompt before the completion (its tokens too, with ``logprobs``), and
+    with ``max_tokens: 0`` the prompt alone, scored without generating (OpenAI's legacy API; vLLM
+    runs one token and drops it). ``max_tokens: 0`` without ``echo`` is refused, as vLLM refuses it.
+    """
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: echo the prompt, scored, with no output token
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool | None = None  # null: false
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def _logprob_counts(self) -> tuple[int | None, int | None]:
+        # As vLLM's CompletionRequest.to_sampling_params: an echoed prompt gets the same k.
+        return self.logprobs, self.logprobs if self.echo else None
+
+    def _check_logprobs(self, max_logprobs: int | None) -> None:
+        if self.max_tokens == 0 and not self.echo:
+            raise NotHonoured(
+                "max_tokens",
+                "max_tokens=0 generates nothing, which minieng answers only with echo=true (the prompt "
+                "returned, scored with logprobs): send max_tokens >= 1, or echo=true",
+            )
+        super()._check_logprobs(max_logprobs)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -296,6 +365,23 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None  # null: false
+    top_logprobs: int | None = Field(default=None, ge=0)  # with logprobs: true; null: 0
+
+    _top_logprobs_param: ClassVar[str] = "top_logprobs"
+
+    @property
+    def num_top_logprobs(self) -> int | None:
+        """``top_logprobs`` (0 when absent) with ``logprobs: true``, as vLLM's ``to_sampling_params``."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def _check_logprobs(self, max_logprobs: int | None) -> None:
+        if self.top_logprobs and not self.logprobs:
+            raise NotHonoured(
+                "top_logprobs",
+                "top_logprobs needs logprobs=true (OpenAI's and vLLM's rule): send logprobs: true, or omit top_logprobs",
+            )
+        super()._check_logprobs(max_logprobs)
 
     def conversation(self) -> list[dict[str, str]]:
         """The messages as the chat template reads them: ``[{"role": ..., "content": text}, ...]``."""
@@ -384,15 +470,17 @@ def completion_chunk(
     finish_reason: str | None,
     include_usage: bool,
     index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
-    """One streamed ``text_completion`` object, for choice ``index``. With ``include_usage``, every
-    content chunk carries ``usage: null`` (the totals come in a last chunk of their own, ``usage_chunk``)."""
+    """One streamed ``text_completion`` object, for choice ``index``, with its tokens' ``logprobs``
+    (``logprobs.completion_logprobs``, or None). With ``include_usage``, every content chunk carries
+    ``usage: null`` (the totals come in a last chunk of their own, ``usage_chunk``)."""
     chunk = {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None
@@ -407,15 +495,17 @@ def chat_chunk(
     finish_reason: str | None,
     include_usage: bool,
     index: int = 0,
+    logprobs: dict | None = None,
 ) -> dict:
     """One streamed ``chat.completion.chunk``, for choice ``index``; ``delta`` is
-    ``{"role": "assistant", "content": ""}`` in each choice's first chunk and ``{"content": text}`` after it."""
+    ``{"role": "assistant", "content": ""}`` in each choice's first chunk and ``{"content": text}`` after it;
+    ``logprobs``: its tokens' (``logprobs.chat_logprobs``), or None."""
     chunk = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
     }
     if include_usage:
         chunk["usage"] = None
@@ -435,24 +525,28 @@ def usage_chunk(request_id: str, model: str, created: int, chat: bool, totals: d
 
 
 def completion_response(
-    request_id: str, model: str, created: int, choices: list[tuple[str, str]], totals: dict
+    request_id: str, model: str, created: int, choices: list[tuple[str, str, dict | None]], totals: dict
 ) -> dict:
-    """The ``text_completion`` object; ``choices``: ``(text, finish_reason)`` in ``index`` order."""
+    """The ``text_completion`` object; ``choices``: ``(text, finish_reason, logprobs)`` in ``index``
+    order (``logprobs``: ``logprobs.completion_logprobs``, or None)."""
     return {
         "id": request_id,
         "object": "text_completion",
         "created": created,
         "model": model,
         "choices": [
-            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-            for i, (text, reason) in enumerate(choices)
+            {"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason}
+            for i, (text, reason, logprobs) in enumerate(choices)
         ],
         "usage": totals,
     }
 
 
-def chat_response(request_id: str, model: str, created: int, choices: list[tuple[str, str]], totals: dict) -> dict:
-    """The ``chat.completion`` object; ``choices``: ``(text, finish_reason)`` in ``index`` order."""
+def chat_response(
+    request_id: str, model: str, created: int, choices: list[tuple[str, str, dict | None]], totals: dict
+) -> dict:
+    """The ``chat.completion`` object; ``choices``: ``(text, finish_reason, logprobs)`` in ``index``
+    order (``logprobs``: ``logprobs.chat_logprobs``, or None)."""
     return {
         "id": request_id,
         "object": "chat.completion",
@@ -462,10 +556,10 @@ def chat_response(request_id: str, model: str, created: int, choices: list[tuple
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": reason,
             }
-            for i, (text, reason) in enumerate(choices)
+            for i, (text, reason, logprobs) in enumerate(choices)
         ],
         "usage": totals,
     }

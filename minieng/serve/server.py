@@ -3,10 +3,12 @@
 Endpoints: ``GET /health``, ``GET /v1/models`` and ``GET /v1/models/{model}`` (OpenAI's),
 ``POST /v1/completions`` and ``POST /v1/chat/completions`` (the chat template applied), streamed as
 server-sent events when ``stream`` is true, with ``n`` choices of each prompt and a completion's
-batch of prompts (``respond``); vLLM's ``POST /tokenize`` and ``POST /detokenize``; and ``GET
-/metrics``, Prometheus' text format (``metrics.ServerMetrics``: vLLM's ``vllm:`` metrics as
-``minieng:``). Built on FastAPI and uvicorn; request bodies are checked by the models of
-``protocol.py``, after a size cap (``max_body_bytes``: 413 beyond it, before any parsing).
+batch of prompts (``respond``), log-probabilities and a completion's echoed prompt
+(``logprobs.py``: OpenAI's objects, as vLLM builds them); vLLM's ``POST /tokenize`` and
+``POST /detokenize``; and ``GET /metrics``, Prometheus' text format (``metrics.ServerMetrics``:
+vLLM's ``vllm:`` metrics as ``minieng:``). Built on FastAPI and uvicorn; request bodies are checked
+by the models of ``protocol.py``, after a size cap (``max_body_bytes``: 413 beyond it, before any
+parsing).
 
 One engine loop serves every connection (``AsyncEngine``): a task on the server's event loop
 that, between steps, queues the requests handlers have submitted and aborts the ones whose
@@ -38,6 +40,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import NamedTuple
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -53,6 +56,7 @@ from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.serve.async_engine import AsyncEngine, check_log_interval, new_request_id
+from minieng.serve.logprobs import ChoiceLogprobs
 from minieng.serve.metrics import ServerMetrics
 from minieng.serve.protocol import (
     ChatCompletionRequest,
@@ -81,6 +85,15 @@ MIN_MAX_BODY_BYTES = 2**20
 # The most choices (n x prompts) one request may ask for: each is an engine request holding its own
 # KV blocks, so a larger batch is better split by the client. OpenAI's API caps n at 128.
 DEFAULT_MAX_CHOICES = 128
+
+
+class _Prepared(NamedTuple):
+    """One prompt of a request, ready for the engine: its ids, its ``SamplingParams`` and, with
+    completions' ``echo``, the text to return before the completion (None: no echo)."""
+
+    ids: list[int]
+    params: SamplingParams
+    echo: str | None = None
 
 
 class _Refused(Exception):
@@ -266,7 +279,7 @@ def build_app(
         if body.model != model_name:
             raise unknown_model(body.model)
         try:
-            body.check_honoured()
+            body.check_honoured(engine.config.max_logprobs)
         except NotHonoured as e:
             raise _Refused(400, str(e), e.param) from None
         n, num_prompts = body.num_choices, 1 if chat else len(body.prompts())
@@ -279,9 +292,10 @@ def build_app(
                 "n" if n > 1 else "prompt",
             )
 
-    def prepare(body, chat: bool) -> list[tuple[list[int], SamplingParams]]:
-        """Each prompt's ids (the chat template applied) and ``SamplingParams``, in order, or
-        ``_Refused`` naming the prompt. Tokenizes: run in a worker thread, never on the event loop."""
+    def prepare(body, chat: bool) -> list[_Prepared]:
+        """Each prompt's ids (the chat template applied), ``SamplingParams`` and echoed text, in
+        order, or ``_Refused`` naming the prompt. Tokenizes: run in a worker thread, never on the
+        event loop."""
         if chat:
             messages, param = body.conversation(), "messages"
             try:
@@ -295,11 +309,14 @@ def build_app(
                 body.max_tokens = body.max_completion_tokens
         else:
             prompts, param, default_max_tokens = body.prompts(), "prompt", 16
+        echo = not chat and bool(body.echo)
+        # A prompt scored without generating may fill the whole context (the engine's rule).
+        checked = SamplingParams(max_tokens=0, prompt_logprobs=0) if body.max_tokens == 0 else None
         prepared = []
         for p, prompt in enumerate(prompts):
             which = param if len(prompts) == 1 else f"{param} {p}"
             try:
-                ids = engine.check_request(prompt)
+                ids = engine.check_request(prompt, checked)
             except ValueError as e:  # empty, too long, not Unicode, ids outside the vocabulary
                 raise _Refused(400, f"{which}: {e}", param) from None
             room = engine.max_model_len - len(ids)
@@ -315,25 +332,39 @@ def build_app(
                     f"{engine.max_model_len} tokens; lower max_tokens",
                     "max_tokens",
                 )
-            prepared.append((ids, params))
+            text = None
+            if echo:  # as vLLM: a text prompt as sent, token ids decoded
+                text = prompt if isinstance(prompt, str) else engine.tokenizer.decode(ids) if engine.tokenizer else ""
+            prepared.append(_Prepared(ids, params, text))
         return prepared
 
     async def handle(request: Request, body, chat: bool):
         arrival_s = time.perf_counter()
         refuse_early(body, chat)
         prepared = await asyncio.to_thread(prepare, body, chat)
-        return await respond(request, prepared, body.num_choices, chat, body.include_usage, body.stream, arrival_s)
+        return await respond(
+            request, prepared, body.num_choices, chat, body.include_usage, body.stream, arrival_s, body.num_top_logprobs
+        )
+
+    def token_text(token_id: int) -> str:
+        """A token's own text (vLLM's ``tokenizer.decode(token_id)``; without a tokenizer vLLM's
+        ``token_id:N`` form)."""
+        tok = engine.tokenizer
+        return f"token_id:{token_id}" if tok is None else tok.decode([token_id])
 
     async def respond(
         request: Request,
-        prepared: list[tuple[list[int], SamplingParams]],
+        prepared: list[_Prepared],
         n: int,
         chat: bool,
         include_usage: bool,
         stream: bool,
         arrival_s: float,
+        num_top_logprobs: int | None = None,
     ):
-        """Submit ``n`` choices of each prompt, one engine request each, and answer them.
+        """Submit ``n`` choices of each prompt, one engine request each, and answer them, each
+        choice's text and log-probabilities gathered by a ``ChoiceLogprobs`` (``num_top_logprobs``:
+        the request's k, None when it asks for none).
 
         Choice ``i`` of prompt ``p`` has ``index`` ``p * n + i`` (prompt-major, as OpenAI's API and
         vLLM's ``serving_completion.py`` order them) and, with a ``seed``, samples with ``seed`` + i,
@@ -344,23 +375,24 @@ def build_app(
         loop: AsyncEngine = request.app.state.engine_loop
         response_id = new_request_id("chatcmpl" if chat else "cmpl")
         queue: asyncio.Queue = asyncio.Queue()  # every choice's outputs, each naming its request
-        choice_ids = []
-        for p, (ids, params) in enumerate(prepared):
+        choice_ids, choices = [], []
+        for p, (ids, params, echo) in enumerate(prepared):
             for i in range(n):
                 child = params if params.seed is None else replace(params, seed=params.seed + i)
                 choice_ids.append(loop.submit(ids, child, arrival_s, f"{response_id}-{p * n + i}", queue)[0])
+                choices.append(ChoiceLogprobs(num_top_logprobs, token_text, chat, echo))
         created = int(time.time())
 
         def totals(finals: list[RequestOutput]) -> dict:
             return usage(
-                sum(len(ids) for ids, _ in prepared),
+                sum(len(p.ids) for p in prepared),
                 sum(len(out.token_ids) for out in finals),
                 sum(finals[p * n].num_cached_tokens for p in range(len(prepared))),
             )
 
         if stream:
             return StreamingResponse(
-                _sse(loop, response_id, queue, choice_ids, created, chat, include_usage, totals),
+                _sse(loop, response_id, queue, choice_ids, choices, created, chat, include_usage, totals),
                 media_type="text/event-stream",
             )
         index_of = {rid: i for i, rid in enumerate(choice_ids)}
@@ -371,7 +403,7 @@ def build_app(
             while remaining:
                 out = await queue.get()
                 i = index_of[out.request_id]
-                texts[i].append(out.delta)
+                texts[i].append(choices[i].add(out))
                 if out.finished:
                     finals[i], remaining = out, remaining - 1
         except asyncio.CancelledError:  # the client left (_cancel_on_disconnect), or the server stops
@@ -379,21 +411,24 @@ def build_app(
                 loop.abort(rid)  # a no-op for those that finished
             raise
         make = chat_response if chat else completion_response
-        choices = [("".join(t), out.finish_reason) for t, out in zip(texts, finals)]
-        return make(response_id, model_name, created, choices, totals(finals))
+        answers = [("".join(t), out.finish_reason, c.take()) for t, out, c in zip(texts, finals, choices)]
+        return make(response_id, model_name, created, answers, totals(finals))
 
     async def _sse(
         loop: AsyncEngine,
         response_id: str,
         queue: asyncio.Queue,
         choice_ids: list[str],
+        choices: list[ChoiceLogprobs],
         created: int,
         chat: bool,
         include_usage: bool,
         totals: Callable[[list[RequestOutput]], dict],
     ) -> AsyncIterator[str]:
         """The server-sent events of every choice, as their tokens come, each chunk naming its
-        choice's ``index``; then the usage chunk (with ``include_usage``) and ``[DONE]``."""
+        choice's ``index`` and carrying the log-probabilities of the tokens since the choice's last
+        chunk (tokens whose text is held back wait for the next chunk with text, or the last);
+        then the usage chunk (with ``include_usage``) and ``[DONE]``."""
         index_of = {rid: i for i, rid in enumerate(choice_ids)}
         finals: list[RequestOutput | None] = [None] * len(choice_ids)
         remaining = len(choice_ids)
@@ -405,17 +440,20 @@ def build_app(
             while remaining:
                 out = await queue.get()
                 i = index_of[out.request_id]
+                text = choices[i].add(out)
                 if out.finished:
                     finals[i], remaining = out, remaining - 1
-                elif not out.delta:
+                elif not text:
                     continue  # tokens whose text is not yet safe to show (a partial character, a stop prefix)
-                reason = out.finish_reason if out.finished else None
+                reason, logprobs = out.finish_reason if out.finished else None, choices[i].take()
                 if chat:
-                    delta = {"content": out.delta} if out.delta else {}
-                    yield _event(chat_chunk(response_id, model_name, created, delta, reason, include_usage, i))
+                    delta = {"content": text} if text else {}
+                    yield _event(
+                        chat_chunk(response_id, model_name, created, delta, reason, include_usage, i, logprobs)
+                    )
                 else:
                     yield _event(
-                        completion_chunk(response_id, model_name, created, out.delta, reason, include_usage, i)
+                        completion_chunk(response_id, model_name, created, text, reason, include_usage, i, logprobs)
                     )
             if include_usage:
                 yield _event(usage_chunk(response_id, model_name, created, chat, totals(finals)))

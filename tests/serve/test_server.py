@@ -309,9 +309,7 @@ def test_a_batch_of_one_prompt_is_that_prompt(served):
 # Fields minieng cannot honour, each with a value that asks for something: refused with 400 naming
 # the field (they used to be ignored: 200 with an answer that did not do what was asked).
 NOT_HONOURED = [
-    ("completions", "logprobs", 1),
-    ("completions", "logprobs", 0),  # vLLM returns the sampled token's log-probability for 0
-    ("completions", "echo", True),
+    ("completions", "prompt_logprobs", 1),  # vLLM's field: minieng returns them through echo + logprobs
     ("completions", "best_of", 3),
     ("completions", "suffix", " the end."),
     ("completions", "logit_bias", {"12": -100}),
@@ -319,8 +317,7 @@ NOT_HONOURED = [
     ("completions", "frequency_penalty", -1),
     ("completions", "repetition_penalty", 1.2),
     ("completions", "min_tokens", 4),
-    ("chat/completions", "logprobs", True),
-    ("chat/completions", "top_logprobs", 5),
+    ("chat/completions", "echo", True),  # vLLM's chat echo (the last message repeated)
     ("chat/completions", "response_format", {"type": "json_object"}),
     ("chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     ("chat/completions", "tool_choice", "required"),
