@@ -27,6 +27,28 @@ from minieng.lab.chunked_prefill import (
     steps_without_decodes,
 )
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
+from minieng.lab.endpoint import (
+    ENGINE_ONLY,
+    NOT_REPORTED,
+    endpoint_hit_rate_pair,
+    captioned,
+    connect_endpoint,
+    Endpoint,
+    endpoint_chat,
+    endpoint_hit_rate_point,
+    endpoint_hit_rate_sweep,
+    endpoint_phase_grid,
+    endpoint_probe,
+    endpoint_request,
+    endpoint_requests,
+    endpoint_two_phases,
+    engine_only,
+    format_client_clock,
+    format_hit_rate,
+    format_hit_rate_sweep,
+    format_two_phases,
+    send_one,
+)
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
 from minieng.lab.gpu_utilization import (
     decode_for,
@@ -107,6 +129,26 @@ from minieng.lab.model_for_device import (
 )
 
 __all__ = [
+    "ENGINE_ONLY",
+    "NOT_REPORTED",
+    "endpoint_hit_rate_pair",
+    "captioned",
+    "connect_endpoint",
+    "Endpoint",
+    "endpoint_chat",
+    "endpoint_hit_rate_point",
+    "endpoint_hit_rate_sweep",
+    "endpoint_phase_grid",
+    "endpoint_probe",
+    "endpoint_request",
+    "endpoint_requests",
+    "endpoint_two_phases",
+    "engine_only",
+    "format_client_clock",
+    "format_hit_rate",
+    "format_hit_rate_sweep",
+    "format_two_phases",
+    "send_one",
     "activation_outliers",
     "estimate_amplification_s",
     "float_noise_amplification",

@@ -1,0 +1,213 @@
+"""The lessons through the API (``lab.endpoint``): each experiment run against a real server on loopback
+(``ServerThread`` over the embedded default model), its figures checked against what the server's
+engine recorded of the same requests (``build_app(..., on_finished=list.append)``): request counts,
+prompt and answer sizes, the prefix cache's share. No timing is asserted beyond its sign."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from contextlib import contextmanager
+
+import pytest
+
+pytest.importorskip("httpx", reason="the server extra (pip install -e '.[serve]') is not installed")
+pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve]') is not installed")
+
+from minieng.lab import endpoint as api  # noqa: E402
+from minieng.measure.sweep_plan import prefill_sweep_lengths  # noqa: E402
+from minieng.measure.workloads import RequestSpec  # noqa: E402
+from minieng.serve import loadgen  # noqa: E402
+from minieng.serve.server import ServerThread, build_app  # noqa: E402
+
+pytestmark = pytest.mark.real_model
+NAME = "default"
+
+
+def strip_cached_tokens(app, only_zero: bool = False):
+    """``app`` behind an ASGI wrapper that removes ``usage.prompt_tokens_details`` from every
+    streamed event: a server that does not report cached tokens (``only_zero``: only where the count
+    is 0, as vLLM does)."""
+
+    def strip(line: bytes) -> bytes:
+        if not line.startswith(b"data: {"):
+            return line
+        event = json.loads(line[len(b"data: ") :])
+        usage = event.get("usage") or {}
+        details = usage.get("prompt_tokens_details")
+        if details is not None and (not only_zero or not details.get("cached_tokens")):
+            del usage["prompt_tokens_details"]
+        return b"data: " + json.dumps(event).encode()
+
+    async def wrapped(scope, receive, send):
+        async def send_stripped(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                message = dict(message, body=b"\n".join(strip(line) for line in message["body"].split(b"\n")))
+            await send(message)
+
+        await app(scope, receive, send_stripped)
+
+    return wrapped
+
+
+@contextmanager
+def served(engine, wrap=None):
+    """A server over ``engine`` on loopback, its engine's finished outputs in order, and the
+    ``Endpoint`` connected to it (its calibration request is ``finished[0]``)."""
+    finished = []
+    app = build_app(engine, NAME, on_finished=finished.append)
+    with ServerThread(wrap(app) if wrap else app) as server:
+        endpoint = api.connect_endpoint(server.base_url, loadgen)
+        yield endpoint, finished
+
+
+def test_connecting_reads_the_model_and_the_servers_token_count(real_engine):
+    with served(real_engine()) as (endpoint, finished):
+        assert endpoint.model == NAME and endpoint.max_model_len == 1024
+        (calibration,) = finished  # the one request connecting sent
+        text = api._calibration_text()  # the text connecting sent, about CALIBRATION_CHARS characters
+        assert api.CALIBRATION_CHARS <= len(text) < 1.2 * api.CALIBRATION_CHARS
+        assert endpoint.chars_per_token == pytest.approx(len(text) / len(calibration.prompt_token_ids))
+        assert endpoint.label in endpoint.lines()[0]
+        with pytest.raises(ValueError, match="not 'another'"):
+            api.connect_endpoint(endpoint.base_url, loadgen, model="another")
+
+
+def test_a_server_that_cannot_be_reached_is_named():
+    with pytest.raises(ValueError, match="Is the server running"):
+        api.connect_endpoint("http://127.0.0.1:9/v1", loadgen)
+
+
+def test_the_two_phases_are_the_servers_counts(real_engine):
+    with served(real_engine()) as (endpoint, finished):
+        result = api.endpoint_two_phases(
+            endpoint, [16, 64], decode_tokens=5, repeats=2, decode_prompt_tokens=16, seed=1
+        )
+    prefills, decode = finished[1:5], finished[5]
+    assert len(finished) == 6  # calibration, 2 lengths x 2 repeats, the decode
+    for row, outs in zip(result["prefill"], (prefills[:2], prefills[2:])):
+        counts = [len(o.prompt_token_ids) for o in outs]
+        assert row["prompt_tokens"] == round(statistics.median(counts))
+        assert all(len(o.token_ids) == 1 for o in outs)  # prefill timed on one token
+        assert row["cached_tokens"] == sum(o.num_cached_tokens for o in outs)  # distinct prompts: 0
+        assert row["ttft_s"] > 0 and row["tok_s"] == pytest.approx(row["prompt_tokens"] / row["ttft_s"])
+    assert result["prefill"][0]["prompt_tokens"] < result["prefill"][1]["prompt_tokens"]
+    assert decode.token_ids and len(decode.token_ids) == result["decode"]["output_tokens"] == 5
+    assert result["decode"]["prompt_tokens"] == len(decode.prompt_token_ids)
+    assert result["decode"]["itl_ms"]["count"] >= 1 and result["decode"]["tpot_s"] > 0
+    assert result["server"] == endpoint.label and endpoint.label in api.format_two_phases(result)[0]
+
+
+def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engine):
+    with served(real_engine()) as (endpoint, finished):
+        grid = api.endpoint_phase_grid(endpoint, (8, 40), (2, 6), seed=2)
+        one = api.endpoint_request(endpoint, 24, 3, seed=3)
+        chat = api.endpoint_chat(endpoint, "Name one colour.", 4)
+    outs = dict(zip(("short", "long_prompt", "long_output"), finished[1:4]))
+    for case, out in outs.items():
+        assert grid[case]["prompt_tokens"] == len(out.prompt_token_ids)
+        assert grid[case]["output_tokens"] == len(out.token_ids)
+    assert [grid[c]["output_tokens"] for c in outs] == [2, 2, 6]
+    assert grid["long_prompt"]["prompt_tokens"] > grid["short"]["prompt_tokens"]
+    assert (one.prompt_tokens, one.output_tokens) == (len(finished[4].prompt_token_ids), 3)
+    assert chat.prompt_tokens == len(finished[5].prompt_token_ids) and 1 <= chat.output_tokens <= 4
+    with pytest.raises(ValueError, match="short < long"):
+        api.endpoint_phase_grid(endpoint, (40, 8), (2, 6))
+
+
+def test_the_hit_rate_sweep_equals_the_engines_record(real_engine):
+    engine = real_engine(block_size=16, enable_prefix_caching=True)
+    shares = (0.0, 0.5, 0.9)
+    with served(engine) as (endpoint, finished):
+        result = api.endpoint_hit_rate_sweep(endpoint, 96, shares, requests=2, seed=4)
+    assert len(finished) == 1 + 3 * (1 + len(shares))  # calibration; per point one untimed request + 2 timed
+    for i, point in enumerate([result["cold"], *result["points"]]):
+        first, *timed = finished[1 + 3 * i : 4 + 3 * i]
+        engine_rate = sum(o.num_cached_tokens for o in timed) / sum(len(o.prompt_token_ids) for o in timed)
+        assert point["hit_rate"] == pytest.approx(engine_rate)
+        assert point["cached_tokens"] == [o.num_cached_tokens for o in timed]
+        if point["share"]:  # the untimed request is the shared prefix alone: its count is the shared tokens
+            assert point["shared_tokens"] == len(first.prompt_token_ids)
+            assert all(o.prompt_token_ids[: point["shared_tokens"]] == first.prompt_token_ids for o in timed)
+    assert result["cold"]["hit_rate"] == 0 and result["points"][-1]["hit_rate"] > 0.5
+    assert result["cached_tokens_reported"] and result["block_size"] is None
+    near, high = api.endpoint_hit_rate_pair(result)
+    assert high is result["points"][-1] and near["hit_rate"] < high["hit_rate"]
+    assert not any("not reported" in line for line in api.format_hit_rate_sweep(result))
+
+
+def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate(real_engine):
+    engine = real_engine(block_size=16, enable_prefix_caching=True)
+    with served(engine, strip_cached_tokens) as (endpoint, finished):
+        result = api.endpoint_hit_rate_sweep(endpoint, 64, (0.0, 0.75), requests=1, seed=5)
+        phases = api.endpoint_two_phases(endpoint, [16], decode_tokens=2, seed=6)
+    assert sum(o.num_cached_tokens for o in finished) > 0  # the engine's cache did serve blocks
+    assert not result["cached_tokens_reported"]
+    assert all(p["hit_rate"] is None and p["uncached_tokens"] is None for p in [result["cold"], *result["points"]])
+    assert api.format_hit_rate(result["points"][-1]) == "not reported"
+    with pytest.raises(ValueError, match="not reported by this server"):
+        api.endpoint_hit_rate_pair(result)
+    assert any(api.NOT_REPORTED in line for line in api.format_hit_rate_sweep(result))
+    assert phases["prefill"][0]["cached_tokens"] is None and phases["decode"]["cached_tokens"] is None
+
+
+def test_a_server_that_leaves_out_a_zero_count_still_has_a_hit_rate(real_engine):
+    """vLLM reports cached_tokens only when it is not 0: a request without it counts 0 in a sweep
+    where another request reported it, and the rates equal the engine's record."""
+    engine = real_engine(block_size=16, enable_prefix_caching=True)
+    with served(engine, lambda app: strip_cached_tokens(app, only_zero=True)) as (endpoint, finished):
+        result = api.endpoint_hit_rate_sweep(endpoint, 64, (0.75,), requests=2, seed=7)
+    assert result["cached_tokens_reported"] and None in result["cold"]["cached_tokens"]
+    for i, point in enumerate([result["cold"], *result["points"]]):
+        timed = finished[2 + 3 * i : 4 + 3 * i]
+        engine_rate = sum(o.num_cached_tokens for o in timed) / sum(len(o.prompt_token_ids) for o in timed)
+        assert point["hit_rate"] == pytest.approx(engine_rate)
+    assert result["cold"]["hit_rate"] == 0 < result["points"][0]["hit_rate"]
+
+
+def test_the_probe_sizes_a_sweep_from_the_servers_counts(real_engine):
+    with served(real_engine()) as (endpoint, finished):
+        probe = api.endpoint_probe(endpoint, max_prompt_tokens=128, budget_s=30, repeats=1, seed=8)
+    timed = [o for o in finished[1:] if len(o.token_ids) == 1]  # prefills answered in one token
+    lengths = [n for n, _ in probe["prefill_points"]]
+    assert set(lengths) <= {len(o.prompt_token_ids) for o in timed}
+    assert lengths == sorted(set(lengths)) and probe["decode_step_s"] > 0 and probe["server"] == endpoint.label
+    assert sum(len(o.token_ids) == 6 for o in finished) == 1  # one decode of 6 tokens (repeats=1)
+    assert prefill_sweep_lengths(probe, 2)  # the engine probe's consumers read it
+
+
+def test_the_goodput_run_sends_each_spec_at_the_servers_count(real_engine):
+    specs = [RequestSpec(0.05 * i, n, o) for i, (n, o) in enumerate([(16, 2), (40, 4), (24, 3)])]
+    with served(real_engine()) as (endpoint, finished):
+        requests = api.endpoint_requests(endpoint, specs, seed=9)
+        run = loadgen.run_load(endpoint.base_url, endpoint.model, requests, progress=False)
+    summary = run.summary()
+    assert run.errors == [] and summary.completed == len(specs)
+    assert summary.total_prompt_tokens == sum(len(o.prompt_token_ids) for o in finished[1:])
+    assert summary.total_output_tokens == sum(s.output_tokens for s in specs)
+    assert summary.cached_prompt_tokens == sum(o.num_cached_tokens for o in finished[1:])
+    lines = api.format_client_clock(summary, endpoint)
+    assert endpoint.label in lines[0] and any("prefix cache" in line for line in lines)
+
+
+def test_a_figure_names_the_server_it_measured():
+    from matplotlib.figure import Figure
+
+    endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)
+    assert api.captioned(Figure(), None)._suptitle is None  # the in-process engine: the figure as it was
+    assert endpoint.label in api.captioned(Figure(), endpoint)._suptitle.get_text()
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent():
+    endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)  # no server there, and no client
+    with pytest.raises(ValueError, match="decode_tokens=1"):
+        api.endpoint_two_phases(endpoint, [16], decode_tokens=1)
+    with pytest.raises(ValueError, match=r"share=1\.0"):
+        api.endpoint_hit_rate_point(endpoint, 64, 1.0, 2)
+    with pytest.raises(ValueError, match="exceed the course's text"):
+        api.endpoint_request(endpoint, 10**6, 2)
+    with pytest.raises(ValueError, match="connect_endpoint"):
+        api.send_one(endpoint, "text", 2)
+    with pytest.raises(KeyError, match="mfu"):
+        api.engine_only("flops")
+    assert "MFU" in api.engine_only("mfu")
