@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     v.add_argument(
         "--log-interval-s",
+        "--log-interval",
+        dest="log_interval_s",
         type=float,
         default=DEFAULT_LOG_INTERVAL_S,
         help="seconds between two stats lines, in vLLM's wording (\"Avg prompt throughput: ... tokens/s, Avg "
