@@ -26,7 +26,7 @@ from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.measure.metrics import request_metrics
 from minieng.model.loader import resolve_model_dir
 from minieng.package_data import copy_notebooks
-from minieng.serve.loadgen import REUSED_PROMPTS_HIT_RATE, load_requests, run_load, served_models
+from minieng.measure.loadgen import REUSED_PROMPTS_HIT_RATE, load_requests, run_load, served_models
 
 
 def cmd_generate(args) -> int:

@@ -3,7 +3,7 @@ phases, 07's prefix-cache sweep and 10's goodput run, when their ``ENDPOINT`` pa
 (vLLM, SGLang, llama.cpp's server, ``python -m minieng serve``) instead of the in-process engine.
 
 Every request is a streamed completion (``stream_options.include_usage``), timed on the client from its
-chunks as vLLM's ``bench serve`` times them (``serve.loadgen.stream_figures``: TTFT, TPOT, ITL, E2EL,
+chunks as vLLM's ``bench serve`` times them (``loadgen.stream_figures``: TTFT, TPOT, ITL, E2EL,
 docs/architecture.md, Figures), one at a time where the lesson times a request alone. TTFT through an
 API includes the HTTP path (milliseconds on loopback, a network's round trip otherwise) and the
 server's tokenization of the text.
@@ -26,23 +26,22 @@ results say "not reported by this server" rather than guess.
 What an API cannot give is in ``ENGINE_ONLY``, each with why (``engine_only``): a step's FLOPs and
 bytes (MFU, MBU, the roofline), energy, vLLM's logged line, the prefix cache switched off (the cold
 point here is distinct prompts, which no cache can serve), the server's settings (block size, batch
-caps: its launch flags). The client is ``minieng.serve.loadgen``, handed to ``connect_endpoint``: the
-lessons and the server are one tier, and neither imports the other (docs/architecture.md, Layers).
+caps: its launch flags). The client is the load generator's (``measure.loadgen``).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from minieng.lab.phase_costs import CASES
 from minieng.lab.prefix_caching import ARTICLE_POINTS, hit_rate_pair
+from minieng.measure.loadgen import LoadRequest, run_load, served_models
 from minieng.measure.metrics import RequestMetrics, ServingMetrics, common_tail, summarize_ms
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
 from minieng.measure.workloads import DEFAULT_TEXT, RequestSpec
@@ -89,13 +88,12 @@ class Endpoint:
     """A server the lessons measure: its ``base_url`` (``http://host:port/v1``), the ``model`` id it
     serves (``GET /models``), the characters of the course's text per token of its tokenizer (from
     a calibration request's usage), its ``max_model_len`` where ``/models`` gives one (vLLM's and
-    minieng's field; None otherwise) and the ``client`` that talks to it (``minieng.serve.loadgen``)."""
+    minieng's field; None otherwise)."""
 
     base_url: str
     model: str
     chars_per_token: float
     max_model_len: int | None = None
-    client: ModuleType | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -132,31 +130,30 @@ def _max_model_len(base_url: str, model: str) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def connect_endpoint(base_url: str, client: ModuleType, model: str | None = None) -> Endpoint:
+def connect_endpoint(base_url: str, model: str | None = None) -> Endpoint:
     """The server at ``base_url``, ready to measure: its model id from ``GET /models``
-    (``client.served_models``), and its tokenizer's characters per token from the usage of one
+    (``loadgen.served_models``), and its tokenizer's characters per token from the usage of one
     request of ``CALIBRATION_CHARS`` characters of the course's text, from 32 places of it (that
     request also warms it up).
 
     Args:
-        client: ``minieng.serve.loadgen`` (passed in: the lessons do not import the server's package).
         model: the id to measure where the server serves several (default: the first listed).
     Raises:
         ValueError: the server cannot be reached, serves no model, or not ``model``.
         RuntimeError: the calibration request failed (the server's message).
     """
-    models = client.served_models(base_url)
+    models = served_models(base_url)
     if not models:
         raise ValueError(f"{base_url}/models lists no model: is a model loaded on that server?")
     if model is not None and model not in models:
         raise ValueError(f"{base_url} serves {models}, not {model!r}: pick one of those")
     model = model or models[0]
-    endpoint = Endpoint(base_url.rstrip("/"), model, 1.0, _max_model_len(base_url, model), client)
+    endpoint = Endpoint(base_url.rstrip("/"), model, 1.0, _max_model_len(base_url, model))
     text = _calibration_text()
     counted = send_one(endpoint, text, 1).prompt_tokens
     if counted < 1:
         raise RuntimeError(f"{endpoint.label} counted {counted} prompt tokens in {len(text)} characters")
-    return Endpoint(endpoint.base_url, endpoint.model, len(text) / counted, endpoint.max_model_len, client)
+    return Endpoint(endpoint.base_url, endpoint.model, len(text) / counted, endpoint.max_model_len)
 
 
 @lru_cache(maxsize=2)
@@ -206,16 +203,12 @@ def send_one(
     endpoint: Endpoint, prompt: str, max_tokens: int, chat: bool = False, ignore_eos: bool = True
 ) -> RequestMetrics:
     """One request sent alone (nothing else in flight from here), streamed, timed from its chunks
-    (``serve.loadgen.stream_figures``). ``chat``: a ``/chat/completions`` user message rather than a
+    (``loadgen.stream_figures``). ``chat``: a ``/chat/completions`` user message rather than a
     completion's prompt. ``ignore_eos`` (vLLM's extension, which SGLang and llama.cpp's server share):
     the answer runs to ``max_tokens``. Raises ``RuntimeError`` with the server's message when the
     request failed."""
-    if endpoint.client is None:
-        raise ValueError("this Endpoint has no client: make it with connect_endpoint(url, minieng.serve.loadgen)")
-    request = endpoint.client.LoadRequest(0.0, prompt, max_tokens)
-    result = endpoint.client.run_load(
-        endpoint.base_url, endpoint.model, [request], chat=chat, ignore_eos=ignore_eos, progress=False
-    )
+    request = LoadRequest(0.0, prompt, max_tokens)
+    result = run_load(endpoint.base_url, endpoint.model, [request], chat=chat, ignore_eos=ignore_eos, progress=False)
     if result.errors:
         raise RuntimeError(f"{endpoint.label}: {result.errors[0]}")
     return result.requests[0]
@@ -602,10 +595,7 @@ def endpoint_requests(endpoint: Endpoint, specs: list[RequestSpec], seed: int | 
     of about its prompt length (the server counts it) asking for its output length. Send them with
     ``loadgen.run_load(endpoint.base_url, endpoint.model, ...)``."""
     rng = np.random.default_rng(seed)
-    return [
-        endpoint.client.LoadRequest(s.arrival_s, _texts(endpoint, s.prompt_tokens, 1, rng)[0], s.output_tokens)
-        for s in specs
-    ]
+    return [LoadRequest(s.arrival_s, _texts(endpoint, s.prompt_tokens, 1, rng)[0], s.output_tokens) for s in specs]
 
 
 def format_client_clock(summary: ServingMetrics, endpoint: Endpoint) -> list[str]:

@@ -17,7 +17,7 @@ pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve
 from minieng.lab import endpoint as api  # noqa: E402
 from minieng.measure.sweep_plan import prefill_sweep_lengths  # noqa: E402
 from minieng.measure.workloads import RequestSpec  # noqa: E402
-from minieng.serve import loadgen  # noqa: E402
+from minieng.measure import loadgen  # noqa: E402
 from minieng.serve.server import ServerThread, build_app  # noqa: E402
 
 pytestmark = pytest.mark.real_model
@@ -57,7 +57,7 @@ def served(engine, wrap=None):
     finished = []
     app = build_app(engine, NAME, on_finished=finished.append)
     with ServerThread(wrap(app) if wrap else app) as server:
-        endpoint = api.connect_endpoint(server.base_url, loadgen)
+        endpoint = api.connect_endpoint(server.base_url)
         yield endpoint, finished
 
 
@@ -70,12 +70,12 @@ def test_connecting_reads_the_model_and_the_servers_token_count(real_engine):
         assert endpoint.chars_per_token == pytest.approx(len(text) / len(calibration.prompt_token_ids))
         assert endpoint.label in endpoint.lines()[0]
         with pytest.raises(ValueError, match="not 'another'"):
-            api.connect_endpoint(endpoint.base_url, loadgen, model="another")
+            api.connect_endpoint(endpoint.base_url, model="another")
 
 
 def test_a_server_that_cannot_be_reached_is_named():
     with pytest.raises(ValueError, match="Is the server running"):
-        api.connect_endpoint("http://127.0.0.1:9/v1", loadgen)
+        api.connect_endpoint("http://127.0.0.1:9/v1")
 
 
 def test_the_two_phases_are_the_servers_counts(real_engine):
@@ -199,15 +199,15 @@ def test_a_figure_names_the_server_it_measured():
 
 
 def test_bad_arguments_are_refused_before_anything_is_sent():
-    endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)  # no server there, and no client
+    endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)  # no server there
     with pytest.raises(ValueError, match="decode_tokens=1"):
         api.endpoint_two_phases(endpoint, [16], decode_tokens=1)
     with pytest.raises(ValueError, match=r"share=1\.0"):
         api.endpoint_hit_rate_point(endpoint, 64, 1.0, 2)
     with pytest.raises(ValueError, match="exceed the course's text"):
         api.endpoint_request(endpoint, 10**6, 2)
-    with pytest.raises(ValueError, match="connect_endpoint"):
-        api.send_one(endpoint, "text", 2)
+    with pytest.raises(RuntimeError, match="at http://127.0.0.1:9/v1: request 0: ConnectError"):
+        api.send_one(endpoint, "text", 2)  # the server named with its error
     with pytest.raises(KeyError, match="mfu"):
         api.engine_only("flops")
     assert "MFU" in api.engine_only("mfu")

@@ -907,7 +907,7 @@ def test_log_interval_zero_logs_no_stats(tiny_engine, caplog):
 
 
 def test_stream_metrics_follow_the_definitions():
-    from minieng.serve.loadgen import stream_metrics
+    from minieng.measure.loadgen import stream_metrics
 
     m = stream_metrics(10.0, [10.5, 10.7, 11.0], 11.1, prompt_tokens=7, output_tokens=5, finish_reason="length")
     assert m.ttft_s == pytest.approx(0.5) and m.e2el_s == pytest.approx(1.1)
@@ -925,7 +925,7 @@ def test_loadgen_against_minieng_agrees_with_the_engine(text_model):
     the loopback HTTP path only (a few ms; bounded here at 50 ms for a loaded CI machine)."""
     from minieng.measure.metrics import SLO, serving_metrics
     from minieng.measure.workloads import poisson_workload
-    from minieng.serve.loadgen import load_requests, run_load
+    from minieng.measure.loadgen import load_requests, run_load
 
     engine = make_engine(text_model)
     finished = []
@@ -953,7 +953,7 @@ def test_loadgen_reports_a_server_without_usage_as_failed_requests():
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
-    from minieng.serve.loadgen import LoadRequest, run_load
+    from minieng.measure.loadgen import LoadRequest, run_load
 
     app = FastAPI()
 
@@ -1015,7 +1015,7 @@ USAGE_3 = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, 
 def test_loadgen_times_reasoning_as_tokens():
     """A reasoning model streams reasoning_content before content: its first token is the first
     reasoning chunk (TTFT 2 s here), not the first content (4 s), as vLLM's bench client counts."""
-    from minieng.serve.loadgen import stream_figures
+    from minieng.measure.loadgen import stream_figures
 
     chunks = _timed(
         _delta(role="assistant", content=""),
@@ -1037,7 +1037,7 @@ def test_loadgen_times_reasoning_as_tokens():
 def test_loadgen_counts_tokens_seen_in_usage_or_logprobs():
     """Chunks with no text still carry a token when their usage grew (vLLM's continuous usage
     stats) or they carry its log-probabilities; the final usage-only chunk carries none."""
-    from minieng.serve.loadgen import stream_figures
+    from minieng.measure.loadgen import stream_figures
 
     def text(t, usage=None, logprobs=None, finish=None):
         return {"choices": [{"text": t, "logprobs": logprobs, "finish_reason": finish}], "usage": usage}
@@ -1057,7 +1057,7 @@ def test_loadgen_times_a_request_whose_only_token_hit_a_stop(served, text_model)
     all, one token. The loadgen gave it no TTFT or E2EL, so it never counted toward goodput,
     while the engine's record did; now its finishing chunk is its first (and last) token."""
     from minieng.measure.metrics import SLO
-    from minieng.serve.loadgen import stream_figures
+    from minieng.measure.loadgen import stream_figures
 
     engine, server, finished = served
     first = text_model.tokenizer.decode(_greedy_ids(text_model, "completions", "Hello", 1))
@@ -1089,7 +1089,7 @@ def test_loadgen_fails_a_request_on_an_error_in_its_stream():
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
-    from minieng.serve.loadgen import LoadRequest, run_load, stream_figures
+    from minieng.measure.loadgen import LoadRequest, run_load, stream_figures
 
     error = {"error": {"message": "the KV cache is exhausted", "type": "server_error", "code": 500}}
     after_finish = _timed(_delta(content="Hi"), _delta("stop"), error, USAGE_3)

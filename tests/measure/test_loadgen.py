@@ -14,7 +14,7 @@ pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve
 
 from minieng.lab.report import format_serving  # noqa: E402
 from minieng.measure.workloads import RequestSpec  # noqa: E402
-from minieng.serve.loadgen import LoadRequest, load_requests, run_load, stream_figures  # noqa: E402
+from minieng.measure.loadgen import LoadRequest, load_requests, run_load, stream_figures  # noqa: E402
 from minieng.serve.server import ServerThread, build_app  # noqa: E402
 
 pytestmark = pytest.mark.real_model
