@@ -10,9 +10,13 @@ write and read stay eager between the two compiled regions of each layer
 product, residual, norm, MLP, residual), so the block tables, masks and batch composition that
 change every step never reach the compiler.
 
-Regional: each region is compiled once, as a function of the layer (``regions()``), and every
-layer of the same kind reuses the compiled code (its weights are inputs, not constants), so the
-cold start stays short whatever the depth. Shapes are dynamic (``dynamic=True``): the number of
+Regional: each region is compiled once per engine, as a function of the layer (``regions()``),
+and every layer of the same kind reuses the compiled code (its weights are inputs, not constants),
+so the cold start stays short whatever the depth. Per engine, not per process: Dynamo keeps a code
+object's graphs in one cache with a recompile limit (8), and every (model shape, dtype, scheme) adds
+graphs; a process whose engines shared the regions would, from the fifth such engine, run regions
+eagerly with only a log line. Each engine compiles copies with code objects of its own
+(``own_copy``), as its whole decode step. Shapes are dynamic (``dynamic=True``): the number of
 tokens in a step changes every step and must not recompile; torch specializes a size of 1, so a
 decode of one sequence and steps of two or more tokens are two graphs per region, compiled at
 start-up (``warm_up``), and none after. On CUDA the compiled regions run inside the captured
@@ -46,8 +50,6 @@ from minieng.model.attention import AttentionMetadata, build_metadata
 from minieng.model.compiled_decode import decode_forward
 from minieng.model.kv_cache import KVCache
 from minieng.model.llama import DecoderLayer, LlamaForCausalLM
-
-_REGIONS = None  # compiled once per process, shared by every engine that compiles
 
 # The narrowest block table a compiled decode step sees: torch specializes a size of 1, so a
 # width of 1 would be a graph of its own. Padding is masked (``attention.decode_mask``).
@@ -89,14 +91,18 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
 
 
 def regions() -> tuple:
-    """The compiled ``(before_attention, after_attention)``, each called as ``fn(layer, ...)``."""
-    global _REGIONS
-    if _REGIONS is None:
-        _REGIONS = (
-            torch.compile(DecoderLayer.before_attention, dynamic=True),
-            torch.compile(DecoderLayer.after_attention, dynamic=True),
-        )
-    return _REGIONS
+    """A compiled ``(before_attention, after_attention)`` of the caller's own (one engine's), each
+    called as ``fn(layer, ...)``."""
+    return (
+        torch.compile(own_copy(DecoderLayer.before_attention), dynamic=True),
+        torch.compile(own_copy(DecoderLayer.after_attention), dynamic=True),
+    )
+
+
+def own_copy(f: types.FunctionType) -> types.FunctionType:
+    """``f`` with a code object of its own: Dynamo keeps graphs per code object, so a copy's cache
+    (and its recompile limit) is its caller's alone."""
+    return types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
 
 
 def compiler_missing(device: torch.device) -> str | None:
@@ -138,10 +144,8 @@ def compile_decode_step():
     warm-up, and the engine runs eagerly, rather than leaving pieces to caches that other models
     share. Inductor's C++ wrapper (``cpp_wrapper``) is left out: 3% faster, and its first compile
     took 45 s against 6 s (docs/measurements.md)."""
-    f = decode_forward
-    own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
-    return torch.compile(own, fullgraph=True, options={"guard_filter_fn": skip} if skip else None)
+    return torch.compile(own_copy(decode_forward), fullgraph=True, options={"guard_filter_fn": skip} if skip else None)
 
 
 def fits_decode_step(meta: AttentionMetadata) -> bool:

@@ -98,3 +98,21 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     assert engine.runner.dropped_paths == {"compile": "no C++ compiler on PATH"}
     with pytest.raises(FastPathFailed, match="no C.. compiler on PATH"):  # gpu-check's strict mode
         make_engine(tiny_llama[1], compile=True, strict_forward_paths=True)
+
+
+def test_five_compiled_engines_in_one_process_each_compile_regions_of_their_own():
+    """Dynamo keeps graphs per code object under a limit of 8: regions shared by every engine ran
+    eagerly from the fifth (model shape, dtype, scheme) on, with only a log line. Each engine's
+    regions have code objects of their own, and each compiles its graphs (two a region)."""
+    from helpers import tiny_hf_config, tiny_pair
+
+    engines = []
+    for kind in ("llama", "qwen2", "mistral", "llama_tied", "llama_bias_head_dim"):
+        before = counters["stats"]["unique_graphs"]
+        engine = make_engine(tiny_pair(tiny_hf_config(kind), seed=0)[1], compile=True, max_num_seqs=4)
+        assert engine.runner.dropped_paths == {} and engine.runner.regions is not None
+        assert counters["stats"]["unique_graphs"] - before >= 4, kind  # its regions compiled here, not reused
+        engines.append(engine)
+    # distinct objects (equal code compares equal): Dynamo's cache lives on each object
+    codes = {id(fn._torchdynamo_orig_callable.__code__) for e in engines for fn in e.runner.regions}
+    assert len(codes) == 2 * len(engines)
