@@ -80,7 +80,8 @@ class DecodeGraphs:
         model, kv_cache: what the graphs run; the cache's tensors must never be reallocated.
         max_num_seqs: the largest batch a decode step can have.
         max_model_len: the longest sequence, which sets the widest block table.
-        max_gather_tokens: buckets whose batch x width x block_size exceeds it are not captured.
+        max_gather_tokens: buckets whose batch x width x block_size exceeds it are not captured
+            (but for the one-query buckets of ``attention_backend="triton"``, which gather nothing).
         query_lens: tokens per sequence of the decode steps to capture: (1,), or (1, 2, .., k + 1)
             under speculative decoding with k draft tokens.
         capture: False runs the forward eagerly on the static buffers (CPU tests).
@@ -108,12 +109,16 @@ class DecodeGraphs:
         self.batch_sizes = capture_batch_sizes(max_num_seqs)
         self.widths = capture_widths(cdiv(max_model_len, self.block_size))
         self.query_lens = sorted(set(query_lens))
+        # A bucket's decodes gather batch x width x block_size keys a layer, within the budget; the
+        # Triton kernel reads one query's keys in place and gathers nothing (a verification step's
+        # k + 1 queries still gather: ``attention.paged_attention``).
+        in_place = attention_backend == "triton"
         self.buckets = [
             (q, b, w)
             for q in self.query_lens
             for b in self.batch_sizes
             for w in self.widths
-            if b * w * self.block_size <= max_gather_tokens
+            if (in_place and q == 1) or b * w * self.block_size <= max_gather_tokens
         ]
         self.device = device = kv_cache.k.device
         self.rows, self.width = rows, width = self.batch_sizes[-1], self.widths[-1]

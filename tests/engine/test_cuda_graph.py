@@ -87,6 +87,19 @@ def test_buckets_beyond_the_gather_budget_are_not_captured(tiny_llama):
     assert graphs.bucket(2, 1, 1) is None  # no speculative decoding: only single-token steps
 
 
+def test_the_triton_backend_captures_its_one_query_buckets_whatever_the_gather_budget(tiny_llama):
+    """Triton reads one query's keys in place: no gather to budget. A verification step's k + 1
+    queries still gather, so its buckets keep the budget."""
+    engine = make_engine(tiny_llama[1], max_num_seqs=12)
+    graphs = DecodeGraphs(
+        engine.model, engine.kv_cache, 12, engine.max_model_len, 4 * 16 * 4, (1, 2), capture=False,
+        attention_backend="triton",
+    )  # fmt: skip
+    assert (1, 8, 16) in graphs.buckets and (1, 16, 64) not in graphs.buckets  # 16 > max_num_seqs' 12
+    assert (1, 12, 64) in graphs.buckets  # the widest, at the largest batch
+    assert (2, 4, 16) in graphs.buckets and (2, 8, 16) not in graphs.buckets
+
+
 # -- replays on static buffers give the plain path's tokens ---------------------------------------
 
 
