@@ -166,7 +166,9 @@ class DecodeGraphs:
             slot_mapping=self.slot_mapping[: b * q],
             num_decodes=b,
             decode_block_tables=self.block_tables[:b, :w],
-            decode_mask=decode_mask(self.context_lens[:b], w * self.block_size, q, self.kv_cache.kv.dtype),
+            decode_mask=None  # the Triton kernel masks one query by context length
+            if self.attention_backend == "triton" and q == 1
+            else decode_mask(self.context_lens[:b], w * self.block_size, q, self.kv_cache.kv.dtype),
             prefills=[],
             decode_query_len=q,
             decode_context_lens=self.context_lens[:b],
@@ -254,7 +256,7 @@ def capture_decode_graphs(
     tensor parallelism (collectives inside captured graphs are untested here). Raises
     ``forward_paths.FastPathFailed``, saying what to lower, when the capture fails (out of memory,
     an op the capture refuses, a Triton kernel that does not compile): the runner then decodes
-    eagerly (``forward_paths.fall_back``).
+    without graphs (``forward_paths.fall_back``).
 
     ``query_lens``: tokens per sequence of the captured steps; by default 1, and with speculative
     decoding every verification width 2 .. k + 1 (experiments lower k at run time).

@@ -37,6 +37,11 @@ class RowLogprobs(NamedTuple):
     rank: int
 
 
+# Rows a log_softmax takes at once (``gather_logprobs``): 256 rows of a 128k vocabulary in float32
+# are 128 MiB a copy.
+ROWS_AT_ONCE = 256
+
+
 def gather_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[RowLogprobs]:
     """Log-probabilities of ``token_ids`` and of the top tokens, row by row.
 
@@ -47,12 +52,24 @@ def gather_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Seq
     Returns:
         n ``RowLogprobs``, each of 1 + k entries.
     As vLLM's ``Sampler.gather_logprobs`` (``vllm/v1/sample/sampler.py``): log_softmax, the
-    token's value and rank, then ``torch.topk``. One log_softmax over the n rows at once.
+    token's value and rank, then ``torch.topk``. One log_softmax over ``ROWS_AT_ONCE`` rows at a
+    time: a prompt's rows (a whole chunk, with a large vocabulary) would otherwise take several
+    [n, vocab] float32 copies beside the logits, memory the KV sizing never profiled.
     """
     n = logits.shape[0]
+    assert len(token_ids) == n and len(num_top) == n, "one token id and one k per row"
+    if n > ROWS_AT_ONCE:
+        return [
+            row
+            for start in range(0, n, ROWS_AT_ONCE)
+            for row in gather_logprobs(
+                logits[start : start + ROWS_AT_ONCE],
+                token_ids[start : start + ROWS_AT_ONCE],
+                num_top[start : start + ROWS_AT_ONCE],
+            )
+        ]
     if n == 0:
         return []
-    assert len(token_ids) == n and len(num_top) == n, "one token id and one k per row"
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     ids = torch.tensor(list(token_ids), dtype=torch.long, device=logits.device).unsqueeze(1)
     token_logprobs = logprobs.gather(1, ids)  # [n, 1]

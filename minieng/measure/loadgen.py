@@ -19,8 +19,9 @@ chunks it receives, as vLLM's ``bench serve`` does (``stream_figures``):
 
 Token counts come from the server's ``usage`` block, never from re-tokenizing the text (a client
 tokenizer can disagree with the server's); so do the prompt tokens its prefix cache served
-(``prompt_tokens_details.cached_tokens``, OpenAI's field: a server that leaves it out has no hit
-rate). A server that sends no usage fails the request with
+(``prompt_tokens_details.cached_tokens``, OpenAI's field; vLLM leaves it out when it is 0, so a
+request without it counts 0 once any request of the run reported it, and a run where none did has
+no hit rate). A server that sends no usage fails the request with
 that reason; so does an ``error`` object anywhere in the stream (vLLM sends one, then
 ``[DONE]``, when a request fails mid-stream), even after a ``finish_reason``, with its message.
 Summaries and goodput are ``metrics.serving_metrics`` (docs/architecture.md, Figures).

@@ -46,7 +46,7 @@ class RequestMetrics:
     ok: bool
     arrival_s: float = 0.0  # absolute (perf_counter) time, to place the request in the run
     num_preemptions: int = 0
-    cached_tokens: int | None = 0  # prompt tokens served by the prefix cache; None: the server did not say
+    cached_tokens: int | None = 0  # prompt tokens served by the prefix cache; None: the server's usage left it out
 
     @classmethod
     def from_emissions(
@@ -241,7 +241,7 @@ class ServingMetrics:
     slo: dict | None = None
     num_good_requests: int | None = None
     goodput_req_s: float | None = None
-    cached_prompt_tokens: int | None = 0  # None: no request's server reported its cached tokens
+    cached_prompt_tokens: int | None = 0  # None: no request's usage reported its cached tokens
     prefix_cache_hit_rate: float | None = None  # prompt tokens served from cache / prompt tokens
 
     def to_dict(self) -> dict:
@@ -274,10 +274,10 @@ def serving_metrics(
 
     prompt_tokens, output_tokens = sum(m.prompt_tokens for m in done), sum(m.output_tokens for m in done)
     good = sum(slo.met_by(m) for m in done) if slo is not None else None
-    # The hit rate over the requests whose cached tokens are known (a server may not report them).
-    reported = [m for m in done if m.cached_tokens is not None]
-    cached = sum(m.cached_tokens for m in reported) if reported else None
-    reported_prompt = sum(m.prompt_tokens for m in reported)
+    # A server that reports cached tokens may leave the field out when it is 0 (vLLM does): once any
+    # request reported it, a missing one counts 0; when none did, there is no hit rate.
+    reported = any(m.cached_tokens is not None for m in done)
+    cached = sum(m.cached_tokens or 0 for m in done) if reported else None
     return ServingMetrics(
         duration_s,
         len(ms),
@@ -300,7 +300,7 @@ def serving_metrics(
         num_good_requests=good,
         goodput_req_s=per_s(good) if good is not None else None,
         cached_prompt_tokens=cached,
-        prefix_cache_hit_rate=cached / reported_prompt if cached is not None and reported_prompt else None,
+        prefix_cache_hit_rate=cached / prompt_tokens if cached is not None and prompt_tokens else None,
     )
 
 

@@ -77,7 +77,8 @@ class AttentionMetadata:
             step verifies k drafts).
         decode_block_tables: [num_decodes, max_blocks] int64, padded with the null block.
         decode_mask: [num_decodes, 1, decode_query_len, max_blocks * block_size] additive, in
-            the model's dtype (``decode_mask``).
+            the model's dtype (``decode_mask``); None where the Triton kernel attends one query
+            (it masks by context length).
         prefills: the multi-token chunks, in row order after the decodes.
         decode_query_len: query tokens per decode sequence.
         decode_group_size: decodes gathered and attended at once; None: all of them. Smaller
@@ -179,7 +180,8 @@ def build_metadata(
             width = 1 << (width - 1).bit_length()
         decode_tables = block_table_tensor([t for t, _ in decodes], width, null_block).to(device)
         lens = torch.tensor([n for _, n in decodes], device=device)
-        mask = decode_mask(lens, width * block_size, decode_query_len, dtype)
+        if backend != "triton" or decode_query_len > 1:  # the Triton kernel masks by context length
+            mask = decode_mask(lens, width * block_size, decode_query_len, dtype)
         group = decode_group_size(len(decodes), width * block_size, max_gather_tokens)
     chunks, q_start = [], len(decodes) * decode_query_len
     for q_len, table, context_len in prefills:

@@ -48,6 +48,11 @@ def check_log_interval(log_interval_s: float | None) -> None:
         raise ValueError(f"log_interval_s={log_interval_s!r} must be >= 0 (0 or None: no stats logged)")
 
 
+class EngineStepError(RuntimeError):
+    """An engine step raised: the requests in flight then get this on their queue instead of an
+    output (the server answers a 500, or an error event in a stream), and the loop goes on."""
+
+
 class AsyncEngine:
     """Drives one ``LLMEngine`` from an asyncio event loop.
 
@@ -163,6 +168,19 @@ class AsyncEngine:
             del engine.step_records[:-MAX_STEP_RECORDS]
             del engine.spec_records[:-MAX_STEP_RECORDS]
 
+    def _fail_in_flight(self, error: EngineStepError) -> None:
+        """Every request submitted or running fails with ``error``: its queue gets the error (the
+        handler answers it), and the engine aborts and forgets it, freeing its blocks."""
+        engine = self.engine
+        self._submitted.clear()
+        for request_id, queue in self._queues.items():
+            queue.put_nowait(error)
+            if request_id in engine.requests:
+                engine.abort_request(request_id)
+                engine.release_request(request_id)
+        self.num_aborted += len(self._queues)
+        self._queues.clear()
+
     def _finish(self, out: RequestOutput) -> None:
         self.engine.release_request(out.request_id)
         self._queues.pop(out.request_id, None)
@@ -203,7 +221,12 @@ class AsyncEngine:
                         pass
                 continue
             num_steps = len(engine.step_records)
-            outputs = await loop.run_in_executor(self._stepper, engine.step)
+            try:
+                outputs = await loop.run_in_executor(self._stepper, engine.step)
+            except Exception as e:  # noqa: BLE001 (the loop outlives a failed step; its requests do not)
+                logger.exception("an engine step failed: the requests in flight fail with it")
+                self._fail_in_flight(EngineStepError(f"the engine step failed ({type(e).__name__}: {e})"))
+                continue
             if len(engine.step_records) > num_steps:  # a step ran
                 self._record_step(engine.step_records[-1], outputs)
             for out in outputs:

@@ -55,7 +55,7 @@ from minieng.engine.chat_template import check_text
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
-from minieng.serve.async_engine import AsyncEngine, check_log_interval, new_request_id
+from minieng.serve.async_engine import AsyncEngine, EngineStepError, check_log_interval, new_request_id
 from minieng.serve.logprobs import ChoiceLogprobs
 from minieng.serve.metrics import ServerMetrics
 from minieng.serve.protocol import (
@@ -402,11 +402,13 @@ def build_app(
         try:
             while remaining:
                 out = await queue.get()
+                if isinstance(out, EngineStepError):
+                    raise _Refused(500, str(out))
                 i = index_of[out.request_id]
                 texts[i].append(choices[i].add(out))
                 if out.finished:
                     finals[i], remaining = out, remaining - 1
-        except asyncio.CancelledError:  # the client left (_cancel_on_disconnect), or the server stops
+        except BaseException:  # the client left (_cancel_on_disconnect), the server stops, or an error
             for rid in choice_ids:
                 loop.abort(rid)  # a no-op for those that finished
             raise
@@ -439,6 +441,11 @@ def build_app(
                     yield _event(chat_chunk(response_id, model_name, created, role, None, include_usage, i))
             while remaining:
                 out = await queue.get()
+                if isinstance(out, EngineStepError):  # vLLM's way: an error event, then [DONE]
+                    remaining = 0
+                    yield _event(error_body(str(out), 500))
+                    yield "data: [DONE]\n\n"
+                    return
                 i = index_of[out.request_id]
                 text = choices[i].add(out)
                 if out.finished:

@@ -365,3 +365,15 @@ def test_a_request_that_asks_for_nothing_gets_none_and_no_extra_row(tiny_llama, 
     first = engine.step_records[0].chunks
     assert sorted(rows for _, _, rows in first) == [1, 30], "29 prompt rows and 1 sampling row; 1 for the other"
     assert calls == [29]
+
+
+def test_gather_logprobs_in_slices_gives_what_one_pass_gives(monkeypatch):
+    """A prompt's rows are gathered ROWS_AT_ONCE at a time (memory): the same values and ranks."""
+    from minieng.engine import logprobs as lp
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 40, generator=gen)
+    ids, tops = list(range(10)), [3, 0, 5, 1, 2, 0, 4, 3, 2, 1]
+    whole = lp.gather_logprobs(logits, ids, tops)
+    monkeypatch.setattr(lp, "ROWS_AT_ONCE", 3)
+    assert lp.gather_logprobs(logits, ids, tops) == whole

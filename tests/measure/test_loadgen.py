@@ -56,8 +56,8 @@ def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate():
     from minieng.measure.metrics import serving_metrics
 
     assert serving_metrics([silent]).prefix_cache_hit_rate is None
-    mixed = serving_metrics([silent, told])  # the rate over the requests whose server said
-    assert mixed.cached_prompt_tokens == 4 and mixed.prefix_cache_hit_rate == pytest.approx(0.4)
+    mixed = serving_metrics([silent, told])  # vLLM leaves out a 0: once one request said, silence is 0
+    assert mixed.cached_prompt_tokens == 4 and mixed.prefix_cache_hit_rate == pytest.approx(4 / 20)
     report = {"metrics": serving_metrics([silent]).to_dict(), "workload": _workload([LoadRequest(0.0, "x", 2)])}
     assert any("did not report cached prompt tokens" in line for line in format_serving(report))
 

@@ -367,3 +367,33 @@ def test_null_means_the_default(served):
         for b in (body, {**CHAT_NULLS, **body})
     ]
     assert answers[0] == answers[1] and answers[0]
+
+
+def test_a_failed_engine_step_fails_its_requests_and_the_server_goes_on(text_model, monkeypatch):
+    """A step that raises (out of memory, a kernel's error) answers its requests, whole with a 500
+    and streamed with an error event then [DONE], frees their blocks, and the next request runs:
+    no client waits forever on a loop that died."""
+    engine = make_engine(text_model)
+    step = engine.step
+    failures = []
+
+    def failing_once():
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return step()
+
+    monkeypatch.setattr(engine, "step", failing_once)
+    with ServerThread(build_app(engine, MODEL)) as server:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        failed = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+        assert failed.status_code == 500
+        assert "engine step failed (RuntimeError: CUDA out of memory" in failed.json()["error"]["message"]
+        assert failed.json()["error"]["type"] == "server_error"
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        failures.clear()
+        with httpx.stream("POST", f"{server.base_url}/completions", json=body | {"stream": True}, timeout=60) as r:
+            streamed = events(r)
+        assert "error" in streamed[0] and streamed[-1] == "[DONE]"
+        ok = httpx.post(f"{server.base_url}/completions", json=body, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
