@@ -87,5 +87,13 @@ def make_output(req: RequestState, new_token_ids: list[int] | None = None, delta
         num_cached_tokens=seq.num_cached_tokens,
         logprobs=logprobs,
         new_logprobs=new_logprobs,
-        prompt_logprobs=None if seq.prompt_logprobs is None else list(seq.prompt_logprobs),
+        prompt_logprobs=_prompt_logprobs(seq),
     )
+
+
+def _prompt_logprobs(seq) -> list | None:
+    """The prompt's log-probabilities: a copy while the prompt still computes; once whole, the list
+    itself, which nothing changes again (a long echoed prompt is not copied at every decode step)."""
+    if seq.prompt_logprobs is None:
+        return None
+    return seq.prompt_logprobs if seq.prompt_logprobs_from is None else list(seq.prompt_logprobs)

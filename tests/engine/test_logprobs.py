@@ -377,3 +377,16 @@ def test_gather_logprobs_in_slices_gives_what_one_pass_gives(monkeypatch):
     whole = lp.gather_logprobs(logits, ids, tops)
     monkeypatch.setattr(lp, "ROWS_AT_ONCE", 3)
     assert lp.gather_logprobs(logits, ids, tops) == whole
+
+
+def test_a_whole_prompts_log_probabilities_are_not_copied_at_every_step(tiny_llama):
+    """Once the prompt is computed its list no longer changes: every later output shares it (an
+    echoed 4k-token prompt is not copied at each of its decode steps)."""
+    engine = make_engine(tiny_llama[1])
+    [prompt] = random_prompts([40], VOCAB, seed=5)
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=1))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    decoded = [o for o in outputs if o.prompt_logprobs is not None and len(o.prompt_logprobs) == 40]
+    assert len(decoded) >= 3 and all(o.prompt_logprobs is decoded[0].prompt_logprobs for o in decoded)
