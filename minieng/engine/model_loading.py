@@ -18,7 +18,7 @@ from minieng.device import select_device, select_dtype
 from minieng.engine.config_checks import check_engine
 from minieng.engine.workers import Workers, closing_on_error
 from minieng.model.checks import check_model
-from minieng.model.draft import load_draft
+from minieng.model.draft import load_draft, resolve_draft
 from minieng.model.llama import LlamaForCausalLM
 from minieng.model.loader import LoadedModel, load_config, load_model
 from minieng.model.quantization import apply_quantization, matmul_bytes
@@ -69,13 +69,14 @@ def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) 
         device, dtype = param.device, param.dtype
         model_config, max_position = loaded.model.config, loaded.model.rope.max_position
     check_model(config, model_config, device, dtype)
+    draft_resolved = resolve_draft(config, device, dtype)  # a separate draft's refusals too, before any load
     max_model_len = check_engine(config, model_config, max_position, device, dtype, loaded)
     loaded_here = loaded is None
     workers = None
     if loaded_here:
         loaded, workers = load_ranks(config, device, dtype, max_model_len, resolved)
     with closing_on_error(workers):
-        draft_model = load_draft(config, loaded, max_model_len)
+        draft_model = load_draft(config, loaded, max_model_len, draft_resolved)
         model, scheme, group_size = apply_quantization(
             loaded.model, config.quantization, config.quantization_group_size
         )

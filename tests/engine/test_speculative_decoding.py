@@ -478,6 +478,24 @@ def test_a_draft_model_the_device_cannot_run_is_refused_before_its_weights_load(
         )
 
 
+def test_a_separate_draft_is_refused_before_the_target_loads(tiny_draft_dirs, monkeypatch):
+    """An engine that loads its target: the draft's refusal (int4 has no CPU kernel) comes before any
+    weight of either model is read."""
+    from minieng import EngineConfig, LLMEngine
+    from minieng.engine import model_loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target's weights were read before the draft's refusal")
+
+    monkeypatch.setattr(model_loading, "load_ranks", no_load)
+    config = EngineConfig(
+        model=tiny_draft_dirs["same"], device="cpu", num_kv_blocks=64, speculative_method="draft",
+        num_speculative_tokens=2, draft_model=tiny_draft_dirs["same"], draft_quantization="int4",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="int4"):
+        LLMEngine(config)
+
+
 def test_a_different_draft_model_keeps_greedy_output(tiny_llama, tiny_draft_dirs):
     """A poor draft (another random model) costs speed, never correctness."""
     hf, loaded = tiny_llama
