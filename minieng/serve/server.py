@@ -267,9 +267,10 @@ def build_app(
             raise unknown_model(model_id)
         return model_card(model_name, engine.max_model_len, created)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus_metrics(request: Request):
-        """Prometheus' text format (``ServerMetrics``), as vLLM's ``/metrics``."""
+        """Prometheus' text format (``ServerMetrics``), as vLLM's ``/metrics``; HEAD too (aiperf
+        probes the route with it before it reads it)."""
         text, content_type = metrics.render(request.headers.get("accept"))
         return Response(text, media_type=content_type)
 

@@ -236,6 +236,8 @@ def test_metrics_move_by_what_the_requests_did(served):
     engine, server, finished = served
     before = _scrape(server)
     assert before[("minieng:request_success_total", (("finished_reason", "abort"),))] == 0
+    head = httpx.head(server.base_url.removesuffix("/v1") + "/metrics")  # aiperf's probe
+    assert head.status_code == 200 and head.text == ""
     a, b = list(range(100, 109)), list(range(200, 213))  # 9 and 13 prompt tokens
     _complete(server, prompt=a, max_tokens=5, temperature=0)
     _stream(server, "completions", {"model": MODEL, "prompt": b, "max_tokens": 3, "ignore_eos": True, "stream": True})
