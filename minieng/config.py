@@ -409,7 +409,7 @@ class SamplingParams:
             computed, never served from cached KV.
     Both are log_softmax of the model's raw float32 logits, before temperature, top-k and top-p
     (vLLM's default ``logprobs_mode="raw_logprobs"``): the model's own distribution, the same
-    whatever the request samples with (``engine/logprobs.py``). At most the engine's
+    whatever the request samples with (``engine.logprobs``). At most the engine's
     ``EngineConfig.max_logprobs`` each (``LLMEngine.add_request`` refuses more).
     ``max_tokens=0`` is allowed only with ``prompt_logprobs``: the request scores its prompt
     without generating (OpenAI's ``echo`` with ``max_tokens: 0``, lm-eval's loglikelihood) and

@@ -42,7 +42,7 @@ import numpy as np
 from minieng.lab.phase_costs import CASES
 from minieng.lab.prefix_caching import ARTICLE_POINTS, hit_rate_pair
 from minieng.measure.loadgen import LoadRequest, run_load, served_models
-from minieng.measure.metrics import RequestMetrics, ServingMetrics, common_tail, summarize_ms
+from minieng.measure.metrics import RequestMetrics, ServingMetrics, common_tail, served_from_cache, summarize_ms
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
 from minieng.measure.workloads import DEFAULT_TEXT, RequestSpec
 
@@ -352,7 +352,7 @@ def endpoint_two_phases(
                 "prompt_tokens": counted,
                 "ttft_s": ttft,
                 "tok_s": counted / ttft,
-                "cached_tokens": _sum_reported(r.cached_tokens for r in runs),
+                "cached_tokens": served_from_cache(r.cached_tokens for r in runs),
             }
         )
     rows.sort(key=lambda r: r["prompt_tokens"])  # by the server's count, as a fit of TTFT against it needs
@@ -367,12 +367,6 @@ def endpoint_two_phases(
         "cached_tokens": m.cached_tokens,
     }
     return {"server": endpoint.label, "prefill": rows, "decode": decode}
-
-
-def _sum_reported(values) -> int | None:
-    """The sum of the reported counts; None when none was reported."""
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
 
 
 def format_two_phases(result: dict) -> list[str]:
@@ -494,13 +488,13 @@ def endpoint_hit_rate_point(
 def _with_hit_rate(point: dict, prompts: list[int], absent_is_zero: bool) -> dict:
     """``point`` with ``hit_rate`` and ``uncached_tokens`` from its per-request ``cached_tokens``
     (None where the server reported none, unless ``absent_is_zero``)."""
-    cached = [0 if c is None and absent_is_zero else c for c in point["cached_tokens"]]
+    cached = served_from_cache(point["cached_tokens"], absent_is_zero)
     point["prompt_token_counts"] = prompts
-    if any(c is None for c in cached):
+    if cached is None:
         point["hit_rate"], point["uncached_tokens"] = None, None
     else:
-        point["hit_rate"] = sum(cached) / sum(prompts)
-        point["uncached_tokens"] = (sum(prompts) - sum(cached)) / len(prompts)
+        point["hit_rate"] = cached / sum(prompts)
+        point["uncached_tokens"] = (sum(prompts) - cached) / len(prompts)
     return point
 
 

@@ -254,6 +254,20 @@ def run_duration_s(requests: Sequence[RequestMetrics]) -> float | None:
     return max(ends) - min(m.arrival_s for m in requests) if ends else None
 
 
+def served_from_cache(cached: Iterable[int | None], absent_is_zero: bool | None = None) -> int | None:
+    """Prompt tokens a prefix cache served, summed over requests (each a usage block's
+    ``prompt_tokens_details.cached_tokens``; None where the usage left it out). vLLM leaves the
+    field out when it is 0, so a missing count is 0 once the server is known to report it:
+    ``absent_is_zero``, or, when None, as soon as one of these requests reported it. None when a
+    count stays unknown (a server that never reports it)."""
+    cached = list(cached)
+    if absent_is_zero is None:
+        absent_is_zero = any(c is not None for c in cached)
+    if absent_is_zero:
+        return sum(c or 0 for c in cached)
+    return None if any(c is None for c in cached) else sum(cached)
+
+
 def serving_metrics(
     requests: Iterable[RequestMetrics | RequestOutput], duration_s: float | None = None, slo: SLO | None = None
 ) -> ServingMetrics:
@@ -274,10 +288,7 @@ def serving_metrics(
 
     prompt_tokens, output_tokens = sum(m.prompt_tokens for m in done), sum(m.output_tokens for m in done)
     good = sum(slo.met_by(m) for m in done) if slo is not None else None
-    # A server that reports cached tokens may leave the field out when it is 0 (vLLM does): once any
-    # request reported it, a missing one counts 0; when none did, there is no hit rate.
-    reported = any(m.cached_tokens is not None for m in done)
-    cached = sum(m.cached_tokens or 0 for m in done) if reported else None
+    cached = served_from_cache(m.cached_tokens for m in done)
     return ServingMetrics(
         duration_s,
         len(ms),

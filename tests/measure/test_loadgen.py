@@ -70,3 +70,12 @@ def _workload(requests: list[LoadRequest]) -> dict:
         "output_tokens_total": sum(r.max_tokens for r in requests),
         "last_arrival_s": max(r.arrival_s for r in requests),
     }
+
+
+def test_served_from_cache_counts_a_left_out_zero_once_the_server_reports():
+    from minieng.measure.metrics import served_from_cache
+
+    assert served_from_cache([None, 4, None]) == 4  # one request said: the others' silence is 0
+    assert served_from_cache([None, None]) is None  # a server that never reports
+    assert served_from_cache([None, 3], absent_is_zero=False) is None  # a sweep that knows better
+    assert served_from_cache([None, 3], absent_is_zero=True) == served_from_cache([0, 3]) == 3
