@@ -22,7 +22,7 @@ Tokenizing and applying the chat template run in worker threads too: a prompt of
 takes the tokenizer most of a second, which on the event loop would stall every other client.
 
 A client that disconnects aborts its request, whatever the endpoint and mode: each handler runs
-beside a watcher of the connection (``_cancel_on_disconnect``, vLLM's ``with_cancellation``),
+beside a watcher of the connection (``connections.cancel_on_disconnect``, vLLM's ``with_cancellation``),
 and a disconnect cancels the handler, whose ``except``/``finally`` asks the loop to abort the
 request; that happens before the next step, and its KV blocks return to the pool. Finished
 requests are released from the engine (``LLMEngine.release_request``) once their last output is
@@ -37,7 +37,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import NamedTuple
@@ -55,6 +55,7 @@ from minieng.engine.chat_template import check_text
 from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
+from minieng.serve.connections import BodyLimit, cancel_on_disconnect
 from minieng.serve.async_engine import AsyncEngine, EngineStepError, check_log_interval, new_request_id
 from minieng.serve.logprobs import ChoiceLogprobs
 from minieng.serve.metrics import ServerMetrics
@@ -102,75 +103,6 @@ class _Refused(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-
-
-class BodyLimit:
-    """ASGI middleware: reads a request's body whole, and answers 413 (OpenAI's error body) to one
-    over ``max_bytes`` before anything parses or tokenizes it; the app then reads the body from
-    memory.
-
-    A body is over the cap by its ``Content-Length``, or (chunked) once the bytes received pass
-    it; from then on its bytes are read and dropped, not kept, so that the client, which sends
-    the whole body before it reads, gets the 413 rather than a reset connection.
-    """
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        too_large = length.isdigit() and int(length) > self.max_bytes
-        body, more = bytearray(), True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # the client left before it finished sending
-            more = message.get("more_body", False)
-            if not too_large:
-                body += message.get("body", b"")
-                too_large = len(body) > self.max_bytes
-        if too_large:
-            error = error_body(
-                f"the request body is larger than this server's cap of {self.max_bytes} bytes: shorten the prompt", 413
-            )
-            return await JSONResponse(error, status_code=413)(scope, receive, send)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: the disconnect
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-
-async def _cancel_on_disconnect(request: Request, handler: Awaitable):
-    """Run ``handler`` until it returns or the client disconnects, whichever comes first (vLLM's
-    ``with_cancellation``). A disconnect cancels the handler, whose ``CancelledError`` aborts its
-    request; the answer is then an empty 499 ("client closed request"), which nobody reads.
-    A streamed response returns at once, and its stream watches the connection itself."""
-    work = asyncio.ensure_future(handler)
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.wait({work})  # let its clean-up (the abort) run
-    if work.cancelled():
-        return Response(status_code=499)
-    return work.result()
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client disconnects (the ASGI server reports it through ``receive``)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def default_max_body_bytes(engine: LLMEngine) -> int:
@@ -409,7 +341,7 @@ def build_app(
                 texts[i].append(choices[i].add(out))
                 if out.finished:
                     finals[i], remaining = out, remaining - 1
-        except BaseException:  # the client left (_cancel_on_disconnect), the server stops, or an error
+        except BaseException:  # the client left (cancel_on_disconnect), the server stops, or an error
             for rid in choice_ids:
                 loop.abort(rid)  # a no-op for those that finished
             raise
@@ -473,11 +405,11 @@ def build_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        return await _cancel_on_disconnect(request, handle(request, body, chat=False))
+        return await cancel_on_disconnect(request, handle(request, body, chat=False))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await _cancel_on_disconnect(request, handle(request, body, chat=True))
+        return await cancel_on_disconnect(request, handle(request, body, chat=True))
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
@@ -518,7 +450,7 @@ def build_app(
         kind = TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
         body = _validated(kind, data)
         check_model(body.model)
-        return await _cancel_on_disconnect(request, asyncio.to_thread(tokenize_body, body))
+        return await cancel_on_disconnect(request, asyncio.to_thread(tokenize_body, body))
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
