@@ -22,7 +22,9 @@ from minieng.engine.llm_engine import LLMEngine
 from minieng.engine.outputs import RequestOutput, StepRecord
 from minieng.lab.disagg_simulation import (
     COLOCATED,
+    DECODE,
     DEFAULT_LINK_BANDWIDTH_GBPS,
+    PREFILL,
     ClusterRun,
     colocated_replay,
     default_params,
@@ -81,8 +83,10 @@ def compare_disaggregation(
         link_bandwidth_gbps: the assumed link, GB/s (``DEFAULT_LINK_BANDWIDTH_GBPS``).
         prefill_overrides, decode_overrides: ``EngineConfig`` fields for the prefill or decode
             engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization; a
-            ``num_kv_blocks`` there studies a smaller pool. On a GPU, 2 N + 1 engines (N =
-            ``num_prefill + num_decode``) hold their pools and CUDA graphs at once, beside ``engine``.
+            ``num_kv_blocks`` there studies a smaller pool. On a GPU, ``engines_at_once`` engines
+            (2 N + 1, N = ``num_prefill + num_decode``) hold their pools and CUDA graphs at once,
+            beside ``engine``: the simulated runs' (``simulated_runs``). The warm-up's engine is
+            released before them, and they before the real-time baseline's.
         progress: called with a line before each run.
     Returns:
         ``{"assumptions", "slo", "runs", "transfers", "timeline", "outputs_identical", "wall_s"}``:
@@ -115,19 +119,24 @@ def compare_disaggregation(
 
     warm = make()  # first calls of a shape cost more: not inside any run
     warm_up(warm, [p[:16] for p in prompts[:2]], output_tokens=2)
-    del warm
+    del warm  # its pool and graphs go before the runs' are allocated
     n = num_prefill + num_decode
     say(
         f"simulated: 1 colocated engine, {n} colocated replicas and {num_prefill} prefill + {num_decode} decode "
         "engines, a step of each in turn"
     )
+    overrides = {COLOCATED: None, PREFILL: prefill_overrides, DECODE: decode_overrides}
+    engines = {
+        name: [make(overrides[role]) for role in roles]
+        for name, roles in simulated_runs(num_prefill, num_decode).items()
+    }
     colocated, replicas, disagg = interleave(
         [
-            colocated_replay([make()], specs, prompts, params, "colocated"),
-            colocated_replay([make() for _ in range(n)], specs, prompts, params, f"colocated_x{n}"),
+            colocated_replay(engines["colocated"], specs, prompts, params, "colocated"),
+            colocated_replay(engines[f"colocated_x{n}"], specs, prompts, params, f"colocated_x{n}"),
             disaggregated_replay(
-                [make(prefill_overrides) for _ in range(num_prefill)],
-                [make(decode_overrides) for _ in range(num_decode)],
+                engines["disaggregated"][:num_prefill],
+                engines["disaggregated"][num_prefill:],
                 specs,
                 prompts,
                 params,
@@ -136,6 +145,7 @@ def compare_disaggregation(
             ),
         ]
     )
+    del engines  # the runs' pools and graphs go before the real-time baseline's engine is built
     runs = [
         _run_record(colocated, "1 colocated engine", slo),
         _run_record(replicas, f"{n} colocated replicas", slo),
@@ -179,6 +189,34 @@ def compare_disaggregation(
         "outputs_identical": {"compared": len(specs), "identical": same},
         "wall_s": time.perf_counter() - wall,
     }
+
+
+def simulated_runs(num_prefill: int = 1, num_decode: int = 1) -> dict[str, list[str]]:
+    """The simulated runs of ``compare_disaggregation``, by name, each a list of its engines' roles
+    (``disagg_simulation.COLOCATED``, ``PREFILL``, ``DECODE``): ``colocated`` one engine,
+    ``colocated_xN`` N = ``num_prefill + num_decode`` replicas, ``disaggregated`` the prefill then
+    the decode engines. ``compare_disaggregation`` builds one engine per role listed here, all
+    before the runs start (they advance a step each in turn). Raises ``ValueError`` for counts below 1."""
+    if num_prefill < 1 or num_decode < 1:
+        raise ValueError(f"num_prefill={num_prefill} and num_decode={num_decode} must be >= 1")
+    n = num_prefill + num_decode
+    return {
+        "colocated": [COLOCATED],
+        f"colocated_x{n}": [COLOCATED] * n,
+        "disaggregated": [PREFILL] * num_prefill + [DECODE] * num_decode,
+    }
+
+
+def engines_at_once(num_prefill: int = 1, num_decode: int = 1) -> int:
+    """The most engines ``compare_disaggregation`` holds at once beside the ``engine`` it is given:
+    every simulated run's (``simulated_runs``), 2 (``num_prefill + num_decode``) + 1. Each shares
+    that engine's weights and holds its own KV pool (``comparison_pool``: never more blocks than the
+    given engine's, unless the overrides set ``num_kv_blocks``) and, on CUDA, its own graphs and
+    gather scratch: on a GPU the comparison needs up to this many times the given engine's pool and
+    scratch beyond what that engine holds (``tests/course/test_t4_memory.py`` counts it for notebook
+    10 on a T4). The warm-up's engine and the real-time baseline's each live alone, before and
+    after the runs'."""
+    return sum(len(roles) for roles in simulated_runs(num_prefill, num_decode).values())
 
 
 def comparison_pool(engine: LLMEngine, specs: list[RequestSpec]) -> dict:

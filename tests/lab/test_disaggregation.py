@@ -11,24 +11,35 @@ engine starts no earlier than its end), never against how fast this machine is.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
 import time
+import weakref
 
 import pytest
 import torch
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 
-from minieng import SamplingParams
+from minieng import LLMEngine, SamplingParams
 from minieng.engine.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
-from minieng.lab.disagg_simulation import DECODE, PREFILL, VirtualClock, replay_colocated, replay_disaggregated
+from minieng.lab.disagg_simulation import (
+    COLOCATED,
+    DECODE,
+    PREFILL,
+    VirtualClock,
+    replay_colocated,
+    replay_disaggregated,
+)
 from minieng.lab.disaggregation import (
     compare_disaggregation,
     comparison_pool,
+    engines_at_once,
     estimate_comparison_s,
     format_comparison,
     run_metrics,
+    simulated_runs,
 )
 from minieng.measure.metrics import SLO, serving_metrics
 from minieng.measure.workloads import RequestSpec, poisson_workload
@@ -373,6 +384,51 @@ def test_comparison_pool_holds_the_whole_workload_and_no_more(tiny_llama):
     assert comparison_pool(engine, one) == {"max_model_len": 5, "num_kv_blocks": 2}
     big = [RequestSpec(0.0, 100, 100)] * 10
     assert comparison_pool(engine, big)["num_kv_blocks"] == 256  # never more than the engine's own
+
+
+def test_runs_and_engines_at_once_follow_the_counts():
+    assert simulated_runs(2, 3) == {
+        "colocated": [COLOCATED],
+        "colocated_x5": [COLOCATED] * 5,
+        "disaggregated": [PREFILL, PREFILL, DECODE, DECODE, DECODE],
+    }
+    assert [engines_at_once(p, d) for p, d in [(1, 1), (2, 1), (2, 3)]] == [5, 7, 11]  # 2 (p + d) + 1
+    with pytest.raises(ValueError, match="must be >= 1"):
+        engines_at_once(0, 1)
+
+
+@pytest.mark.parametrize("num_prefill", [1, 2])
+def test_comparison_holds_engines_at_once_and_releases_each_set(tiny_llama, workload, num_prefill, monkeypatch):
+    """What a GPU must hold (notebook 10 on a T4: ``tests/course/test_t4_memory.py`` reads it): every
+    engine built is counted while it lives, with the cycle collector off, so an engine kept only
+    by a reference cycle counts as held (its pool too, on a GPU, until a collection)."""
+    _, loaded = tiny_llama
+    specs, prompts = workload
+    served = make_engine(loaded)
+    alive, counts = weakref.WeakSet(), []
+    build = LLMEngine.__init__
+
+    def counted(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        alive.add(self)
+        assert self.loaded is served.loaded  # the served engine's weights, not a copy
+        assert self.block_manager.num_blocks <= served.block_manager.num_blocks  # comparison_pool's cap
+        counts.append(len(alive))
+
+    monkeypatch.setattr(LLMEngine, "__init__", counted)
+    gc.disable()
+    try:
+        result = compare_disaggregation(
+            served, specs[:6], None, prompts[:6], num_prefill=num_prefill, real_time_baseline=True
+        )
+    finally:
+        gc.enable()
+    n = engines_at_once(num_prefill, 1)
+    # the warm-up's engine alone; then the runs' engines, all held together; then the real-time one alone
+    assert counts == [1, *range(1, n + 1), 1]
+    runs = simulated_runs(num_prefill, 1)
+    assert [r["num_devices"] for r in result["runs"][:3]] == [len(roles) for roles in runs.values()]
+    assert [r["name"] for r in result["runs"][:3]] == list(runs)
 
 
 def test_runtime_estimate_grows_with_the_work():
