@@ -149,12 +149,8 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
             longest.append((blocks * BLOCK, max_model_len, models[0] is shapes[T4_CHOICE] and not gpu_pair))
         total_kv += blocks * BLOCK * sum(m.kv_bytes_per_token(FP16.itemsize) for m in models)
     hidden = shapes[T4_CHOICE] if "lesson_model" in source else shapes["SmolLM2-135M"]
-    total_kv += (
-        HIDDEN_ENGINES.get(path.name[:2], 0)
-        * num_blocks_for_budget(hidden, FP16, BLOCK, main_gib)
-        * BLOCK
-        * hidden.kv_bytes_per_token(2)
-    )
+    num_hidden = HIDDEN_ENGINES.get(path.name[:2], 0)
+    total_kv += num_hidden * num_blocks_for_budget(hidden, FP16, BLOCK, main_gib) * BLOCK * hidden.kv_bytes_per_token(2)
 
     # Each pool holds a whole sequence of its engine's max_model_len: no capping, no refusal. The
     # T4's chosen model (the 1.7B, full multi-head KV: 192 KiB a token) holds fewer in the same
@@ -168,7 +164,7 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
     ceilings = 3 * n * n * FP16.itemsize + 2 * copy_bytes
     # What the notebook's engines hold at once, with their graphs' scratch, plus the ceilings'
     # buffers as if they were still there: within the 90% an engine leaves for the rest.
-    scratch = GATHER_SCRATCH_FRACTION * T4_TOTAL * len(calls)
+    scratch = GATHER_SCRATCH_FRACTION * T4_TOTAL * (len(calls) + num_hidden)  # the hidden engines' graphs too
     need = weights + total_kv + scratch + ceilings
     assert need <= HEADROOM * T4_TOTAL, (
         f"{path.name}: weights {weights / GIB:.2f} + KV {total_kv / GIB:.2f} + graph "
