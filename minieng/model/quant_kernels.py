@@ -27,7 +27,6 @@ from torch import nn
 
 from minieng.model.opaque_ops import opaque_op
 from minieng.model.quant_codes import quantize_int4_grouped, quantize_per_channel_int8
-from minieng.units import cdiv
 
 
 # The op's C++ entry point, below its two Python layers: the packet's argument checks and, as the
@@ -200,13 +199,32 @@ class FbgemmLinear(nn.Module):
         return self._linear(u, 1.0, self.zero_point, self.packed)
 
 
+def int8_product_for_compiler(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] @ (qweight [out, in] int8 x scale [out]).T as gpt-fast writes it for a compiler:
+    the weights cast to x's dtype feed the product, and the scale multiplies its output."""
+    return torch.mm(x, qweight.t().to(x.dtype)) * scale
+
+
 class Int8WeightOnlyLinear(nn.Module):
     """int8 weights per output channel, activations as they are: ``torch._weight_int8pack_mm``
     reads the int8 weights and scales them inside the product (CUDA; on a CPU it runs too, for
-    tests, far slower than fp32). Scales in the activations' dtype, as the op asks. Inside a
-    compiled region (``LLMEngine(compile=True)``) the layer is written as dequantize-then-matmul
-    instead, which inductor fuses into one kernel that reads the int8 weights once (gpt-fast's
-    int8 path); eager, that form would write the whole float matrix first.
+    tests, far slower than fp32). Scales in the activations' dtype, as the op asks.
+
+    Inside a compiled region (``LLMEngine(compile=True)``) the layer is written as gpt-fast writes
+    its int8 layer (``quantize.py``, ``WeightOnlyInt8Linear``): the int8 weights cast to x's dtype,
+    the product, and the scale after it, ``mm(x, q.T.to(x.dtype)) * scale``, so that the cast is
+    the product's input, not a separate dequantized matrix. What Inductor makes of it, as observed
+    on a CPU (``tests/model/test_quant_ops.py``): in bfloat16 its weight-only-int8 pattern
+    (``torch/_inductor/fx_passes/quantization.py``, bfloat16 activations and scales only) turns
+    the whole expression back into ``_weight_int8pack_mm``; in float32 no pattern applies, and the
+    compiled code writes the float weight matrix, then calls the extern matmul (a byte a weight
+    read, then the float weight written and read again: more bytes than the float model's own
+    product). On CUDA the same pattern admits CUDA tensors, and ``engine/compilation.py`` compiles
+    with ``coordinate_descent_tuning`` (as gpt-fast and SGLang do), under which Inductor rewrites a
+    one-row product as a multiply and a sum, a reduction whose input is the int8 weights' cast
+    (observed on fake CUDA tensors, same test); in float16 above one row neither applies, and the
+    float matrix is written as on the CPU in float32. Which kernels a GPU runs, and how fast, has
+    not been measured.
 
     Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype.
     """
@@ -224,8 +242,9 @@ class Int8WeightOnlyLinear(nn.Module):
         if (empty := _no_rows(x, self.out_features)) is not None:
             return empty
         if torch.compiler.is_compiling():
-            return F.linear(x, self.qweight.to(x.dtype) * self.scale[:, None], self.bias)
-        y = torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
+            y = int8_product_for_compiler(x, self.qweight, self.scale)
+        else:
+            y = torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
         return y if self.bias is None else y + self.bias
 
 
@@ -277,36 +296,86 @@ class Int4Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class W8A8Linear(nn.Module):
-    """int8 weights per output channel, int8 activations per token (8 bits: s = max|x| / 127),
-    the product in ``torch._int_mm`` (cuBLASLt's int8 GEMM on CUDA, int32 accumulation), then
-    both scales. cuBLASLt wants more than 16 rows, in multiples of 8: the rows are padded with
-    zeros. Runs on a CPU too (tests).
+# torch._int_mm on CUDA takes more than 16 rows, and inputs and outputs in multiples of 8
+# (``_int_mm_out_cuda`` in ``aten/src/ATen/native/cuda/Blas.cpp``: "self.size(0) needs to be
+# greater than 16"); on a CPU it takes any shape.
+INT_MM_MIN_ROWS = {"cuda": 17}
 
-    Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype.
+
+def int_mm_padding(rows: int, device_type: str) -> int:
+    """The rows of padding ``torch._int_mm`` needs on ``device_type`` for a product of ``rows``
+    rows: on CUDA up to 17 (its kernel refuses 16 or fewer), elsewhere none."""
+    return max(0, INT_MM_MIN_ROWS.get(device_type, 0) - rows)
+
+
+class W8A8Linear(nn.Module):
+    """int8 weights per output channel, int8 activations per token (8 bits), the product in
+    ``torch._int_mm`` (cuBLASLt's int8 GEMM on CUDA, int32 accumulation), then both scales. Runs
+    on a CPU too (tests).
+
+    Each token's scale is s = m / 127, with m its max|x| (``quantize_per_token``'s rounding, in
+    float32 whatever x's dtype: a bfloat16 x / s would keep 8 bits of a code up to 127), and
+    the output is (acc m) (w_scale / 127), the weights' scale over 127 precomputed in float32 at
+    load. One row costs 8 dispatched ops (a kernel each on a GPU): the max (one reduction), s,
+    x / s, its rounding, the int8 cast, the product, the two rescales (the bias added in the
+    second); ``tests/model/test_quant_ops.py`` holds that budget. acc m is in x's dtype: in
+    bfloat16 it is rounded twice (the int32 sum, the product) before the last rescale, computed
+    in float32, rounds once more (a float32 acc m would cost a cast more). In float16, whose range
+    (65,504) an int32 sum can exceed, acc m is float32 and the output is cast back: one op more.
+
+    On CUDA a product of 16 rows or fewer is padded to 17 (``int_mm_padding``): the codes are
+    written into the first rows of a buffer of 17 (``padded_codes``; its other rows hold whatever
+    an earlier call left, harmless since a product's row depends on its own row alone) in place of
+    the cast, so padding costs no op. Above 16 rows nothing is padded; nor on a CPU.
+    ``device_type`` picks the rules (default: the weight's device), so a CPU test can run CUDA's.
+
+    Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype. Raises ``ValueError``
+    on CUDA for in or out features that are not multiples of 8.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, device_type: str | None = None):
         super().__init__()
+        device_type = device_type or weight.device.type
+        out_features, in_features = weight.shape
+        if device_type == "cuda" and (in_features % 8 or out_features % 8):
+            raise ValueError(
+                f"W8A8 on CUDA needs in and out features in multiples of 8 (torch._int_mm), got "
+                f"[{out_features}, {in_features}]; use 'int8' for this model"
+            )
         q, scale = quantize_per_channel_int8(weight.detach())
-        self.register_buffer("qweight", q)  # [out, in] int8; the product reads its transpose, column-major
-        self.register_buffer("scale", scale.to(weight.dtype))  # [out], in the model's dtype
+        self.register_buffer("qweight_t", q.t())  # [in, out] int8, column-major: the product's operand as is
+        # float16's range cannot hold an int32 sum: its max and rescale run in float32
+        self.rescale_dtype = torch.float32 if weight.dtype == torch.float16 else weight.dtype
+        self.register_buffer("out_scale", scale.float() / 127)  # [out] float32: the last rescale's operand
+        # float32 operands of the scale's addcdiv, so that s and x / s are float32 (type promotion)
+        self.register_buffer("tiny", torch.tensor([1e-30], device=weight.device), persistent=False)
+        self.register_buffer("levels", torch.tensor([127.0], device=weight.device), persistent=False)
+        self.min_rows = INT_MM_MIN_ROWS.get(device_type, 0)
+        with torch.inference_mode(False):  # written in place by every call, in inference mode or not
+            codes = torch.zeros(self.min_rows, in_features, dtype=torch.int8, device=weight.device)
+        self.register_buffer("padded_codes", codes if self.min_rows else None, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         self.weight_bytes = q.numel() + scale.numel() * weight.element_size()
-        self.out_features = q.shape[0]
+        self.out_features = out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (empty := _no_rows(x, self.out_features)) is not None:
             return empty
         rows = x.shape[0]
-        x32 = x.float()
-        s = x32.abs().amax(-1, keepdim=True).clamp(min=1e-30) / 127  # [rows, 1]
-        xq = torch.round(x32 / s).to(torch.int8)
-        padded = max(24, cdiv(rows, 8) * 8)
-        if padded != rows:
-            xq = torch.cat([xq, xq.new_zeros(padded - rows, xq.shape[1])])
-        acc = torch._int_mm(xq, self.qweight.t())[:rows]  # [rows, out] int32
-        y = acc.float() * s * self.scale.float()
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        m = torch.linalg.vector_norm(x, _INF, -1, keepdim=True, dtype=self.rescale_dtype)  # [rows, 1] max|x|
+        s = torch.addcdiv(self.tiny, m, self.levels)  # float32 m / 127 (+1e-30: a zero row's stays > 0)
+        u = torch.div(x, s).round_()  # float32 codes within [-127, 127]
+        if self.min_rows and torch.compiler.is_compiling():
+            # no buffer written in a graph, and no guard on the rows (one graph for every count): a
+            # pad of max(0, 17 - rows) rows, which Inductor fuses with the cast
+            pad = torch.sym_max(0, self.min_rows - rows)
+            acc = torch._int_mm(F.pad(u.to(torch.int8), (0, 0, 0, pad)), self.qweight_t)[:rows]
+        elif rows >= self.min_rows:
+            acc = torch._int_mm(u.to(torch.int8), self.qweight_t)  # [rows, out] int32
+        else:
+            self.padded_codes[:rows].copy_(u)  # the cast, into the padded operand
+            acc = torch._int_mm(self.padded_codes, self.qweight_t)[:rows]
+        y = torch.mul(acc, m)  # [rows, out] in the rescale's dtype
+        # computed in float32 (the scale's dtype), stored in y's: one rounding
+        y = y.mul_(self.out_scale) if self.bias is None else torch.addcmul(self.bias, y, self.out_scale, out=y)
+        return y if y.dtype == x.dtype else y.to(x.dtype)

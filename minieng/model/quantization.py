@@ -32,7 +32,9 @@ same GEMM.
 int4 has no CPU kernel that pays and is refused there; its accuracy can still be measured with the
 dequantized reference (``reference_model``). CUDA (``benchmarks/gpu_check.py`` measures it): int4
 is tinygemm, ``torch._weight_int4pack_mm`` (bfloat16 only), the kernel behind gpt-fast's int4;
-int8 is ``torch._weight_int8pack_mm``; W8A8 is ``torch._int_mm`` (cuBLASLt). minieng calls
+int8 is ``torch._weight_int8pack_mm`` (compiled, gpt-fast's form, left to Inductor:
+``quant_kernels.Int8WeightOnlyLinear`` says what is observed of it); W8A8 is ``torch._int_mm``
+(cuBLASLt), 8 dispatched ops a call at one row (``quant_kernels.W8A8Linear``). minieng calls
 torch's ops directly and needs no torchao (whose tinygemm layout pads the default model's 576
 inputs to 1,024: 78% more bytes read). A CUDA kernel this torch lacks is refused at load.
 """
@@ -64,7 +66,7 @@ DEFAULT_GROUP_SIZE = 64  # divides 576 and 1,536 (the default model), 2,048 and 
 KERNELS: dict[tuple[str, str], str] = {  # (scheme, device type) -> what runs
     ("int8", "cpu"): "fbgemm int8 GEMM, activations in two int8 digits per token",
     ("w8a8", "cpu"): "fbgemm int8 GEMM, 8-bit activations per token (7-bit on CPUs without AVX-512 VNNI)",
-    ("int8", "cuda"): "torch._weight_int8pack_mm (compile=True: dequantize-then-matmul, fused by inductor)",
+    ("int8", "cuda"): "torch._weight_int8pack_mm (compile=True: gpt-fast's cast, product, scale)",
     ("int4", "cuda"): "torch._weight_int4pack_mm (tinygemm; bfloat16)",
     ("w8a8", "cuda"): "torch._int_mm (cuBLASLt int8), 8-bit activations per token",
 }
@@ -204,7 +206,8 @@ def make_linear(
 ) -> nn.Module:
     """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
     kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
-    the pair: ``check_supported`` is the engine's gate."""
+    the pair: ``check_supported`` is the engine's gate. A CUDA layer built on CPU tensors keeps
+    CUDA's rules where it has its own (W8A8's padding: ``quant_kernels.int_mm_padding``)."""
     if reference:
         return ReferenceLinear(weight, bias, scheme, group_size, activation_levels(scheme, device_type))
     if scheme == "int4":  # on a CPU: tinygemm's CPU twin, which the engine refuses (timing it shows why)
@@ -213,7 +216,7 @@ def make_linear(
         return quant_kernels.FbgemmLinear(weight, bias, digits=2 if scheme == "int8" else 1)
     if scheme == "int8":
         return quant_kernels.Int8WeightOnlyLinear(weight, bias)
-    return quant_kernels.W8A8Linear(weight, bias)
+    return quant_kernels.W8A8Linear(weight, bias, device_type=device_type)
 
 
 # -- the model ------------------------------------------------------------------------------------

@@ -175,10 +175,13 @@ def test_torch_op_kernels_equal_their_reference(make, scheme, levels):
         assert rel_err(make(w, bias)(X), ReferenceLinear(w, bias, scheme, 64, levels)(X)) < 1e-5
 
 
-def test_w8a8_int_mm_pads_rows_and_returns_only_the_real_ones():
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"], ids=["CPU's rules", "CUDA's rules (padded)"])
+def test_w8a8_int_mm_pads_rows_and_returns_only_the_real_ones(device_type):
+    """Under CUDA's rules (run here on the CPU's ``_int_mm``) up to 16 rows go through a padded
+    buffer whose other rows hold an earlier call's codes: a row's output is its own either way."""
     w = weights()
-    layer = W8A8Linear(w, None)
-    for rows in (1, 17, 25):
+    layer = W8A8Linear(w, None, device_type=device_type)
+    for rows in (16, 1, 17, 25, 3):  # 16 first: the buffer's rows stay filled for the smaller calls
         x = torch.randn(rows, 128)
         assert layer(x).shape == (rows, 96)
         assert torch.allclose(layer(x)[:1], layer(x[:1]), atol=1e-6)  # padding never leaks into a row
@@ -538,9 +541,9 @@ def test_steps_that_sample_nothing_run_no_product_on_zero_rows(tiny_engine):
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
 
 
-def test_int8_weight_only_compiled_is_dequantize_then_matmul_with_the_same_output():
-    """Under torch.compile the int8 layer is written as dequantize-then-matmul (inductor fuses it,
-    gpt-fast's int8 path); its output is the eager kernel's."""
+def test_int8_weight_only_compiled_is_gpt_fasts_form_with_the_same_output():
+    """Under torch.compile the int8 layer is written as gpt-fast writes it (the cast weights feed
+    the product, the scale multiplies its output); its output is the eager kernel's."""
     from minieng.engine.compilation import compiler_missing
     from minieng.model.quant_kernels import Int8WeightOnlyLinear
 
