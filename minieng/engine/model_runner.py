@@ -106,6 +106,21 @@ class NonFiniteLogitsError(RuntimeError):
     """The forward pass produced NaN or inf logits (an activation overflowed the dtype)."""
 
 
+def allocate_kv_cache(model: LlamaForCausalLM, num_blocks: int, config: EngineConfig) -> KVCache:
+    """This rank's KV pool for ``model``: ``num_blocks`` blocks of ``config.block_size`` tokens in
+    the model's dtype, on its device, in the shape of this rank's share (``model.local_config``).
+    With ``attention_backend="triton"`` the decode kernels' variants are compiled on it now
+    (``triton_attention.warm_up``), not in a run's first steps or inside a graph capture. Every
+    rank's runner allocates its pool here (``ModelRunner.build``, ``workers``' ranks)."""
+    param = next(model.parameters())
+    kv_cache = KVCache(model.local_config, num_blocks, config.block_size, param.dtype, param.device)
+    if config.attention_backend == "triton":
+        from minieng.model.triton_attention import warm_up  # lazy: triton is optional
+
+        warm_up(kv_cache.layers[0].blocks, model.local_config.num_attention_heads, kv_cache.null_block)
+    return kv_cache
+
+
 class ModelRunner:
     """Runs scheduled batches through ``model`` over ``kv_cache``.
 
@@ -162,7 +177,9 @@ class ModelRunner:
         """A runner of ``model`` with what it owns, built in the order each needs the last:
 
         1. its KV pool: ``num_blocks`` blocks of ``config.block_size`` tokens in ``model``'s dtype,
-           on its device, in the shape of this rank's share (``model.local_config``);
+           on its device, in the shape of this rank's share (``model.local_config``); with
+           ``attention_backend="triton"``, the decode kernels' variants compiled on it
+           (``triton_attention.warm_up``: a run then compiles none);
         2. the decodes' gather budget (``kv_sizing.gather_budget_tokens``), and the other ranks'
            pools of as many blocks (``workers.Workers.allocate_kv``: the block manager's blocks are
            every rank's);
@@ -174,8 +191,7 @@ class ModelRunner:
         in ``dropped_paths``; with ``config.strict_forward_paths`` it raises
         (``forward_paths.fall_back``).
         """
-        param = next(model.parameters())
-        kv_cache = KVCache(model.local_config, num_blocks, config.block_size, param.dtype, param.device)
+        kv_cache = allocate_kv_cache(model, num_blocks, config)
         gather_tokens = gather_budget_tokens(kv_cache)
         if workers is not None:
             workers.allocate_kv(num_blocks, gather_tokens)

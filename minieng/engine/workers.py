@@ -47,8 +47,7 @@ import torch.multiprocessing as mp
 
 from minieng.config import EngineConfig
 from minieng.device import select_device, select_dtype, usable_cores
-from minieng.engine.model_runner import ModelRunner
-from minieng.model.kv_cache import KVCache
+from minieng.engine.model_runner import ModelRunner, allocate_kv_cache
 from minieng.model.loader import load_model
 from minieng.model.parallel import TensorParallel
 
@@ -149,7 +148,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
                 runner.run_layout(*args)
             elif command == "kv":
                 num_blocks, max_gather_tokens = args
-                kv_cache = KVCache(model.local_config, num_blocks, config.block_size, dtype, device)
+                kv_cache = allocate_kv_cache(model, num_blocks, config)
                 runner = ModelRunner(
                     model,
                     kv_cache,

@@ -10,16 +10,24 @@ so the variable must be set in ``tests/conftest.py``; without it the kernel's te
 explanation. With a GPU the same tests run on CUDA, compiled.
 
 The cases are few (the interpreter runs every program in Python) but together cover: fp32, fp16
-and bf16; GQA groups 1, 3, 4 and 8; head_dim 64 and 128; batch 1 and several; block sizes 4, 5,
-8 and 16; contexts of 1 key, not a multiple of the block size, an exact multiple, and longer than
-one tile of the kernel (``BLOCK_N``); blocks in shuffled order, blocks shared between sequences,
-padded tables; int32 and int64 indices; a strided q. Every slot no sequence attends (the null
-block, unused blocks, tails of partly filled blocks) holds NaN when the kernel runs, so a key read
-past a context shows up as NaN.
+and bf16; GQA groups 1, 3, 4 and 7; head_dim 64 and 128; batch 1 and several; block sizes 4, 5,
+8, 16 and 64 (a tile inside one block); contexts of 0 keys (a padded row), 1 key, ending
+mid-block, an exact multiple of the block size, and longer than one tile of the kernel
+(``BLOCK_N``); the keys split over 1 to 64 programs (flash-decoding), more splits than the
+context has tiles included (empty splits); blocks in shuffled order, blocks shared between
+sequences, padded tables; int32 and int64 indices; a strided q. Every slot no sequence attends
+(the null block, unused blocks, tails of partly filled blocks) holds NaN when the kernel runs, and
+so does the scratch the first stage writes its partial sums to, so a key read past a context, or
+a split the combine reads without its having been written, shows up as NaN.
+
+The split rule (``num_kv_splits``) is tested for its properties, and the warm-up for the variants
+a run launches: Triton's own specialization code names each launch's compiled variant on the CPU
+(``triton_variants.variant_key``), and every variant of an engine's run must have been launched by its warm-up.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +54,14 @@ def require_runnable():
             "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set (torch._dynamo "
             "imports it): set TRITON_INTERPRET=1 in tests/conftest.py when CUDA is unavailable"
         )
+
+
+def require_cpu_engine():
+    """The tiny engines run on the CPU, where the kernels run only interpreted: without CUDA the
+    interpreter is on (``require_runnable``); with it, these engine tests do not apply."""
+    if DEVICE.type == "cuda":
+        pytest.skip("the tiny test engines run on the CPU, and triton runs compiled on a CUDA machine")
+    require_runnable()
 
 
 # Against an fp32 reference from the same (rounded) inputs: fp16/bf16 differ by the kernel's
@@ -103,37 +119,125 @@ def poison_unread(cache, block_tables, context_lens):
     return poisoned
 
 
+@pytest.fixture
+def nan_scratch(monkeypatch):
+    """The first stage's scratch filled with NaN: a split the combine reads unwritten shows."""
+    scratch = triton_attention._scratch
+
+    def filled(*args):
+        return tuple(t.fill_(float("nan")) for t in scratch(*args))
+
+    monkeypatch.setattr(triton_attention, "_scratch", filled)
+
+
 CASES = [
-    # dtype, group, head_dim, kv_heads, block_size, contexts, index dtype, strided q
-    (torch.float32, 1, 64, 2, 16, [1], torch.int64, False),
-    (torch.float32, 3, 128, 2, 5, [7, 1, 40], torch.int32, True),
-    (torch.float16, 4, 128, 2, 16, [33, 16, 1, 70], torch.int64, True),
-    (torch.float16, 1, 64, 4, 8, [130], torch.int32, False),
-    (torch.bfloat16, 8, 64, 1, 16, [65, 3], torch.int64, False),
-    (torch.bfloat16, 3, 128, 2, 4, [9, 64, 1], torch.int64, True),
+    # dtype, group, head_dim, kv_heads, block_size, contexts, index dtype, strided q, num_splits
+    # (None: the rule's). BLOCK_N is 16 keys for fp32 and 32 for fp16/bf16.
+    (torch.float32, 1, 64, 2, 16, [1], torch.int64, False, None),
+    (torch.float32, 3, 128, 2, 5, [7, 1, 40], torch.int32, True, 3),  # 3 tiles over 3 splits; 7 and 1: 2 empty
+    (torch.float32, 4, 64, 2, 8, [50, 0, 17], torch.int64, False, 2),  # 2 blocks a tile; a padded row
+    (torch.float16, 4, 128, 2, 16, [33, 16, 1, 70], torch.int64, True, 2),  # 70 = 4 x 16 + 6: ends mid-block
+    (torch.float16, 1, 64, 4, 8, [130], torch.int32, False, 16),  # 5 tiles, 11 empty splits
+    (torch.float16, 3, 64, 2, 64, [100, 64, 7], torch.int64, False, 3),  # tiles inside a block
+    (torch.bfloat16, 7, 64, 1, 16, [65, 3, 0], torch.int64, False, 4),
+    (torch.bfloat16, 3, 128, 2, 4, [9, 64, 1], torch.int64, True, 5),
 ]
 
 
 @pytest.mark.parametrize(
-    "dtype, group, head_dim, kv_heads, block_size, contexts, index_dtype, strided",
+    "dtype, group, head_dim, kv_heads, block_size, contexts, index_dtype, strided, num_splits",
     CASES,
-    ids=[f"{str(c[0])[6:]}-g{c[1]}-d{c[2]}-bs{c[4]}-b{len(c[5])}" for c in CASES],
+    ids=[f"{str(c[0])[6:]}-g{c[1]}-d{c[2]}-bs{c[4]}-b{len(c[5])}-s{c[8]}" for c in CASES],
 )
-def test_matches_gather_sdpa(dtype, group, head_dim, kv_heads, block_size, contexts, index_dtype, strided):
+def test_matches_gather_sdpa(
+    nan_scratch, dtype, group, head_dim, kv_heads, block_size, contexts, index_dtype, strided, num_splits
+):
     require_runnable()
     q, cache, tables, lens = make_batch(
         contexts, block_size, kv_heads, group, head_dim, dtype, index_dtype, seed=len(CASES)
     )
     expected = reference(q, cache, tables, lens)
+    expected[lens == 0] = 0  # a context of no keys gives zeros (SDPA's fully masked row is NaN)
     if strided:  # q as a view with a head_dim stride of 2 (a slice of a wider tensor)
         wide = torch.zeros(*q.shape[:2], 2 * head_dim, dtype=dtype)
         wide[..., ::2] = q
         q = wide[..., ::2]
     cache = poison_unread(cache, tables, lens)
     args = [t.to(DEVICE) for t in (q, cache, tables, lens)]
-    out = triton_attention.paged_decode_attention(*args)
+    out = triton_attention.paged_decode_attention(*args, num_splits=num_splits)
     assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
     torch.testing.assert_close(out.cpu().float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_every_split_count_gives_the_reference(nan_scratch):
+    """One batch split over 1, 2, 3 and 64 programs a sequence (64: more splits than any context
+    has tiles): the same output, the reference's, whatever the split."""
+    require_runnable()
+    q, cache, tables, lens = make_batch([45, 0, 16, 3], 8, 2, 2, 64, torch.float32, torch.int64, seed=1)
+    expected = reference(q, cache, tables, lens)
+    expected[1] = 0
+    cache = poison_unread(cache, tables, lens)
+    args = [t.to(DEVICE) for t in (q, cache, tables, lens)]
+    outs = {n: triton_attention.paged_decode_attention(*args, num_splits=n).cpu() for n in (1, 2, 3, 64)}
+    for n, out in outs.items():
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5, msg=f"num_splits={n}")
+
+
+def test_the_split_count_depends_on_shapes_not_on_context_values():
+    """A CUDA graph replays one grid whatever contexts its bucket brings: the plan's grid follows
+    the batch, the KV heads and the table's width, never the context lengths' values."""
+    q, cache, tables, lens = make_batch([5, 1], 4, 2, 2, 64, torch.float32, torch.int64, seed=0)
+    wide = torch.zeros(2, 64, dtype=torch.long)  # a table of 64 blocks: room for 256 keys
+    grids = {
+        triton_attention.plan_decode(q, cache, wide, torch.tensor(n), None)[1][0].grid for n in ([1, 1], [256, 200])
+    }
+    assert len(grids) == 1
+    (grid,) = grids
+    assert grid[:2] == (2, 2) and grid[2] > 1  # 4 programs unsplit: fewer than the slots of INTERPRETER_SMS
+    narrow = triton_attention.plan_decode(q, cache, tables, lens, None)[1][0].grid
+    assert narrow[2] <= -(-tables.shape[1] * 4 // triton_attention.BLOCK_N[torch.float32])  # no more splits than tiles
+
+
+@pytest.mark.parametrize(
+    "programs, num_tiles, num_slots",
+    [(8, 256, 264), (1, 256, 264), (8, 4, 264), (64, 1000, 264), (3, 64, 132), (105, 300, 132), (2, 30, 8)],
+)
+def test_num_kv_splits_follows_flash_attention_2s_rule(programs, num_tiles, num_slots):
+    """No split once the programs fill 80 % of the slots; else the fewest splits, at most
+    min(128, slots, tiles) and each changing the tiles a split gets, whose waves of programs are
+    at least 85 % as full as the best count's."""
+    n = triton_attention.num_kv_splits(programs, num_tiles, num_slots)
+    if programs >= 0.8 * num_slots:
+        assert n == 1
+        return
+    limit = min(triton_attention.MAX_SPLITS, num_slots, num_tiles)
+    assert 1 <= n <= max(1, limit)
+    eligible = [m for m in range(1, limit + 1) if m == 1 or -(-num_tiles // m) != -(-num_tiles // (m - 1))]
+    assert n in eligible or limit < 1
+
+    def fill(m):  # how full the waves of m splits are: the last one's share of a whole wave
+        waves = programs * m / num_slots
+        return waves / math.ceil(waves)
+
+    best = max(fill(m) for m in eligible)
+    assert fill(n) >= 0.85 * best
+    assert all(fill(m) < 0.85 * best for m in eligible if m < n)  # the fewest that do
+
+
+def test_num_kv_splits_fills_a_large_gpu_at_batch_1():
+    """Batch 1 of 8 KV heads on 132 SMs (264 slots of 128-thread programs), 8k keys in 256 tiles:
+    8 programs unsplit; 33 splits would fill the slots exactly, and 29 is the fewest filling 85 %
+    of them (8 x 29 = 232 >= 0.85 x 264 = 224.4; 28 splits deal 10 tiles each, 29 deal 9)."""
+    assert triton_attention.num_kv_splits(8, 256, 264) == 29
+
+
+def test_num_kv_splits_refuses_what_it_cannot_count():
+    for args in ((0, 10, 8), (1, 10, 0), (1, -1, 8)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            triton_attention.num_kv_splits(*args)
+    q, cache, tables, lens = make_batch([5, 3], 4, 2, 2, 64, torch.float32, torch.int64, seed=0)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 1"):
+        triton_attention.plan_decode(q, cache, tables, lens, 0)
 
 
 def test_empty_context_gives_zeros_and_empty_batch_runs_nothing():
@@ -187,23 +291,88 @@ def test_imports_without_triton():
 
 def test_an_engine_with_the_triton_backend_decodes_the_reference_engines_tokens(tiny_llama, monkeypatch):
     """attention_backend="triton" (interpreted on this CPU): every decode step attends through the
-    kernel, prefill chunks through SDPA, and the greedy tokens are the gather path's."""
+    kernels, prefill chunks through SDPA, and the greedy tokens are the gather path's. The split
+    rule is given 64 SMs' slots, so the keys are split too."""
+    require_cpu_engine()
     from helpers import make_engine, random_prompts
 
     import minieng.model.triton_attention as ta
     from minieng import SamplingParams
 
-    calls = []
-    kernel = ta.paged_decode_attention
-    monkeypatch.setattr(ta, "paged_decode_attention", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    monkeypatch.setattr(ta, "INTERPRETER_SMS", 64)
+    calls, splits = [], []
+    kernel, launch = ta.paged_decode_attention, ta.Launch.__call__
+    monkeypatch.setattr(ta, "paged_decode_attention", lambda *a, **k: calls.append(a[0].shape[0]) or kernel(*a, **k))
+    monkeypatch.setattr(ta.Launch, "__call__", lambda self: splits.append(self.grid[-1]) or launch(self))
 
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     prompts = random_prompts([3, 12, 21, 7], tiny_llama[1].model.config.vocab_size, seed=8)
     reference = make_engine(tiny_llama[1], max_num_seqs=4).generate(prompts, params)
     engine = make_engine(tiny_llama[1], max_num_seqs=4, attention_backend="triton")
+    calls.clear()  # the warm-up's
+    splits.clear()
     assert [o.token_ids for o in engine.generate(prompts, params)] == [o.token_ids for o in reference]
     layers = tiny_llama[1].model.config.num_hidden_layers
     assert len(calls) >= 9 * layers and max(calls) == 4  # every decode step, the four sequences at once
+    split_grids = splits[::2]  # a split launch, then its combine
+    assert max(split_grids) > 1
+
+
+def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, monkeypatch):
+    """Triton compiles a variant per specialization of a launch's arguments (an int equal to 1 or
+    divisible by 16, a 16-byte aligned pointer): each new one mid-run costs a compile. Every launch
+    of a run, eager steps of batch 1 to 3 and table widths 1 to 9 blocks, and steps on the CUDA
+    graphs' static buffers (replayed eagerly here), is named by Triton's own specialization code
+    for an sm_90 GPU (``triton_variants.variant_key``): each variant was launched by the engine's warm-up. The run
+    must meet what would otherwise be new variants: a width of 1 block and of several, splits of 1
+    and of several, the graphs' context lengths at an address not 16-byte aligned."""
+    require_cpu_engine()
+    from helpers import make_engine, random_prompts
+
+    import minieng.model.triton_attention as ta
+    from minieng import SamplingParams
+    from minieng.engine.cuda_graph import DecodeGraphs
+    from minieng.model.triton_variants import variant_key
+
+    monkeypatch.setattr(ta, "INTERPRETER_SMS", 16)  # batch 3 of 2 KV heads splits; batch 1 more so
+    launches = []
+    launch = ta.Launch.__call__
+
+    def record(self):
+        launches.append((variant_key(self), self.args))
+        return launch(self)
+
+    monkeypatch.setattr(ta.Launch, "__call__", record)
+    engine = make_engine(tiny_llama[1], max_num_seqs=3, attention_backend="triton")
+    warm = {key for key, _ in launches}
+    assert len(warm) == 2  # the split kernel's and the combine's
+    launches.clear()
+
+    vocab = tiny_llama[1].model.config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    short = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine.generate(random_prompts([2], vocab, seed=4), short)  # eager steps: 1 block, batch 1
+    engine.generate(random_prompts([2, 30, 9], vocab, seed=5), params)  # up to 9 blocks, batch 3
+    graphs = DecodeGraphs(
+        engine.model, engine.kv_cache, 3, engine.max_model_len, 1 << 30, capture=False, attention_backend="triton"
+    )
+    engine.runner.graphs = graphs
+    engine.generate(random_prompts([5, 3], vocab, seed=6), params)  # on the static buffers
+    assert engine.runner.last_step_graphed
+
+    split_args = [args for key, args in launches if key.startswith("_split_kernel")]
+    widths = {args[16] for args in split_args}  # max_blocks: the table's width
+    assert 1 in widths and max(widths) > 1
+    assert {args[17] > 1 for args in split_args} == {True, False}  # num_splits
+    assert any(args[3].data_ptr() % 16 for args in split_args)  # the graphs' context lengths
+    assert {key for key, _ in launches} <= warm
+
+    # A launch that does differ in what Triton specializes gets a variant of its own.
+    pool = engine.kv_cache.layers[0].blocks
+    q = torch.zeros(1, 4, pool.shape[3])
+    int32_tables = torch.full((1, 1), engine.kv_cache.null_block, dtype=torch.int32)
+    _, other = ta.plan_decode(q, pool, int32_tables, torch.ones(1, dtype=torch.long))
+    assert variant_key(other[0]) not in warm
 
 
 def test_the_triton_backend_is_refused_where_it_cannot_run(tiny_llama, monkeypatch):
