@@ -72,9 +72,11 @@ test-notebooks: setup
 course: setup
 	$(BIN)/python -m minieng course $(COURSE_ARGS)
 
-# The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json.
+# The GPU path's checks (a CUDA GPU, a few minutes): writes results/gpu_check.json and prints a PRED
+# line per prediction of issue 33. GPU_CHECK_ARGS passes options: "--sections pred" (the predictions
+# alone, about 3 minutes on an H200), "--smoke --device cpu" (the CPU dry run CI makes).
 gpu-check: setup
-	$(BIN)/python benchmarks/gpu_check.py
+	$(BIN)/python benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # lm-eval against `python -m minieng serve` (local-completions, --batch_size 4) and against transformers
 # (hf) on the same model directory and task (tests/eval/: 20 questions from a local JSONL): their

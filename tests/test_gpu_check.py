@@ -1,6 +1,7 @@
-"""``benchmarks/gpu_check.py`` in smoke mode on the CPU: every section runs and its JSON holds
-the figures the GPU run reports (their values mean nothing on tiny shapes). The checks' parts,
-one by one: tests/lab/test_gpu_check.py."""
+"""``benchmarks/gpu_check.py`` in smoke mode on the CPU (``make gpu-check GPU_CHECK_ARGS="--smoke
+--device cpu"``): every section runs and its JSON holds the figures the GPU run reports (their
+values mean nothing on tiny shapes), and every prediction of issue 33 prints its ``PRED`` line. The
+checks' parts, one by one: tests/lab/test_gpu_check_sections.py."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
             result["speculative"],
             result["quantization"],
             result["tensor_parallel"],
+            result["predictions"],
         ]
         if isinstance(s, dict) and "error" in s
     ]
@@ -69,6 +71,45 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
     assert any("batch-1 TPOT" in n for n in names) and any("speculative c" in n for n in names)
     assert any("quantization int8" in n for n in names)
     assert "PASS" in run.stdout or "MISS" in run.stdout
+    check_predictions(result["predictions"], run.stdout)
+
+
+def check_predictions(section: dict, stdout: str) -> None:
+    """Issue 33's predictions in a CPU smoke run: one record and one ``PRED`` line each, in the
+    table's order; those a CPU can decide are decided (CONFIRMED or REFUTED, as their figure reads
+    against their bound); the others say why not."""
+    from minieng.engine.compilation import compiler_missing
+    from minieng.lab.gpu_check.predictions import PREDICTIONS
+    from minieng.model import triton_attention
+
+    records = {r["id"]: r for r in section["records"]}
+    assert list(records) == list(PREDICTIONS)
+    lines = [line for line in stdout.splitlines() if line.startswith("PRED ")]
+    assert [line.split()[1] for line in lines] == list(PREDICTIONS)
+    for line, r in zip(lines, records.values()):
+        assert line.split()[2] == r["verdict"] in ("CONFIRMED", "REFUTED", "UNTESTED")
+        if r["verdict"] == "UNTESTED":
+            assert r["figure"] is None and r["reason"], r
+        else:
+            assert (r["figure"] <= r["bound"]) == (r["verdict"] == "CONFIRMED"), r
+    decidable = [
+        "load-peak-bytes",
+        "ops-eager-bf16",
+        "ops-graphed-bf16",
+        "no-bool-mask",
+        "sampling-syncs",
+        "triton-graphs",
+        "strict-paths",
+        "w8a8-ops",
+    ]
+    decidable += ["compiled-regions"] if compiler_missing(torch.device("cpu")) is None else []
+    decidable += ["triton-sm75-refused"] if triton_attention.TRITON_AVAILABLE else []
+    undecided = {pid: records[pid]["reason"] for pid in decidable if records[pid]["verdict"] == "UNTESTED"}
+    assert not undecided, undecided
+    cuda_only = ["kernels-eager", "kernels-graph", "quant-int8-linear", "nb10-t4", "triton-no-midrun-compile"]
+    assert all(records[pid]["verdict"] == "UNTESTED" for pid in cuda_only)
+    assert records["strict-paths"]["details"]["paths"]["eager"]["decode_steps"] > 0
+    assert set(section["group_s"]) == {"sm75", "load", "paths", "sampling", "attention", "quant", "regions", "nb10"}
 
 
 def load_script():

@@ -178,3 +178,248 @@ def test_a_failing_section_leaves_its_error_and_the_others_run(monkeypatch):
     assert all(result[k] is None for k in ("prefix_cache", "speculative", "quantization", "tensor_parallel"))
     assert "speed" not in result and result["targets"] == []
     assert any(line.endswith("] boom") for line in lines) and any("no such kernel" in line for line in lines)
+
+
+# -- issue 33's predictions (``predictions.py``): the verdicts, and the instruments behind them -------
+
+
+def test_every_prediction_is_confirmed_at_its_bound_and_refuted_past_it():
+    """A verdict that cannot fail teaches nothing: each prediction's figure at its bound confirms
+    it, a figure above refutes it, and no figure leaves it untested, saying why."""
+    from minieng.lab.gpu_check.predictions import PREDICTIONS, decide, pred_line, untested
+
+    assert len(PREDICTIONS) >= 19 and all(p.source and p.unit for p in PREDICTIONS.values())
+    for pid, p in PREDICTIONS.items():
+        at = decide(pid, p.bound, "at the bound")
+        past = decide(pid, p.bound + 0.5, "past it")
+        assert at["verdict"] == "CONFIRMED" and past["verdict"] == "REFUTED", pid
+        assert pred_line(past).startswith(f"PRED {pid} REFUTED {p.bound + 0.5:.4g} {p.unit} (<= {p.bound:g}")
+        gone = untested(pid, "needs CUDA")
+        assert gone["verdict"] == "UNTESTED" and gone["figure"] is None
+        assert pred_line(gone) == f"PRED {pid} UNTESTED (needs CUDA)"
+    with pytest.raises(KeyError):
+        decide("no-such-prediction", 0.0)
+
+
+def test_the_summary_prints_a_pred_line_per_prediction_even_when_the_section_failed():
+    from minieng.lab.gpu_check.predictions import PREDICTIONS, decide
+    from minieng.lab.gpu_check.report import prediction_lines
+
+    records = [decide(pid, 0.0) for pid in PREDICTIONS]
+    lines = summary_lines({"predictions": {"records": records}})
+    assert [line.split()[1] for line in lines] == list(PREDICTIONS)
+    assert all(line.startswith("PRED ") and " CONFIRMED 0 " in line for line in lines)
+    failed = prediction_lines({"error": "RuntimeError: boom", "traceback": "..."})
+    assert len(failed) == len(PREDICTIONS) and all(
+        "UNTESTED (the section failed: RuntimeError: boom)" in x for x in failed
+    )
+    assert prediction_lines(None) == []
+
+
+def test_a_group_that_raises_leaves_its_predictions_untested_and_the_others_decided(monkeypatch, tmp_path):
+    from minieng.lab.gpu_check import predictions as pr
+
+    def boom(*args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(pr, "sm75_refused", lambda: [pr.decide("triton-sm75-refused", 0)])
+    monkeypatch.setattr(pr, "load_peak", lambda device, smoke: [pr.decide("load-peak-bytes", 3.0)])
+    monkeypatch.setattr(pr, "decode_path_checks", boom)
+    monkeypatch.setattr(pr, "sampling_syncs", lambda device: [])  # forgets its prediction
+    monkeypatch.setattr(pr, "triton_vs_gather", lambda device, smoke: [pr.untested("triton-vs-gather", "no")])
+    monkeypatch.setattr(pr, "quant_linears", lambda device, smoke: [pr.decide("w8a8-ops", 8)])
+    monkeypatch.setattr(pr, "compiled_regions", lambda work, device: [pr.decide("compiled-regions", 0)])
+    said = []
+    out = pr.predictions(tmp_path, torch.device("cpu"), True, tmp_path, progress=said.append)
+    got = {r["id"]: r for r in out["records"]}
+    assert list(got) == list(pr.PREDICTIONS) and set(out["group_s"]) >= {"paths", "nb10"}
+    assert got["load-peak-bytes"]["verdict"] == "REFUTED" and got["w8a8-ops"]["verdict"] == "CONFIRMED"
+    assert got["strict-paths"]["verdict"] == "UNTESTED" and "kernel exploded" in got["strict-paths"]["reason"]
+    assert got["sampling-syncs"]["reason"] == "not measured by its group"
+    assert got["quant-int4-linear"]["reason"] == "not measured by its group"
+    assert got["nb10-t4"]["reason"].startswith("needs CUDA")
+    assert any("kernel exploded" in line for line in said)
+
+
+def test_the_sm75_refusal_is_read_from_the_backend_check_and_a_check_that_accepts_it_is_refuted(monkeypatch):
+    from minieng.lab.gpu_check import predictions as pr
+    from minieng.model import triton_attention
+
+    if not triton_attention.TRITON_AVAILABLE:
+        pytest.skip("triton is not installed")
+    record = pr.sm75_refused()[0]
+    assert record["verdict"] == "CONFIRMED", record["details"]
+    assert record["details"]["decisions"]["sm_80"] == "accepted"
+    assert "sm_75" in record["details"]["decisions"]["sm_75"]
+    monkeypatch.setattr(pr, "check_attention_backend", lambda backend, head_dim, device: None)  # accepts all
+    wrong = pr.sm75_refused()[0]
+    assert wrong["verdict"] == "REFUTED" and wrong["figure"] == 1
+
+
+def test_the_allocation_trace_keeps_the_peak_of_live_bytes_and_a_float32_detour_is_refuted():
+    from minieng.lab.gpu_check.predictions import decide
+    from minieng.measure.allocations import AllocationTrace
+
+    n = 1000
+    before = torch.ones(n)  # made before the trace: not counted
+    with AllocationTrace("cpu") as trace:
+        w = torch.empty(n, dtype=torch.float32)  # the old load: float32 storage first ...
+        b = w.to(torch.bfloat16)  # ... then the bf16 copy, both alive
+        del w
+        before.mul_(2)  # in place: nothing new
+        view = b.view(10, 100)  # a view: nothing new
+    assert trace.peak_bytes == 6 * n and trace.live_bytes == 2 * n == view.untyped_storage().nbytes()
+    assert trace.created_bytes == 6 * n and trace.largest(torch.float32) == 4 * n
+    assert [a.op for a in trace.allocations] == ["empty", "_to_copy"]
+    assert decide("load-peak-bytes", trace.peak_bytes / n)["verdict"] == "REFUTED"
+    assert decide("load-peak-bytes", trace.live_bytes / n)["verdict"] == "CONFIRMED"
+
+
+def test_host_syncs_are_counted_on_a_cpu_as_transfers_to_the_host():
+    from minieng.lab.gpu_check.predictions import count_host_syncs, decide
+
+    x = torch.arange(6.0)
+
+    def three():
+        x.tolist()
+        x.sum().item()
+        int(x[2])
+
+    assert count_host_syncs(three, torch.device("cpu")) == 3
+    assert count_host_syncs(lambda: x * 2, torch.device("cpu")) == 0
+    assert decide("sampling-syncs", count_host_syncs(three, torch.device("cpu")))["verdict"] == "REFUTED"
+
+
+def test_the_memory_cap_is_set_and_restored_and_out_of_memory_refutes_it():
+    from types import SimpleNamespace
+
+    from minieng.lab.gpu_check.predictions import GIB, under_memory_cap
+
+    class FakeCuda:
+        def __init__(self, peak_gib):
+            self.fractions, self.peak = [], peak_gib * GIB
+
+        def empty_cache(self):
+            pass
+
+        def get_device_properties(self, device):
+            return SimpleNamespace(total_memory=140 * GIB)
+
+        def reset_peak_memory_stats(self, device):
+            pass
+
+        def set_per_process_memory_fraction(self, fraction, device):
+            self.fractions.append(fraction)
+
+        def max_memory_reserved(self, device):
+            return self.peak
+
+        def max_memory_allocated(self, device):
+            return self.peak * 0.9
+
+    dev = torch.device("cuda")
+    fits = FakeCuda(10.0)
+    record = under_memory_cap(lambda: {"engines": 7}, dev, 14.5, cuda=fits)
+    assert record["verdict"] == "CONFIRMED" and record["figure"] == pytest.approx(10.0)
+    assert fits.fractions == [pytest.approx(14.5 / 140), 1.0] and record["details"]["ran"] == {"engines": 7}
+    assert under_memory_cap(lambda: None, dev, 14.5, cuda=FakeCuda(15.0))["verdict"] == "REFUTED"
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    tight = FakeCuda(14.4)
+    record = under_memory_cap(oom, dev, 14.5, cuda=tight)
+    assert record["verdict"] == "REFUTED" and "Tried to allocate" in record["reason"] and tight.fractions[-1] == 1.0
+
+    def capture_dropped():
+        import warnings
+
+        warnings.warn("CUDA graph capture failed (OutOfMemoryError: CUDA out of memory); decode steps run eagerly")
+
+    record = under_memory_cap(capture_dropped, dev, 14.5, cuda=FakeCuda(12.0))
+    assert record["verdict"] == "REFUTED" and "1 fast path(s) dropped" in record["reason"]
+
+    def bug():
+        raise KeyError("not a memory problem")
+
+    other = FakeCuda(1.0)
+    with pytest.raises(KeyError):
+        under_memory_cap(bug, dev, 14.5, cuda=other)
+    assert other.fractions[-1] == 1.0
+
+
+def test_attention_and_quantization_records_compare_ratios_with_their_bounds():
+    from minieng.lab.gpu_check.predictions import attention_record, quant_records
+
+    def point(ratio, agree=True):
+        return {"shape": "Llama-3-8B", "batch": 1, "context": 8192, "gather_ms": 1.0, "triton_ms": ratio,
+                "ratio": ratio, "agree": agree}  # fmt: skip
+
+    assert attention_record([point(0.5), point(0.9)], timed=True)["verdict"] == "CONFIRMED"
+    slow = attention_record([point(0.5), point(1.3)], timed=True)
+    assert slow["verdict"] == "REFUTED" and slow["figure"] == pytest.approx(1.3)
+    assert attention_record([point(0.5), point(0.4, agree=False)], timed=True)["verdict"] == "REFUTED"
+    assert attention_record([point(0.5)], timed=False)["verdict"] == "UNTESTED"
+
+    ms = {"bf16": {1: 0.10, 16: 0.12}, "int8": {1: 0.07, 16: 0.10}, "w8a8": {1: 0.05, 16: 0.06}}
+    got = {r["id"]: r for r in quant_records(ms, {"int4": "RuntimeError: no tinygemm"})}
+    assert got["quant-int8-linear"]["verdict"] == "REFUTED" and got["quant-int8-linear"]["figure"] == pytest.approx(0.7)
+    assert got["quant-w8a8-linear"]["verdict"] == "CONFIRMED"
+    assert got["quant-w8a8-linear"]["details"]["ratio"][16] == pytest.approx(0.5)
+    assert got["quant-int4-linear"]["verdict"] == "UNTESTED" and "no tinygemm" in got["quant-int4-linear"]["reason"]
+
+
+def test_kernel_and_strict_path_records_need_a_real_measurement(monkeypatch):
+    from minieng.lab.gpu_check import predictions as pr
+
+    rows = {
+        "eager": {"kernels_per_step": 300, "layers": 30, "off_path": 0, "decode_steps": 5},
+        "graph": {"kernels_per_step": 12, "layers": 30, "off_path": 0, "decode_steps": 5},  # missed the graph
+        "compiled": {"kernels_per_step": 600, "layers": 30, "off_path": 2, "decode_steps": 5},
+        "triton": {"error": "FastPathFailed: CUDA graph capture failed (OutOfResources)"},
+    }
+    got = {r["id"]: r for r in pr.kernel_records(rows, cuda=True)}
+    assert got["kernels-eager"]["verdict"] == "CONFIRMED" and got["kernels-eager"]["figure"] == 10
+    assert got["kernels-graph"]["verdict"] == "UNTESTED" and "fewer than the layers" in got["kernels-graph"]["reason"]
+    assert got["kernels-compiled"]["verdict"] == "REFUTED"
+    assert got["kernels-triton"]["verdict"] == "UNTESTED" and "OutOfResources" in got["kernels-triton"]["reason"]
+    assert all(r["verdict"] == "UNTESTED" for r in pr.kernel_records(rows, cuda=False))
+
+    strict = pr.strict_record(rows)
+    assert strict["verdict"] == "REFUTED" and strict["figure"] == 3  # 2 steps off their path, 1 path failed
+    assert "triton failed to build" in strict["reason"]
+    clean = {"eager": {"off_path": 0, "decode_steps": 4}, "graph": {"off_path": 0, "decode_steps": 4}}
+    assert pr.strict_record(clean)["verdict"] == "CONFIRMED"
+    assert pr.strict_record({"eager": {"off_path": 0, "decode_steps": 0}})["verdict"] == "REFUTED"  # nothing ran
+    monkeypatch.setattr(pr, "fall_back", lambda build, slower, strict, dropped: slower)  # never raises
+    assert pr.strict_record(clean)["verdict"] == "REFUTED"
+
+
+def _a_kernel(x_ptr):  # the source of a Triton kernel object (Triton reads it from this file)
+    pass
+
+
+def test_triton_variants_count_the_kernels_compiled_entries():
+    """The count reads Triton's own cache of each kernel a module defines (behind an autotuner's
+    ``.fn`` too): a variant compiled mid-run shows as one more entry; interpreted, nothing counts."""
+    from types import SimpleNamespace
+
+    from minieng.lab.gpu_check.predictions import triton_variants
+    from minieng.model import triton_attention
+
+    if not triton_attention.TRITON_AVAILABLE:
+        pytest.skip("triton is not installed")
+    from triton.runtime.jit import JITFunction
+
+    split, combine = JITFunction(_a_kernel), JITFunction(_a_kernel)
+    module = SimpleNamespace(
+        TRITON_AVAILABLE=True, INTERPRETED=False, split=split, tuned=SimpleNamespace(fn=combine), other=len
+    )
+    split.device_caches = {0: ({}, {}, None, None, None)}
+    combine.device_caches = {0: ({"k": 1}, {}, None, None, None)}
+    assert triton_variants(module) == 1
+    split.device_caches = {0: ({"a": 1, "b": 2}, {}, None, None, None), 1: ({"c": 3}, {}, None, None, None)}
+    assert triton_variants(module) == 4
+    module.INTERPRETED = True
+    assert triton_variants(module) is None
+    assert triton_variants(SimpleNamespace(TRITON_AVAILABLE=True, INTERPRETED=False, other=len)) is None

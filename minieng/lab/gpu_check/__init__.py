@@ -14,7 +14,9 @@ the device (``checkpoints``: SmolLM2-135M, SmolLM2-1.7B, and a 7B Llama with hea
   machinery), quantization (per scheme TTFT and TPOT at batch 1 and 16 as ratios to bf16, beside
   the bytes and FLOP-rate predictions), tensor parallelism (decode at 1 and 2 ranks, the step
   split into compute and all-reduces; needs two GPUs, skipped with one);
-- ``targets``: the GPU path's targets, each PASS or MISS with the figures it compares.
+- ``targets``: the GPU path's targets, each PASS or MISS with the figures it compares;
+- ``predictions``: issue 33's predictions of what a GPU will do, each CONFIRMED, REFUTED or
+  UNTESTED by a measurement (``--sections pred`` runs them alone, in about 3 minutes on an H200).
 
 ``run.run_gpu_check`` runs them (``smoke=True``: tiny shapes, every section in seconds on any
 device, what the CPU tests run) and ``report.summary_lines`` prints the result.

@@ -1,8 +1,10 @@
 """The GPU check's result as text: parity, each shape's phases, the features, the decode paths,
-the notebooks run on the device and the targets. Formatting only: every figure is in the result."""
+the notebooks run on the device, the targets and the predictions (``PRED`` lines). Formatting only:
+every figure is in the result."""
 
 from __future__ import annotations
 
+from minieng.lab.gpu_check.predictions import PREDICTIONS, pred_line
 from minieng.lab.gpu_check.speed import decode_mode
 from minieng.measure.roofline import format_percent
 
@@ -71,4 +73,15 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"claim {c['id']} ({c['notebook'] or '-'}): {c['here']} -> {c['holds']}")
     for t in result.get("targets", []):
         lines.append(f"{'PASS' if t['pass'] else 'MISS'}  {t['target']}: {t['value']:.3g} (goal {t['goal']})")
+    lines += prediction_lines(result.get("predictions"))
     return lines
+
+
+def prediction_lines(section: dict | None) -> list[str]:
+    """One ``PRED <id> CONFIRMED|REFUTED|UNTESTED ...`` line per prediction (``predictions.pred_line``);
+    a section that failed as a whole prints every prediction UNTESTED with its error; not run: none."""
+    if section is None:
+        return []
+    if "error" in section:
+        return [f"PRED {pid} UNTESTED (the section failed: {section['error']})" for pid in PREDICTIONS]
+    return [pred_line(r) for r in section["records"]]

@@ -19,6 +19,7 @@ from minieng.lab.gpu_check.checkpoints import DUMMY_WEIGHTS, FULL, SHAPES, SMOKE
 from minieng.lab.gpu_check.decode_paths import decode_paths
 from minieng.lab.gpu_check.features import prefix_cache, quantization, speculative, tensor_parallel
 from minieng.lab.gpu_check.parity import parity
+from minieng.lab.gpu_check.predictions import predictions
 from minieng.lab.gpu_check.speed import nvml_during_decode, shape_speed
 from minieng.lab.gpu_check.targets import targets
 from minieng.measure.harness import fingerprint
@@ -26,9 +27,15 @@ from minieng.measure.peaks import datasheet_peak, measure_ceilings
 
 # The sections, in the order they run: parity with transformers, each shape's phases, the decode
 # paths, the prefix cache, speculative decoding, NVML during decode (CUDA only), quantization,
-# tensor parallelism.
-SECTIONS = ("parity", "speed", "paths", "prefix", "spec", "nvml", "quant", "tp")
-RESULT_KEYS = {"prefix": "prefix_cache", "spec": "speculative", "quant": "quantization", "tp": "tensor_parallel"}
+# tensor parallelism, and issue 33's predictions (``predictions``: ``--sections pred`` runs them alone).
+SECTIONS = ("parity", "speed", "paths", "prefix", "spec", "nvml", "quant", "tp", "pred")
+RESULT_KEYS = {
+    "prefix": "prefix_cache",
+    "spec": "speculative",
+    "quant": "quantization",
+    "tp": "tensor_parallel",
+    "pred": "predictions",
+}
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -52,14 +59,16 @@ def run_gpu_check(
     """Run ``sections`` (a subset of ``SECTIONS``) on ``device`` and read the targets.
 
     Random-weight checkpoints of ``SHAPES`` (``TINY`` for each with ``smoke=True``, at ``SMOKE``
-    sizes, in seconds: the code runs, the figures mean nothing) are made in a temporary folder,
-    removed afterwards. ``extra``: further sections by result key, run after the others under the
-    same guard (the script adds the course's notebooks here: the lab never imports the course).
+    sizes, in seconds: the code runs, the figures mean nothing) are made in a temporary folder when
+    a section first needs one, and removed afterwards. ``extra``: further sections by result key,
+    run after the others under the same guard (the script adds the course's notebooks here: the lab
+    never imports the course).
     ``progress`` gets one line per section (elapsed seconds, name) and any traceback.
 
     Returns a JSON-serializable dict: ``smoke``, ``peaks`` (measured, then the datasheet's on a
     known GPU), ``parity``, ``speed`` (one entry per shape), ``paths``, ``prefix_cache``,
-    ``speculative``, ``nvml``, ``quantization``, ``tensor_parallel`` (None when not run), the keys
+    ``speculative``, ``nvml``, ``quantization``, ``tensor_parallel``, ``predictions``
+    (``predictions.predictions``: one record per prediction) (None when not run), the keys
     of ``extra``, ``targets``, ``environment`` (the harness fingerprint) and ``wall_s``.
     """
     sizes = SMOKE if smoke else FULL
@@ -88,24 +97,39 @@ def run_gpu_check(
             result[key] = value
 
     with tempfile.TemporaryDirectory(prefix="minieng-gpu-check-", ignore_cleanup_errors=True) as work:
-        ckpt = {
-            name: make_checkpoint(
-                Path(work) / name, shape, sizes.max_position, device, weights=name not in DUMMY_WEIGHTS
-            )
-            for name, shape in shapes.items()
-        }
+        made: dict[str, Path] = {}
+
+        def ckpt(name: str) -> Path:  # made on first use: a section run alone makes only what it reads
+            if name not in made:
+                made[name] = make_checkpoint(
+                    Path(work) / name, shapes[name], sizes.max_position, device, weights=name not in DUMMY_WEIGHTS
+                )
+            return made[name]
+
         fmt = "dummy" if smoke else "auto"  # smoke: tiny dummy weights; full: the checkpoints' weights
-        section("parity", lambda: parity(ckpt["smollm2-135m"], device, sizes))
-        for name, path in ckpt.items():
+        section("parity", lambda: parity(ckpt("smollm2-135m"), device, sizes))
+        for name in shapes:
             shape_format = "dummy" if name in DUMMY_WEIGHTS or smoke else "auto"
-            section(f"speed:{name}", lambda n=name, p=path, f=shape_format: shape_speed(n, p, device, peaks, sizes, f))
-        section("paths", lambda: decode_paths(ckpt["smollm2-1.7b"], device, peaks, sizes, fmt))
-        section("prefix", lambda: prefix_cache(ckpt["smollm2-1.7b"], device, sizes, fmt))
-        section("spec", lambda: speculative(ckpt["smollm2-1.7b"], ckpt["smollm2-135m"], device, sizes))
+            section(f"speed:{name}", lambda n=name, f=shape_format: shape_speed(n, ckpt(n), device, peaks, sizes, f))
+        section("paths", lambda: decode_paths(ckpt("smollm2-1.7b"), device, peaks, sizes, fmt))
+        section("prefix", lambda: prefix_cache(ckpt("smollm2-1.7b"), device, sizes, fmt))
+        section("spec", lambda: speculative(ckpt("smollm2-1.7b"), ckpt("smollm2-135m"), device, sizes))
         if device.type == "cuda":
-            section("nvml", lambda: nvml_during_decode(ckpt["smollm2-1.7b"], device, peaks, sizes, fmt))
-        section("quant", lambda: quantization(ckpt["smollm2-1.7b"], device, peaks, sizes, fmt))
-        section("tp", lambda: tensor_parallel(ckpt["smollm2-1.7b"], device, sizes, fmt))
+            section("nvml", lambda: nvml_during_decode(ckpt("smollm2-1.7b"), device, peaks, sizes, fmt))
+        section("quant", lambda: quantization(ckpt("smollm2-1.7b"), device, peaks, sizes, fmt))
+        section("tp", lambda: tensor_parallel(ckpt("smollm2-1.7b"), device, sizes, fmt))
+        section(
+            "pred",
+            lambda: predictions(
+                ckpt("smollm2-135m"),
+                device,
+                smoke,
+                Path(work) / "pred",
+                fmt,
+                min(1024, sizes.max_position),
+                progress=progress,
+            ),
+        )
         for key, fn in (extra or {}).items():
             chosen.add(key)
             section(key, fn)
