@@ -128,6 +128,10 @@ def sample(
     vocab = logits.shape[-1]
     for rows in groups.values():
         noise = torch.stack([rngs[r].exponentials(positions[r], vocab) for r in rows])  # [m, vocab]
-        index = torch.tensor(rows, device=logits.device)
-        tokens[index] = race(probabilities(logits[index], params[rows[0]]), noise.to(logits.device))
+        # Host-to-device copies that do not wait for the GPU: torch's blocking copy would synchronize
+        # the stream (``memcpy_and_sync``), a host sync per group; a pageable source is staged before
+        # the call returns, so it is safe to let it go. The engine's noise is drawn on the device already.
+        index = torch.tensor(rows).to(logits.device, non_blocking=True)
+        noise = noise.to(logits.device, non_blocking=True)
+        tokens[index] = race(probabilities(logits[index], params[rows[0]]), noise)
     return tokens.tolist()

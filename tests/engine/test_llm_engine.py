@@ -530,6 +530,31 @@ def test_a_step_of_sampled_rows_reaches_the_host_once(monkeypatch):
     assert transfers == ["tolist"] and tokens == one_by_one
 
 
+def test_a_sampling_step_copies_to_the_device_without_waiting(monkeypatch):
+    """On a GPU a blocking host-to-device copy synchronizes the stream (torch's ``memcpy_and_sync``):
+    the rows' index and host-drawn noise go to the logits' device with ``non_blocking=True``. The
+    logits live on the meta device here, so every copy to them is seen by the dispatcher."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    logits = torch.empty(4, 50, device="meta")
+    hot, cold = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.5, top_k=5)
+    params = [hot, SamplingParams(temperature=0), cold, hot]
+    rngs = [KeyedRandom(seed) for seed in range(4)]  # on the host: their noise must be copied
+    copies = []
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func.__name__.startswith("_to_copy") and kwargs.get("device") == torch.device("meta"):
+                copies.append(kwargs.get("non_blocking", False))
+            return func(*args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: [0] * t.shape[0])  # meta tensors hold no values
+    with Copies():
+        sample(logits, params, rngs, list(range(4)))
+    assert copies and all(copies), f"blocking copies to the device: {copies}"  # index and noise, two groups
+
+
 def test_keyed_draws_depend_on_seed_and_position_only():
     """A row's token is a function of its logits, its seed and its output position: not of the
     other rows, their order, or how many draws came before (what makes seeds reproducible)."""
