@@ -36,29 +36,17 @@ def test_a_shape_without_weights_loads_only_as_dummy_and_says_where_the_real_one
 
 
 def test_building_a_bf16_model_allocates_its_weights_in_bf16_only():
-    """No float32 copy of a weight at any point of ``build_model`` in bfloat16: every tensor the
-    build creates, summed, stays within 2.05 bytes a parameter (a float32 detour would be 6)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
+    """No float32 copy of a weight at any point of ``build_model`` in bfloat16: every storage the
+    build creates (``measure.allocations.AllocationTrace``), summed, stays within 2.05 bytes a
+    parameter (a float32 detour would be 6), and so does the peak of those alive at once."""
+    from minieng.measure.allocations import AllocationTrace
     from minieng.model.loader import build_model
 
-    created: list[tuple[torch.dtype, int]] = []
-
-    class Allocations(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.device.type == "cpu" and not func._schema.is_mutable:
-                    if func.is_view or func.__name__.startswith(("view", "alias", "detach")):
-                        continue
-                    created.append((t.dtype, t.untyped_storage().nbytes()))
-            return out
-
     config = published_config("SmolLM2-135M")
-    with Allocations():
+    with AllocationTrace("cpu") as trace:
         model = build_model(config, torch.bfloat16, torch.device("cpu"), max_position=256)
     params = sum(p.numel() for p in model.parameters())
     matrices = {p.numel() for p in model.parameters() if p.dim() == 2}
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert not [n for dtype, n in created if dtype == torch.float32 and n // 4 in matrices]
-    assert sum(n for _, n in created) <= 2.05 * params
+    assert not [a for a in trace.allocations if a.dtype == torch.float32 and a.nbytes // 4 in matrices]
+    assert trace.peak_bytes <= trace.created_bytes <= 2.05 * params
