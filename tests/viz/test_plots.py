@@ -170,6 +170,11 @@ def test_ttft_vs_hit_rate():
     assert fig.axes[1].get_ylabel() == "article's TTFT (s)"
     tail = next(line for line in ax.get_lines() if line.get_label() == "max of 8 TTFT")  # 8 requests: no P99
     assert list(tail.get_ydata()) == pytest.approx([1100.0 * 1.2, 650.0 * 1.2, 170.0 * 1.2])
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "nothing shared: 1100 ms" in labels  # an endpoint's cold point: its cache was on
+    result["cold"] = {**result["cold"], "cache": False}  # the engine's: its cache switched off
+    labels = [line.get_label() for line in viz.ttft_vs_hit_rate_figure(result).axes[0].get_lines()]
+    assert "cache off: 1100 ms" in labels
 
 
 def test_speculative_sweep():
