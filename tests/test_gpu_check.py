@@ -79,7 +79,7 @@ def check_predictions(section: dict, stdout: str) -> None:
     table's order; those a CPU can decide are decided (CONFIRMED or REFUTED, as their figure reads
     against their bound); the others say why not."""
     from minieng.engine.compilation import compiler_missing
-    from minieng.lab.gpu_check.predictions import PREDICTIONS
+    from minieng.lab.gpu_check.verdicts import PREDICTIONS
     from minieng.model import triton_attention
 
     records = {r["id"]: r for r in section["records"]}

@@ -180,13 +180,13 @@ def test_a_failing_section_leaves_its_error_and_the_others_run(monkeypatch):
     assert any(line.endswith("] boom") for line in lines) and any("no such kernel" in line for line in lines)
 
 
-# -- issue 33's predictions (``predictions.py``): the verdicts, and the instruments behind them -------
+# -- issue 33's predictions (``predictions.py``, ``verdicts.py``): the verdicts, and the instruments -----
 
 
 def test_every_prediction_is_confirmed_at_its_bound_and_refuted_past_it():
     """A verdict that cannot fail teaches nothing: each prediction's figure at its bound confirms
     it, a figure above refutes it, and no figure leaves it untested, saying why."""
-    from minieng.lab.gpu_check.predictions import PREDICTIONS, decide, pred_line, untested
+    from minieng.lab.gpu_check.verdicts import PREDICTIONS, decide, pred_line, untested
 
     assert len(PREDICTIONS) >= 19 and all(p.source and p.unit for p in PREDICTIONS.values())
     for pid, p in PREDICTIONS.items():
@@ -202,8 +202,8 @@ def test_every_prediction_is_confirmed_at_its_bound_and_refuted_past_it():
 
 
 def test_the_summary_prints_a_pred_line_per_prediction_even_when_the_section_failed():
-    from minieng.lab.gpu_check.predictions import PREDICTIONS, decide
     from minieng.lab.gpu_check.report import prediction_lines
+    from minieng.lab.gpu_check.verdicts import PREDICTIONS, decide
 
     records = [decide(pid, 0.0) for pid in PREDICTIONS]
     lines = summary_lines({"predictions": {"records": records}})
@@ -218,21 +218,22 @@ def test_the_summary_prints_a_pred_line_per_prediction_even_when_the_section_fai
 
 def test_a_group_that_raises_leaves_its_predictions_untested_and_the_others_decided(monkeypatch, tmp_path):
     from minieng.lab.gpu_check import predictions as pr
+    from minieng.lab.gpu_check.verdicts import PREDICTIONS, decide, untested
 
     def boom(*args):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(pr, "sm75_refused", lambda: [pr.decide("triton-sm75-refused", 0)])
-    monkeypatch.setattr(pr, "load_peak", lambda device, smoke: [pr.decide("load-peak-bytes", 3.0)])
+    monkeypatch.setattr(pr, "sm75_refused", lambda: [decide("triton-sm75-refused", 0)])
+    monkeypatch.setattr(pr, "load_peak", lambda device, smoke: [decide("load-peak-bytes", 3.0)])
     monkeypatch.setattr(pr, "decode_path_checks", boom)
     monkeypatch.setattr(pr, "sampling_syncs", lambda device: [])  # forgets its prediction
-    monkeypatch.setattr(pr, "triton_vs_gather", lambda device, smoke: [pr.untested("triton-vs-gather", "no")])
-    monkeypatch.setattr(pr, "quant_linears", lambda device, smoke: [pr.decide("w8a8-ops", 8)])
-    monkeypatch.setattr(pr, "compiled_regions", lambda work, device: [pr.decide("compiled-regions", 0)])
+    monkeypatch.setattr(pr, "triton_vs_gather", lambda device, smoke: [untested("triton-vs-gather", "no")])
+    monkeypatch.setattr(pr, "quant_linears", lambda device, smoke: [decide("w8a8-ops", 8)])
+    monkeypatch.setattr(pr, "compiled_regions", lambda work, device: [decide("compiled-regions", 0)])
     said = []
     out = pr.predictions(tmp_path, torch.device("cpu"), True, tmp_path, progress=said.append)
     got = {r["id"]: r for r in out["records"]}
-    assert list(got) == list(pr.PREDICTIONS) and set(out["group_s"]) >= {"paths", "nb10"}
+    assert list(got) == list(PREDICTIONS) and set(out["group_s"]) >= {"paths", "nb10"}
     assert got["load-peak-bytes"]["verdict"] == "REFUTED" and got["w8a8-ops"]["verdict"] == "CONFIRMED"
     assert got["strict-paths"]["verdict"] == "UNTESTED" and "kernel exploded" in got["strict-paths"]["reason"]
     assert got["sampling-syncs"]["reason"] == "not measured by its group"
@@ -257,7 +258,7 @@ def test_the_sm75_refusal_is_read_from_the_backend_check_and_a_check_that_accept
 
 
 def test_the_allocation_trace_keeps_the_peak_of_live_bytes_and_a_float32_detour_is_refuted():
-    from minieng.lab.gpu_check.predictions import decide
+    from minieng.lab.gpu_check.verdicts import decide
     from minieng.measure.allocations import AllocationTrace
 
     n = 1000
@@ -276,7 +277,8 @@ def test_the_allocation_trace_keeps_the_peak_of_live_bytes_and_a_float32_detour_
 
 
 def test_host_syncs_are_counted_on_a_cpu_as_transfers_to_the_host():
-    from minieng.lab.gpu_check.predictions import count_host_syncs, decide
+    from minieng.lab.gpu_check.step_dispatch import count_host_syncs
+    from minieng.lab.gpu_check.verdicts import decide
 
     x = torch.arange(6.0)
 
@@ -293,7 +295,7 @@ def test_host_syncs_are_counted_on_a_cpu_as_transfers_to_the_host():
 def test_the_memory_cap_is_set_and_restored_and_out_of_memory_refutes_it():
     from types import SimpleNamespace
 
-    from minieng.lab.gpu_check.predictions import GIB, under_memory_cap
+    from minieng.lab.gpu_check.memory_peaks import GIB, under_memory_cap
 
     class FakeCuda:
         def __init__(self, peak_gib):
@@ -349,7 +351,7 @@ def test_the_memory_cap_is_set_and_restored_and_out_of_memory_refutes_it():
 
 
 def test_attention_and_quantization_records_compare_ratios_with_their_bounds():
-    from minieng.lab.gpu_check.predictions import attention_record, quant_records
+    from minieng.lab.gpu_check.kernel_times import attention_record, quant_records
 
     def point(ratio, agree=True):
         return {"shape": "Llama-3-8B", "batch": 1, "context": 8192, "gather_ms": 1.0, "triton_ms": ratio,
@@ -370,7 +372,7 @@ def test_attention_and_quantization_records_compare_ratios_with_their_bounds():
 
 
 def test_kernel_and_strict_path_records_need_a_real_measurement(monkeypatch):
-    from minieng.lab.gpu_check import predictions as pr
+    from minieng.lab.gpu_check import path_checks as pc
 
     rows = {
         "eager": {"kernels_per_step": 300, "layers": 30, "off_path": 0, "decode_steps": 5},
@@ -378,21 +380,21 @@ def test_kernel_and_strict_path_records_need_a_real_measurement(monkeypatch):
         "compiled": {"kernels_per_step": 600, "layers": 30, "off_path": 2, "decode_steps": 5},
         "triton": {"error": "FastPathFailed: CUDA graph capture failed (OutOfResources)"},
     }
-    got = {r["id"]: r for r in pr.kernel_records(rows, cuda=True)}
+    got = {r["id"]: r for r in pc.kernel_records(rows, cuda=True)}
     assert got["kernels-eager"]["verdict"] == "CONFIRMED" and got["kernels-eager"]["figure"] == 10
     assert got["kernels-graph"]["verdict"] == "UNTESTED" and "fewer than the layers" in got["kernels-graph"]["reason"]
     assert got["kernels-compiled"]["verdict"] == "REFUTED"
     assert got["kernels-triton"]["verdict"] == "UNTESTED" and "OutOfResources" in got["kernels-triton"]["reason"]
-    assert all(r["verdict"] == "UNTESTED" for r in pr.kernel_records(rows, cuda=False))
+    assert all(r["verdict"] == "UNTESTED" for r in pc.kernel_records(rows, cuda=False))
 
-    strict = pr.strict_record(rows)
+    strict = pc.strict_record(rows)
     assert strict["verdict"] == "REFUTED" and strict["figure"] == 3  # 2 steps off their path, 1 path failed
     assert "triton failed to build" in strict["reason"]
     clean = {"eager": {"off_path": 0, "decode_steps": 4}, "graph": {"off_path": 0, "decode_steps": 4}}
-    assert pr.strict_record(clean)["verdict"] == "CONFIRMED"
-    assert pr.strict_record({"eager": {"off_path": 0, "decode_steps": 0}})["verdict"] == "REFUTED"  # nothing ran
-    monkeypatch.setattr(pr, "fall_back", lambda build, slower, strict, dropped: slower)  # never raises
-    assert pr.strict_record(clean)["verdict"] == "REFUTED"
+    assert pc.strict_record(clean)["verdict"] == "CONFIRMED"
+    assert pc.strict_record({"eager": {"off_path": 0, "decode_steps": 0}})["verdict"] == "REFUTED"  # nothing ran
+    monkeypatch.setattr(pc, "fall_back", lambda build, slower, strict, dropped: slower)  # never raises
+    assert pc.strict_record(clean)["verdict"] == "REFUTED"
 
 
 def _a_kernel(x_ptr):  # the source of a Triton kernel object (Triton reads it from this file)
@@ -404,7 +406,7 @@ def test_triton_variants_count_the_kernels_compiled_entries():
     ``.fn`` too): a variant compiled mid-run shows as one more entry; interpreted, nothing counts."""
     from types import SimpleNamespace
 
-    from minieng.lab.gpu_check.predictions import triton_variants
+    from minieng.lab.gpu_check.path_checks import triton_variants
     from minieng.model import triton_attention
 
     if not triton_attention.TRITON_AVAILABLE:

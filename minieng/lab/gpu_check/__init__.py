@@ -16,7 +16,9 @@ the device (``checkpoints``: SmolLM2-135M, SmolLM2-1.7B, and a 7B Llama with hea
   split into compute and all-reduces; needs two GPUs, skipped with one);
 - ``targets``: the GPU path's targets, each PASS or MISS with the figures it compares;
 - ``predictions``: issue 33's predictions of what a GPU will do, each CONFIRMED, REFUTED or
-  UNTESTED by a measurement (``--sections pred`` runs them alone, in about 3 minutes on an H200).
+  UNTESTED by a measurement (``--sections pred`` runs them alone, in about 3 minutes on an H200):
+  the table and its verdicts in ``verdicts``, the measurements in ``memory_peaks``, ``path_checks``,
+  ``step_dispatch``, ``kernel_times`` and ``compiled_regions``.
 
 ``run.run_gpu_check`` runs them (``smoke=True``: tiny shapes, every section in seconds on any
 device, what the CPU tests run) and ``report.summary_lines`` prints the result.

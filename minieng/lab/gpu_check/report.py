@@ -4,8 +4,8 @@ every figure is in the result."""
 
 from __future__ import annotations
 
-from minieng.lab.gpu_check.predictions import PREDICTIONS, pred_line
 from minieng.lab.gpu_check.speed import decode_mode
+from minieng.lab.gpu_check.verdicts import PREDICTIONS, pred_line
 from minieng.measure.roofline import format_percent
 
 
@@ -78,7 +78,7 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def prediction_lines(section: dict | None) -> list[str]:
-    """One ``PRED <id> CONFIRMED|REFUTED|UNTESTED ...`` line per prediction (``predictions.pred_line``);
+    """One ``PRED <id> CONFIRMED|REFUTED|UNTESTED ...`` line per prediction (``verdicts.pred_line``);
     a section that failed as a whole prints every prediction UNTESTED with its error; not run: none."""
     if section is None:
         return []
