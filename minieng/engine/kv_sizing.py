@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from minieng.config import EngineConfig, ModelConfig
+from minieng.engine.logprobs import max_logits_rows
 from minieng.engine.memory_plan import MemoryPlan, device_kv_blocks, plan_memory
 from minieng.model.kv_cache import KVCache
 from minieng.units import GIB, cdiv
@@ -99,6 +100,7 @@ def device_sized_kv_blocks(config: EngineConfig, models: list, max_model_len: in
             config.block_size,
             config.gpu_memory_utilization,
             GATHER_SCRATCH_FRACTION,
+            max_logits_rows(config.max_num_seqs, config.num_speculative_tokens),
         ),
     )
 

@@ -40,6 +40,19 @@ class RowLogprobs(NamedTuple):
 # Rows a log_softmax takes at once (``gather_logprobs``): 256 rows of a 128k vocabulary in float32
 # are 128 MiB a copy.
 ROWS_AT_ONCE = 256
+# Prompt positions whose logits one step computes for prompt log-probabilities, all requests
+# together: the scheduler cuts those requests' prompt chunks to it (``Scheduler``), so a long
+# prompt's logits ([prompt tokens, vocab] float32: 1 GiB for 2,048 tokens of a 128k vocabulary)
+# never exist at once, and the memory profile can count them (``max_logits_rows``).
+PROMPT_ROWS_PER_STEP = ROWS_AT_ONCE
+
+
+def max_logits_rows(max_num_seqs: int, num_speculative_tokens: int = 0) -> int:
+    """The most rows of logits a step computes: each of ``max_num_seqs`` sequences samples at most
+    ``1 + num_speculative_tokens`` rows (a decode verifying its drafts), and the prompts owing
+    log-probabilities take ``PROMPT_ROWS_PER_STEP`` more at most (chunked prefill; without chunking
+    a prompt is never cut, and its rows are its length). ``memory_plan`` profiles that many."""
+    return max_num_seqs * (1 + num_speculative_tokens) + PROMPT_ROWS_PER_STEP
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[RowLogprobs]:

@@ -181,16 +181,18 @@ def throwaway_forward(
     return logits, cache.nbytes
 
 
-def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
+def profile_peak_bytes(model, num_tokens: int, block_size: int, logits_rows: int = 1) -> int:
     """Peak bytes torch allocates on the model's CUDA device during one forward of ``num_tokens``
-    prompt tokens (the largest step ``max_num_batched_tokens`` allows), weights included, the
-    throwaway KV pool of that forward excluded."""
+    prompt tokens (the largest step ``max_num_batched_tokens`` allows) with the logits of its last
+    ``logits_rows`` rows (at most ``num_tokens``; ``logprobs.max_logits_rows``: every row a step may
+    sample or score), weights included, the throwaway KV pool of that forward excluded."""
     device = next(model.parameters()).device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
-    _, cache_bytes = throwaway_forward(model, ids, torch.tensor([num_tokens - 1], device=device), block_size)
+    rows = torch.arange(max(0, num_tokens - logits_rows), num_tokens, device=device)
+    _, cache_bytes = throwaway_forward(model, ids, rows, block_size)
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - cache_bytes
     torch.cuda.empty_cache()
@@ -198,17 +200,23 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int) -> int:
 
 
 def device_kv_blocks(
-    models: list, num_tokens: int, block_size: int, gpu_memory_utilization: float, reserve_fraction: float = 0.0
+    models: list,
+    num_tokens: int,
+    block_size: int,
+    gpu_memory_utilization: float,
+    reserve_fraction: float = 0.0,
+    logits_rows: int = 1,
 ) -> int:
     """KV blocks for ``models`` (the target, then the draft if any) on their CUDA device.
 
     Each model gets a pool of the same number of blocks. ``reserve_fraction`` of the device's
-    memory is kept out of the pool (the CUDA graphs' scratch, ``cuda_graph``). Raises
+    memory is kept out of the pool (the CUDA graphs' scratch, ``cuda_graph``). The profile's
+    forward computes ``logits_rows`` rows of logits (``profile_peak_bytes``). Raises
     ``ValueError`` when the weights and activations leave no room.
     """
     device = next(models[0].parameters()).device
     # Every model's weights are resident during each profile; their activations never coexist.
-    peak = max(profile_peak_bytes(m, num_tokens, block_size) for m in models)
+    peak = max(profile_peak_bytes(m, num_tokens, block_size, logits_rows) for m in models)
     free, total = torch.cuda.mem_get_info(device)
     non_torch = total - free - torch.cuda.memory_reserved(device)
     budget = kv_budget_bytes(total, gpu_memory_utilization, peak, max(0, non_torch)) - int(reserve_fraction * total)

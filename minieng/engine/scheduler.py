@@ -12,6 +12,11 @@ Two policies (docs/architecture.md, The scheduler):
 - prefill-first without chunking (vLLM V0): when a prompt waits, the step prefills whole prompts
   only and the running decodes pause, which is what makes their inter-token gaps spike.
 
+A request that asks for its prompt's log-probabilities (``prompt_logprobs``) needs the logits of
+every prompt position: under chunked prefill such prompts take at most
+``logprobs.PROMPT_ROWS_PER_STEP`` tokens a step, all together, so no step computes more rows of
+logits than ``logprobs.max_logits_rows`` (what the memory profile counts).
+
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it goes back to the front of the queue, to be recomputed (prefilled again) later.
 
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 
 from minieng.config import EngineConfig
 from minieng.engine.block_manager import BlockManager
+from minieng.engine.logprobs import PROMPT_ROWS_PER_STEP
 from minieng.engine.sequence import Sequence, SequenceStatus
 
 
@@ -94,21 +100,26 @@ class Scheduler:
     def _schedule_decode_first(self, out: SchedulerOutput) -> None:
         scheduled: set[str] = set()
         budget = self.config.max_num_batched_tokens - self._schedule_decodes(out, scheduled)
+        prompt_rows = PROMPT_ROWS_PER_STEP  # tokens left this step for prompts owing log-probabilities
         # Sequences admitted earlier whose prompt is only partly in the cache continue.
         for seq in list(self.running):
             if budget == 0:
                 break
             if seq.request_id in scheduled or seq.status is not SequenceStatus.RUNNING:
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            owes_rows = seq.prompt_logprobs_from is not None
+            n = min(seq.num_uncomputed_tokens, budget, prompt_rows if owes_rows else budget)
+            if n == 0:
+                continue  # its prompt's rows wait for the next step
             if self._reserve(seq, n, scheduled, out):
                 out.scheduled.append((seq, n))
                 scheduled.add(seq.request_id)
                 budget -= n
+                prompt_rows -= n if owes_rows else 0
             else:
                 self._preempt(seq, out)
         if not out.preempted:  # blocks are short: admitting now would only preempt again
-            self._admit(out, budget, chunk=True)
+            self._admit(out, budget, chunk=True, prompt_rows=prompt_rows)
 
     def _schedule_prefill_first(self, out: SchedulerOutput) -> bool:
         """Admit whole prompts; return False (nothing admitted) to fall back to a decode step."""
@@ -159,11 +170,13 @@ class Scheduler:
         """Continuous batching admits anyone; static batching only members of the current batch."""
         return self.config.batching != "static" or seq.request_id in self.batch
 
-    def _admit(self, out: SchedulerOutput, budget: int, chunk: bool) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, chunk: bool, prompt_rows: int = 0) -> None:
         """Admit waiting sequences in arrival order while budget, blocks and ``max_num_seqs`` allow
         (and, under static batching, while the next is a member of the current batch).
 
-        Without chunking a prompt is never split: one longer than the budget runs alone.
+        Chunked, a prompt owing log-probabilities is also cut to ``prompt_rows`` tokens, what is left
+        of the step's ``PROMPT_ROWS_PER_STEP`` (the next waits when none are left). Without chunking a prompt is never split: one longer than the budget
+        runs alone.
         """
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -172,8 +185,11 @@ class Scheduler:
                 break
             hits = bm.match_prefix(seq)  # full blocks of its prefix already in the cache
             n = seq.num_uncomputed_tokens - len(hits) * bm.block_size
+            owes_rows = chunk and seq.prompt_logprobs_from is not None
             if chunk:
-                n = min(n, budget)
+                n = min(n, budget, prompt_rows if owes_rows else budget)
+                if n == 0:
+                    break  # no rows left this step for its prompt's log-probabilities
             elif n > budget and out.scheduled:
                 break
             if not bm.can_allocate(seq, n, hits):
@@ -187,6 +203,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
+            prompt_rows -= n if owes_rows else 0
 
     # -- blocks and preemption ------------------------------------------------------------------
 

@@ -170,6 +170,29 @@ def test_every_path_gives_transformers_log_probabilities(tiny_llama, path, monke
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_prompt_rows_are_cut_to_the_step_s_share_and_every_entry_still_arrives(tiny_llama, monkeypatch):
+    """Five prompt rows a step (``PROMPT_ROWS_PER_STEP``, 256 in earnest) for the prompts owing
+    log-probabilities: their chunks are cut to what is left of it, no step computes more rows of
+    logits than ``max_logits_rows`` (what the memory profile counts), and every entry is
+    transformers' still. Without the cut the 28-token prompt would run in one chunk of 28 rows."""
+    from minieng.engine import logprobs, scheduler
+
+    monkeypatch.setattr(scheduler, "PROMPT_ROWS_PER_STEP", 5)
+    monkeypatch.setattr(logprobs, "PROMPT_ROWS_PER_STEP", 5)
+    hf, loaded = tiny_llama
+    engine = make_engine(loaded, max_num_seqs=4, max_num_batched_tokens=64)
+    prompts, params = mixed_batch()
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i, (request_id, sp) in enumerate(zip(ids, params)):
+        check_output(hf, engine.output(request_id), sp, f"request {i}")
+    rows = [sum(r for _, _, r in record.chunks) for record in engine.step_records]
+    assert max(rows) <= logprobs.max_logits_rows(engine.config.max_num_seqs) == 4 + 5
+    scored = [n for record in engine.step_records for n, _, r in record.chunks if r > 1]  # chunks owing rows
+    assert max(scored) <= 5 and len(scored) >= (28 + 1) // 5  # the 28-token prompt ran in cut chunks
+
+
 def test_preemption_and_recompute_neither_lose_nor_repeat_an_entry(tiny_llama, monkeypatch):
     """Twelve 4-token blocks for three requests of 19 to 25 prompt tokens: requests are preempted,
     one in the middle of its prompt, and recomputed (partly from the blocks it cached)."""

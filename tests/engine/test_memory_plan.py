@@ -6,6 +6,8 @@ numbers (DESIGN.md section 10), and the engine test loads a tiny config from a t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -176,3 +178,32 @@ def test_engine_loads_when_the_plan_fits(tiny_model_dir, monkeypatch):
         [[1, 2, 3]], __import__("minieng").SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     )[0]
     assert len(out.token_ids) == 2
+
+
+def test_the_device_profile_computes_every_row_of_logits_a_step_may(tiny_model_dir, monkeypatch):
+    """A CUDA engine sizes its pool after a profile forward (``memory_plan.device_kv_blocks``): that
+    forward computes the logits of ``logprobs.max_logits_rows`` rows (every decode's and the
+    prompt rows a step may score), not one, so they are counted before the pool takes the rest.
+    The CUDA calls are stubbed: only the forward's arguments are read."""
+    from minieng.engine import kv_sizing, memory_plan
+    from minieng.engine.logprobs import PROMPT_ROWS_PER_STEP
+
+    rows_asked = []
+
+    def forward(model, ids, logits_indices, block_size, regions=None):
+        rows_asked.append((ids.numel(), logits_indices.tolist()))
+        return None, 0
+
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, **k: (70 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    monkeypatch.setattr(memory_plan, "throwaway_forward", forward)
+    config = replace(_engine_config(tiny_model_dir), max_num_seqs=8, max_num_batched_tokens=512)
+    engine = LLMEngine(config)
+    kv_sizing.device_sized_kv_blocks(engine.config, [engine.model], 256)
+    ((tokens, rows),) = rows_asked
+    assert tokens == 512 and rows == list(range(512 - (8 + PROMPT_ROWS_PER_STEP), 512))
+    memory_plan.profile_peak_bytes(engine.model, 100, 16, logits_rows=8 + PROMPT_ROWS_PER_STEP)
+    assert rows_asked[-1] == (100, list(range(100)))  # never more rows than the step's tokens
