@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from minieng import device as host  # host.host_memory_bytes, read at call time (tests patch it)
-from minieng.config import ModelConfig
+from minieng.config import EngineConfig, ModelConfig, SamplingParams
+from minieng.engine.logprobs import ROWS_AT_ONCE, gather_logprobs
+from minieng.engine.sampling import KeyedRandom, sample
 from minieng.model.attention import build_metadata
 from minieng.model.kv_cache import KVCache, num_blocks_for_budget
 from minieng.model.parallel import shard_config
@@ -192,11 +194,33 @@ def profile_peak_bytes(model, num_tokens: int, block_size: int, logits_rows: int
     torch.cuda.reset_peak_memory_stats(device)
     ids = torch.zeros(num_tokens, dtype=torch.long, device=device)
     rows = torch.arange(max(0, num_tokens - logits_rows), num_tokens, device=device)
-    _, cache_bytes = throwaway_forward(model, ids, rows, block_size)
+    logits, cache_bytes = throwaway_forward(model, ids, rows, block_size)
     torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - cache_bytes
+    peak = torch.cuda.max_memory_allocated(device) - cache_bytes  # the pool is freed by now
+    torch.cuda.reset_peak_memory_stats(device)
+    sample_like_a_step(logits)
+    torch.cuda.synchronize(device)
+    peak = max(peak, torch.cuda.max_memory_allocated(device))
+    del logits
     torch.cuda.empty_cache()
     return peak
+
+
+def sample_like_a_step(logits: torch.Tensor, num_top: int = EngineConfig.max_logprobs) -> None:
+    """What a step does with its logits [rows, vocab] after the forward, at its costliest: every
+    row sampled with top-k and top-p (``sampling.sample``: the float32 probabilities, top-p's sort,
+    the race in float64) and ``ROWS_AT_ONCE`` rows' log-probabilities with ``num_top`` top tokens
+    each (``logprobs.gather_logprobs``; the default ``max_logprobs``: the top tokens are [rows,
+    num_top], small beside the [rows, vocab] log-softmax), as vLLM's profile runs its sampler on
+    dummy logits (``_dummy_sampler_run``). Its allocations are what the memory profile reads."""
+    rows = logits.shape[0]
+    if rows == 0:
+        return
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9)
+    rng = KeyedRandom(0, logits.device)
+    sample(logits, [params] * rows, [rng] * rows, [0] * rows)
+    scored = min(rows, ROWS_AT_ONCE)
+    gather_logprobs(logits[:scored], [0] * scored, [num_top] * scored)
 
 
 def device_kv_blocks(

@@ -183,8 +183,9 @@ def test_engine_loads_when_the_plan_fits(tiny_model_dir, monkeypatch):
 def test_the_device_profile_computes_every_row_of_logits_a_step_may(tiny_model_dir, monkeypatch):
     """A CUDA engine sizes its pool after a profile forward (``memory_plan.device_kv_blocks``): that
     forward computes the logits of ``logprobs.max_logits_rows`` rows (every decode's and the
-    prompt rows a step may score), not one, so they are counted before the pool takes the rest.
-    The CUDA calls are stubbed: only the forward's arguments are read."""
+    prompt rows a step may score), not one, and then samples them all as a step would
+    (``sample_like_a_step``), so both are counted before the pool takes the rest. The CUDA calls
+    are stubbed: only the forward's arguments and the sampler's input are read."""
     from minieng.engine import kv_sizing, memory_plan
     from minieng.engine.logprobs import PROMPT_ROWS_PER_STEP
 
@@ -192,7 +193,13 @@ def test_the_device_profile_computes_every_row_of_logits_a_step_may(tiny_model_d
 
     def forward(model, ids, logits_indices, block_size, regions=None):
         rows_asked.append((ids.numel(), logits_indices.tolist()))
-        return None, 0
+        return torch.randn(logits_indices.numel(), model.config.vocab_size), 0
+
+    sampled = []
+    sample_like_a_step = memory_plan.sample_like_a_step
+    monkeypatch.setattr(
+        memory_plan, "sample_like_a_step", lambda logits: sampled.append(logits.shape) or sample_like_a_step(logits)
+    )
 
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
@@ -205,5 +212,6 @@ def test_the_device_profile_computes_every_row_of_logits_a_step_may(tiny_model_d
     kv_sizing.device_sized_kv_blocks(engine.config, [engine.model], 256)
     ((tokens, rows),) = rows_asked
     assert tokens == 512 and rows == list(range(512 - (8 + PROMPT_ROWS_PER_STEP), 512))
+    assert sampled == [(len(rows), engine.model_config.vocab_size)]  # the sampler ran on all of them
     memory_plan.profile_peak_bytes(engine.model, 100, 16, logits_rows=8 + PROMPT_ROWS_PER_STEP)
     assert rows_asked[-1] == (100, list(range(100)))  # never more rows than the step's tokens
