@@ -20,8 +20,11 @@ The prefix cache's share is OpenAI's ``usage.prompt_tokens_details.cached_tokens
 with ``--enable-prompt-tokens-details`` and leaves it out when it is 0
 (``vllm/entrypoints/openai/serving_completion.py``: ``if self.enable_prompt_tokens_details and
 num_cached_tokens``), SGLang with ``--enable-cache-report``, minieng always. So a request without it
-counts 0 once any request of the same sweep reported it; when none did, the hit rate is None and the
-results say "not reported by this server" rather than guess.
+counts 0 once any request of the same sweep reported it. When none did, a point's hit rate is the
+server's own prefix-cache counters over its timed requests, read from its ``/metrics`` before and
+after them (``server_metrics``: vLLM's ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``,
+minieng's ``minieng:`` ones); a server with neither has none, and the results say "not reported by
+this server" rather than guess. Each point says which (``hit_rate_source``).
 
 What an API cannot give is in ``ENGINE_ONLY``, each with why (``engine_only``): a step's FLOPs and
 bytes (MFU, MBU, the roofline), energy, vLLM's logged line, the prefix cache switched off (the cold
@@ -41,6 +44,7 @@ import numpy as np
 
 from minieng.lab.phase_costs import CASES
 from minieng.lab.prefix_caching import ARTICLE_POINTS, hit_rate_pair
+from minieng.lab.server_metrics import counted_between, read_prefix_cache_counters
 from minieng.measure.loadgen import LoadRequest, run_load, served_models
 from minieng.measure.metrics import RequestMetrics, ServingMetrics, common_tail, served_from_cache, summarize_ms
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
@@ -51,6 +55,11 @@ NOT_REPORTED = (
     "not reported by this server (usage.prompt_tokens_details.cached_tokens: vLLM reports it with "
     "--enable-prompt-tokens-details, SGLang with --enable-cache-report)"
 )
+HIT_RATE_SOURCES = {
+    "usage": "from each answer's usage.prompt_tokens_details.cached_tokens",
+    "metrics": "from the server's /metrics: {prefix}prefix_cache_hits_total / {prefix}prefix_cache_queries_total "
+    "over each point's timed requests (its answers do not report cached_tokens)",
+}
 
 # What only the in-process engine shows, and why an API cannot: the notebooks print these when ENDPOINT is set.
 ENGINE_ONLY = {
@@ -454,12 +463,16 @@ def endpoint_hit_rate_point(
 
     ``absent_is_zero``: count a request whose usage lacks ``cached_tokens`` as 0 (vLLM leaves the field
     out when it is 0: the module docstring); ``endpoint_hit_rate_sweep`` sets it once any request of
-    the sweep reported the field. Returns a JSON-serializable dict of ``HitRatePoint``'s fields
+    the sweep reported the field. The server's prefix-cache counters are read from its ``/metrics``
+    after the untimed request and after the timed ones (``server_metrics``), so they count the timed
+    requests alone. Returns a JSON-serializable dict of ``HitRatePoint``'s fields
     (``shared_tokens``: the server's count of the shared prefix alone; ``user_tokens``: the mean prompt
-    count beyond it; ``hit_rate``: cached / prompt tokens over the timed requests, None when not
-    reported; ``ttft_ms``: ``summarize_ms``; ``cache``: True; ``uncached_tokens``: mean prompt -
-    cached tokens, None when not reported) and ``share``, ``prompt_tokens`` (mean count),
-    ``cached_tokens`` (per request, None where not reported) and ``server``.
+    count beyond it; ``hit_rate``: cached / prompt tokens over the timed requests, from their usage or
+    else the counters' hits / queries, None when neither reported it; ``ttft_ms``: ``summarize_ms``;
+    ``cache``: True; ``uncached_tokens``: mean prompt - cached tokens, None when not reported) and
+    ``share``, ``prompt_tokens`` (mean count), ``cached_tokens`` (per request, None where not
+    reported), ``prefix_cache_counted`` (the counters' deltas: ``PrefixCacheCounters.since``; None
+    without them), ``hit_rate_source`` (``"usage"``, ``"metrics"`` or None) and ``server``.
     Raises ``ValueError`` for a share outside [0, 1) or ``requests`` < 1; ``RuntimeError`` for a failed request.
     """
     if not 0 <= share < 1 or requests < 1:
@@ -471,7 +484,9 @@ def endpoint_hit_rate_point(
     else:
         send_one(endpoint, prompts.pop(0), 1)  # a warm-up, as the engine's cold point runs one first
         shared_tokens = 0
+    before = read_prefix_cache_counters(endpoint.base_url)  # after the untimed request: it is not counted
     runs = [send_one(endpoint, p, 1) for p in prompts]
+    after = read_prefix_cache_counters(endpoint.base_url) if before is not None else None
     point = {
         "share": share,
         "shared_tokens": shared_tokens,
@@ -479,6 +494,7 @@ def endpoint_hit_rate_point(
         "ttft_ms": summarize_ms(r.ttft_s for r in runs),
         "cache": True,
         "cached_tokens": [r.cached_tokens for r in runs],
+        "prefix_cache_counted": counted_between(before, after),
         "server": endpoint.label,
     }
     point["user_tokens"] = point["prompt_tokens"] - shared_tokens
@@ -486,15 +502,21 @@ def endpoint_hit_rate_point(
 
 
 def _with_hit_rate(point: dict, prompts: list[int], absent_is_zero: bool) -> dict:
-    """``point`` with ``hit_rate`` and ``uncached_tokens`` from its per-request ``cached_tokens``
-    (None where the server reported none, unless ``absent_is_zero``)."""
+    """``point`` with ``hit_rate``, ``uncached_tokens`` and ``hit_rate_source``: from its per-request
+    ``cached_tokens`` ("usage"; a missing one is unknown unless ``absent_is_zero``), else from its
+    ``prefix_cache_counted`` ("metrics": hits / queries, computed = (queries - hits) / requests),
+    else None."""
     cached = served_from_cache(point["cached_tokens"], absent_is_zero)
+    counted = point.get("prefix_cache_counted")
     point["prompt_token_counts"] = prompts
-    if cached is None:
-        point["hit_rate"], point["uncached_tokens"] = None, None
-    else:
-        point["hit_rate"] = cached / sum(prompts)
+    if cached is not None:
+        point["hit_rate"], point["hit_rate_source"] = cached / sum(prompts), "usage"
         point["uncached_tokens"] = (sum(prompts) - cached) / len(prompts)
+    elif counted is not None and counted["hit_rate"] is not None:
+        point["hit_rate"], point["hit_rate_source"] = counted["hit_rate"], "metrics"
+        point["uncached_tokens"] = (counted["queries"] - counted["hits"]) / len(prompts)
+    else:
+        point["hit_rate"], point["uncached_tokens"], point["hit_rate_source"] = None, None, None
     return point
 
 
@@ -512,8 +534,10 @@ def endpoint_hit_rate_sweep(
 
     Returns:
         ``server``, ``prompt_tokens`` (asked), ``block_size`` (None: the server's is not in its API),
-        ``cold``, ``points``, ``article_points`` and ``cached_tokens_reported`` (whether any request of
-        the sweep reported ``cached_tokens``; when none did, every hit rate is None: ``NOT_REPORTED``).
+        ``cold``, ``points``, ``article_points``, ``cached_tokens_reported`` (whether any request of
+        the sweep reported ``cached_tokens``) and ``hit_rate_source``: "usage" when one did, else
+        "metrics" when the server's ``/metrics`` counted a point's requests, else None (every hit
+        rate None: ``NOT_REPORTED``).
     Raises:
         ValueError: no share, a share outside [0, 1), or ``requests`` < 1.
     """
@@ -525,6 +549,7 @@ def endpoint_hit_rate_sweep(
     reported = any(c is not None for p in [cold, *points] for c in p["cached_tokens"])
     for p in [cold, *points]:
         _with_hit_rate(p, p["prompt_token_counts"], absent_is_zero=reported)
+    sources = {p["hit_rate_source"] for p in [cold, *points]}
     return {
         "server": endpoint.label,
         "prompt_tokens": prompt_tokens,
@@ -533,6 +558,7 @@ def endpoint_hit_rate_sweep(
         "points": points,
         "article_points": [{"hit_rate": h, "ttft_s": t} for h, t in ARTICLE_POINTS],
         "cached_tokens_reported": reported,
+        "hit_rate_source": "usage" if reported else ("metrics" if "metrics" in sources else None),
     }
 
 
@@ -541,10 +567,11 @@ def endpoint_hit_rate_pair(result: dict) -> tuple[dict, dict]:
     and the lower point nearest the article's 85.5%, which claim S5 compares.
 
     Raises:
-        ValueError: the server did not report cached tokens (``NOT_REPORTED``), or every point hit
-            alike (its prefix cache off, or prompts too short for a block).
+        ValueError: a point has no hit rate (the server neither reported cached tokens nor counted
+            them in ``/metrics``: ``NOT_REPORTED``), or every point hit alike (its prefix cache off,
+            or prompts too short for a block).
     """
-    if not result["cached_tokens_reported"]:
+    if any(p["hit_rate"] is None for p in [result["cold"], *result["points"]]):
         raise ValueError(f"hit rates {NOT_REPORTED}")
     if len({p["hit_rate"] for p in result["points"]}) < 2:
         raise ValueError(
@@ -561,8 +588,9 @@ def format_hit_rate(point: dict) -> str:
 
 def format_hit_rate_sweep(result: dict) -> list[str]:
     """``endpoint_hit_rate_sweep``'s result as notebook 07's table: per point the shared tokens (the
-    server's count), the hit rate and computed tokens (from its usage, or "not reported"), P50 and
-    tail TTFT (the P99 where 100 requests support it, else the max) and the speed-up over cold."""
+    server's count), the hit rate and computed tokens (from its usage, else its ``/metrics``, or "not
+    reported"), P50 and tail TTFT (the P99 where 100 requests support it, else the max) and the
+    speed-up over cold; then where the hit rates came from (``HIT_RATE_SOURCES``, or ``NOT_REPORTED``)."""
     cold = result["cold"]["ttft_ms"]["p50"]
     tail, key = common_tail([result["cold"]["ttft_ms"]] + [p["ttft_ms"] for p in result["points"]])
     lines = [
@@ -579,8 +607,12 @@ def format_hit_rate_sweep(result: dict) -> list[str]:
     lines.append(
         "(cold: prompts that share nothing, which no cache can serve; an API cannot switch the server's cache off)"
     )
-    if not result["cached_tokens_reported"]:
-        lines.append(f"hit rates: {NOT_REPORTED}")
+    source = result["hit_rate_source"]
+    if source is None:
+        lines.append(f"hit rates: {NOT_REPORTED}; nor counted in its /metrics (vllm:prefix_cache_hits_total)")
+    else:
+        counted = [p["prefix_cache_counted"] for p in [result["cold"], *result["points"]] if p["prefix_cache_counted"]]
+        lines.append(f"hit rates: {HIT_RATE_SOURCES[source].format(prefix=counted[0]['prefix'] if counted else '')}")
     return lines
 
 

@@ -1,7 +1,8 @@
 """The lessons through the API (``lab.endpoint``): each experiment run against a real server on loopback
 (``ServerThread`` over the embedded default model), its figures checked against what the server's
 engine recorded of the same requests (``build_app(..., on_finished=list.append)``): request counts,
-prompt and answer sizes, the prefix cache's share. No timing is asserted beyond its sign."""
+prompt and answer sizes, the prefix cache's share (from the answers' usage, or the server's ``/metrics``
+counters where the usage lacks it). No timing is asserted beyond its sign."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ pytest.importorskip("httpx", reason="the server extra (pip install -e '.[serve]'
 pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve]') is not installed")
 
 from minieng.lab import endpoint as api  # noqa: E402
+from minieng.lab.server_metrics import read_prefix_cache_counters  # noqa: E402
 from minieng.measure.sweep_plan import prefill_sweep_lengths  # noqa: E402
 from minieng.measure.workloads import RequestSpec  # noqa: E402
 from minieng.measure import loadgen  # noqa: E402
@@ -46,6 +48,32 @@ def strip_cached_tokens(app, only_zero: bool = False):
             await send(message)
 
         await app(scope, receive, send_stripped)
+
+    return wrapped
+
+
+def metrics_as(app, prefix: str | None):
+    """``app`` behind an ASGI wrapper that answers ``GET /metrics`` with minieng's metrics renamed
+    to ``prefix`` (``"vllm:"``: vLLM's names for the same counters), or 404 for None (a server
+    without Prometheus metrics)."""
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/metrics":
+            return await app(scope, receive, send)
+        if prefix is None:
+            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]})
+            return await send({"type": "http.response.body", "body": b""})
+        messages = []
+
+        async def keep(message):
+            messages.append(message)
+
+        await app(scope, receive, keep)
+        start, *bodies = messages
+        body = b"".join(m.get("body", b"") for m in bodies).replace(b"minieng:", prefix.encode())
+        headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+        await send(dict(start, headers=[*headers, (b"content-length", str(len(body)).encode())]))
+        await send({"type": "http.response.body", "body": body})
 
     return wrapped
 
@@ -126,24 +154,68 @@ def test_the_hit_rate_sweep_equals_the_engines_record(real_engine):
         engine_rate = sum(o.num_cached_tokens for o in timed) / sum(len(o.prompt_token_ids) for o in timed)
         assert point["hit_rate"] == pytest.approx(engine_rate)
         assert point["cached_tokens"] == [o.num_cached_tokens for o in timed]
+        # the server's /metrics counted the timed requests alone (the untimed one was read past): the same rate
+        counted = point["prefix_cache_counted"]
+        assert point["hit_rate_source"] == "usage" and counted["prefix"] == "minieng:"
+        assert counted["queries"] == sum(len(o.prompt_token_ids) for o in timed)
+        assert counted["hits"] == sum(o.num_cached_tokens for o in timed)
+        assert counted["hit_rate"] == pytest.approx(point["hit_rate"])
         if point["share"]:  # the untimed request is the shared prefix alone: its count is the shared tokens
             assert point["shared_tokens"] == len(first.prompt_token_ids)
             assert all(o.prompt_token_ids[: point["shared_tokens"]] == first.prompt_token_ids for o in timed)
     assert result["cold"]["hit_rate"] == 0 and result["points"][-1]["hit_rate"] > 0.5
     assert result["cached_tokens_reported"] and result["block_size"] is None
+    assert result["hit_rate_source"] == "usage"
     near, high = api.endpoint_hit_rate_pair(result)
     assert high is result["points"][-1] and near["hit_rate"] < high["hit_rate"]
-    assert not any("not reported" in line for line in api.format_hit_rate_sweep(result))
+    lines = api.format_hit_rate_sweep(result)
+    assert not any("not reported" in line for line in lines)
+    assert lines[-1] == f"hit rates: {api.HIT_RATE_SOURCES['usage']}"
+
+
+def test_a_server_that_counts_its_hits_only_in_metrics_has_them_from_there(real_engine):
+    """vLLM without --enable-prompt-tokens-details: no cached_tokens in usage, but its /metrics
+    counts vllm:prefix_cache_queries_total and _hits_total. Each point's hit rate is their deltas over
+    its timed requests, which equal the engine's record of those requests."""
+    engine = real_engine(block_size=16, enable_prefix_caching=True)
+    wrap = lambda app: metrics_as(strip_cached_tokens(app), "vllm:")  # noqa: E731
+    with served(engine, wrap) as (endpoint, finished):
+        result = api.endpoint_hit_rate_sweep(endpoint, 96, (0.5, 0.9), requests=2, seed=10)
+        counters = read_prefix_cache_counters(endpoint.base_url)
+    assert not result["cached_tokens_reported"] and result["hit_rate_source"] == "metrics"
+    assert counters.prefix == "vllm:" and counters.queries == sum(len(o.prompt_token_ids) for o in finished)
+    for i, point in enumerate([result["cold"], *result["points"]]):
+        timed = finished[2 + 3 * i : 4 + 3 * i]  # after the calibration and the point's untimed request
+        queries, hits = sum(len(o.prompt_token_ids) for o in timed), sum(o.num_cached_tokens for o in timed)
+        assert all(c is None for c in point["cached_tokens"]) and point["hit_rate_source"] == "metrics"
+        assert point["prefix_cache_counted"] == {
+            "prefix": "vllm:",
+            "queries": queries,
+            "hits": hits,
+            "hit_rate": pytest.approx(hits / queries),
+        }
+        assert point["hit_rate"] == pytest.approx(hits / queries)
+        assert point["uncached_tokens"] == pytest.approx((queries - hits) / len(timed))
+    assert result["cold"]["hit_rate"] == 0 < result["points"][0]["hit_rate"] < result["points"][1]["hit_rate"]
+    near, high = api.endpoint_hit_rate_pair(result)
+    assert high is result["points"][-1] and near is result["points"][0]
+    lines = api.format_hit_rate_sweep(result)
+    assert "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total" in lines[-1]
+    assert not any(api.NOT_REPORTED in line for line in lines)
 
 
 def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate(real_engine):
     engine = real_engine(block_size=16, enable_prefix_caching=True)
-    with served(engine, strip_cached_tokens) as (endpoint, finished):
+    wrap = lambda app: metrics_as(strip_cached_tokens(app), None)  # noqa: E731 (no usage details, no /metrics)
+    with served(engine, wrap) as (endpoint, finished):
         result = api.endpoint_hit_rate_sweep(endpoint, 64, (0.0, 0.75), requests=1, seed=5)
         phases = api.endpoint_two_phases(endpoint, [16], decode_tokens=2, seed=6)
+        assert read_prefix_cache_counters(endpoint.base_url) is None  # 404
     assert sum(o.num_cached_tokens for o in finished) > 0  # the engine's cache did serve blocks
-    assert not result["cached_tokens_reported"]
-    assert all(p["hit_rate"] is None and p["uncached_tokens"] is None for p in [result["cold"], *result["points"]])
+    assert not result["cached_tokens_reported"] and result["hit_rate_source"] is None
+    for p in [result["cold"], *result["points"]]:
+        assert p["hit_rate"] is None and p["uncached_tokens"] is None
+        assert p["hit_rate_source"] is None and p["prefix_cache_counted"] is None
     assert api.format_hit_rate(result["points"][-1]) == "not reported"
     with pytest.raises(ValueError, match="not reported by this server"):
         api.endpoint_hit_rate_pair(result)
