@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from minieng.course.claims import verdict
+from minieng.course.claims import TOO_NOISY, verdict
 
 HOLDS = "holds"
 FAILS = "does not hold here"
@@ -75,12 +75,22 @@ QUADRATIC_FOUND = 1 / 3
 ATTENTION_SMALL = 0.10  # below this FLOP share, the n^2 term is too small for a fit to be asked for
 
 
-def s2_quadratic(quadratic_share: float | None, *, attention_share: float, prompt_tokens: int, noise) -> str:
+def s2_quadratic(
+    quadratic_share: float | None,
+    *,
+    attention_share: float,
+    prompt_tokens: int,
+    noise,
+    unphysical_fit: str | None = None,
+) -> str:
     """S2: the fitted n² share of TTFT at the longest prompt (``fit_ttft``'s ``quadratic_share``; None
     or 0 when the fit found no significant n² term) against attention's share of that prefill's
     FLOPs (``prefill_work``: 4·heads·head_dim per key per layer, docs/architecture.md section 4). Fails when the
     formula says attention takes a real share (``ATTENTION_SMALL`` or more) and the timings find
-    less than ``QUADRATIC_FOUND`` of it."""
+    less than ``QUADRATIC_FOUND`` of it. ``unphysical_fit``: ``fit_ttft``'s reason when its fit bent
+    up only with a negative cost (``physical`` False): the timings cannot judge the claim."""
+    if unphysical_fit:
+        return f"{TOO_NOISY}: {unphysical_fit}"
 
     def judge(quadratic_share):
         share = quadratic_share or 0.0

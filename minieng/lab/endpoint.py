@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minieng.lab.phase_costs import CASES
+from minieng.lab.phase_costs import grid_medians, grid_shapes, run_grid
 from minieng.lab.prefix_caching import ARTICLE_POINTS, hit_rate_pair
 from minieng.lab.server_metrics import counted_between, read_prefix_cache_counters
 from minieng.measure.loadgen import LoadRequest, run_load, served_models
@@ -409,28 +409,19 @@ def endpoint_phase_grid(
     seed: int | None = None,
 ) -> dict[str, dict]:
     """``phase_costs.phase_cost_grid`` through the API: the three requests of ``phase_costs.CASES``
-    (short prompt and answer; long prompt; long answer), each sent alone ``repeats`` times, timed as
-    TTFT and decode time (E2EL - TTFT), medians. Returns per case ``prompt_tokens`` and
-    ``output_tokens`` (the server's median counts), ``ttft_s``, ``decode_s``. Raises
-    ``ValueError`` as ``phase_cost_grid`` does, ``RuntimeError`` for a failed request."""
-    (short_p, long_p), (short_o, long_o) = prompt_tokens, output_tokens
-    if not 0 < short_p < long_p or not 2 <= short_o < long_o or repeats < 1:
-        raise ValueError(
-            f"endpoint_phase_grid: prompt_tokens={prompt_tokens} and output_tokens={output_tokens} must each be "
-            "(short, long) with short < long, answers of 2 tokens or more; repeats >= 1"
-        )
+    (short prompt and answer; long prompt; long answer), each sent alone: one untimed request of
+    each, then ``repeats`` rounds (``phase_costs.run_grid``), timed as TTFT and decode time (E2EL -
+    TTFT), medians. Returns per case ``prompt_tokens`` and ``output_tokens`` (the server's median
+    counts), ``ttft_s``, ``decode_s``. Raises ``ValueError`` as ``phase_costs.grid_shapes`` does,
+    ``RuntimeError`` for a failed request."""
+    shapes = grid_shapes(prompt_tokens, output_tokens, repeats, "endpoint_phase_grid")
     rng = np.random.default_rng(seed)
-    shapes = {"short": (short_p, short_o), "long_prompt": (long_p, short_o), "long_output": (short_p, long_o)}
-    grid = {}
-    for case in CASES:
-        p, o = shapes[case]
-        runs = [send_one(endpoint, text, o) for text in _texts(endpoint, p, repeats, rng)]
-        grid[case] = {
-            "prompt_tokens": _median_int(r.prompt_tokens for r in runs),
-            "output_tokens": _median_int(r.output_tokens for r in runs),
-            "ttft_s": statistics.median(r.ttft_s for r in runs),
-            "decode_s": statistics.median(r.e2el_s - r.ttft_s for r in runs),
-        }
+    texts = {case: _texts(endpoint, p, repeats + 1, rng) for case, (p, _) in shapes.items()}
+    runs = run_grid(shapes, repeats, lambda case, i: send_one(endpoint, texts[case][i], shapes[case][1]))
+    grid = grid_medians(shapes, runs)
+    for case, r in grid.items():  # the server's counts of what was sent, not the lengths asked for
+        r["prompt_tokens"] = _median_int(x.prompt_tokens for x in runs[case])
+        r["output_tokens"] = _median_int(x.output_tokens for x in runs[case])
     return grid
 
 

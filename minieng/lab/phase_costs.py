@@ -11,6 +11,8 @@ the answer should grow the decode time, one step per token, and leave TTFT alone
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from typing import TypeVar
 
 from minieng.engine.llm_engine import LLMEngine
 from minieng.config import SamplingParams
@@ -18,34 +20,71 @@ from minieng.measure.metrics import request_metrics
 from minieng.measure.workloads import text_prompts
 
 CASES = ("short", "long_prompt", "long_output")
+M = TypeVar("M")  # what one request's run returns (``RequestMetrics``, an endpoint's ``SentRequest``)
+
+
+def grid_shapes(
+    prompt_tokens: tuple[int, int], output_tokens: tuple[int, int], repeats: int = 1, caller: str = "phase_cost_grid"
+) -> dict[str, tuple[int, int]]:
+    """``(prompt tokens, answer tokens)`` of each case of ``CASES``. Raises ``ValueError`` (naming
+    ``caller``) for lengths out of order, an answer under 2 tokens (a decode time needs a second
+    token) or ``repeats`` < 1."""
+    (short_p, long_p), (short_o, long_o) = prompt_tokens, output_tokens
+    if not 0 < short_p < long_p or not 2 <= short_o < long_o or repeats < 1:
+        raise ValueError(
+            f"{caller}: prompt_tokens={prompt_tokens} and output_tokens={output_tokens} must each be "
+            "(short, long) with short < long, answers of 2 tokens or more; repeats >= 1"
+        )
+    return {"short": (short_p, short_o), "long_prompt": (long_p, short_o), "long_output": (short_p, long_o)}
+
+
+def run_grid(shapes: dict[str, tuple[int, int]], repeats: int, run_one: Callable[[str, int], M]) -> dict[str, list[M]]:
+    """``run_one(case, i)`` for every case of ``shapes``: once untimed first (``i`` = 0: a shape's
+    first request costs more, as kernels are chosen and buffers grown), then ``repeats`` rounds
+    (``i`` = 1 .. ``repeats``) of each case once, in turn, so that a load which comes and goes on
+    the machine touches every case alike. Returns the timed results per case, in round order."""
+    for case in shapes:
+        run_one(case, 0)
+    runs: dict[str, list[M]] = {case: [] for case in shapes}
+    for i in range(1, repeats + 1):
+        for case in shapes:
+            runs[case].append(run_one(case, i))
+    return runs
+
+
+def grid_medians(shapes: dict[str, tuple[int, int]], runs: dict[str, list]) -> dict[str, dict]:
+    """Per case: ``prompt_tokens``, ``output_tokens`` (the shape's), and the medians of ``ttft_s``
+    and ``decode_s`` (E2EL - TTFT) over its runs (``RequestMetrics`` or anything with those fields)."""
+    return {
+        case: {
+            "prompt_tokens": p,
+            "output_tokens": o,
+            "ttft_s": statistics.median(r.ttft_s for r in runs[case]),
+            "decode_s": statistics.median(r.e2el_s - r.ttft_s for r in runs[case]),
+        }
+        for case, (p, o) in shapes.items()
+    }
 
 
 def phase_cost_grid(
     engine: LLMEngine, prompt_tokens: tuple[int, int], output_tokens: tuple[int, int], repeats: int = 1
 ) -> dict[str, dict]:
-    """Time the three requests (``CASES``), each alone, ``repeats`` times (medians reported).
+    """Time the three requests (``CASES``), each alone, ``repeats`` times (medians reported), after
+    one untimed request of each, in rounds (``run_grid``).
 
     ``prompt_tokens``: (short, long) prompt lengths in tokens; ``output_tokens``: (short, long)
     answer lengths, each at least 2 (a decode time needs a second token). Returns, per case of
     ``CASES``: prompt_tokens, output_tokens, ttft_s, decode_s. Prompts are real text
-    (``text_prompts``); answers run to their length (``ignore_eos``). Raises ``ValueError`` for
-    lengths out of order or an answer under 2 tokens.
+    (``text_prompts``), every request's its own (no two share a prefix the cache could serve);
+    answers run to their length (``ignore_eos``). Raises ``ValueError`` as ``grid_shapes``.
     """
-    (short_p, long_p), (short_o, long_o) = prompt_tokens, output_tokens
-    if not 0 < short_p < long_p or not 2 <= short_o < long_o:
-        raise ValueError(
-            f"phase_cost_grid: prompt_tokens={prompt_tokens} and output_tokens={output_tokens} must each be "
-            "(short, long) with short < long, answers of 2 tokens or more"
-        )
-    shapes = {"short": (short_p, short_o), "long_prompt": (long_p, short_o), "long_output": (short_p, long_o)}
-    grid = {}
-    for case, (p, o) in shapes.items():
-        prompts = text_prompts(engine.tokenizer, p, repeats)
-        runs = [request_metrics(engine.generate([prompt], SamplingParams.fixed_length(o))[0]) for prompt in prompts]
-        grid[case] = {
-            "prompt_tokens": p,
-            "output_tokens": o,
-            "ttft_s": statistics.median(r.ttft_s for r in runs),
-            "decode_s": statistics.median(r.e2el_s - r.ttft_s for r in runs),
-        }
-    return grid
+    shapes = grid_shapes(prompt_tokens, output_tokens, repeats)
+    count = repeats + 1  # each text starts at its own place: a shorter prompt is a longer one cut
+    texts = iter(text_prompts(engine.tokenizer, max(p for p, _ in shapes.values()), count * len(shapes)))
+    prompts = {case: [next(texts)[:p] for _ in range(count)] for case, (p, _) in shapes.items()}
+
+    def run_one(case: str, i: int):
+        answer = SamplingParams.fixed_length(shapes[case][1])
+        return request_metrics(engine.generate([prompts[case][i]], answer)[0])
+
+    return grid_medians(shapes, run_grid(shapes, repeats, run_one))

@@ -230,8 +230,11 @@ def fit_ttft(
     Returns:
         ``knee`` (``prefill_knee``'s dict), ``fitted_tokens`` (the lengths fitted), ``a_s``,
         ``b_s_per_token``, ``c_s_per_token2``, ``c_stderr`` (None without a spare point),
-        ``significant`` (bool), ``quadratic_share`` (c n^2 / TTFT at the longest length, when
-        significant, else None) and ``reason``: why not significant, in words, else None.
+        ``significant`` (bool: c > 0 beyond ``z`` standard errors, with a >= 0 and b >= 0: a fit
+        that needs a negative overhead or per-token cost to bend is no evidence of an n^2 term),
+        ``physical`` (False when the fit bends up only with a negative a or b; None without a fit),
+        ``quadratic_share`` (c n^2 / TTFT at the longest length, when significant, else None) and
+        ``reason``: why not significant, in words, else None.
         The coefficients are None when fewer than 3 points are past the knee.
     Raises:
         ValueError: as ``prefill_knee``.
@@ -247,6 +250,7 @@ def fit_ttft(
         "c_s_per_token2": None,
         "c_stderr": None,
         "significant": False,
+        "physical": None,
         "quadratic_share": None,
     }
     if not knee["knee_reached"]:
@@ -274,7 +278,15 @@ def fit_ttft(
         cov = float(residual @ residual) / dof * np.linalg.inv(x.T @ x)
         out["c_stderr"] = math.sqrt(max(float(cov[2, 2]), 0.0)) / float(scale) ** 2
     stderr = out["c_stderr"]
-    if c <= 0:
+    out["physical"] = not (c > 0 and min(a, b) < 0)
+    if not out["physical"]:
+        term = "overhead a" if a < 0 else "per-token b"
+        out["reason"] = (
+            f"the best fit needs a negative {term} ({1e3 * (a if a < 0 else b):.3g} ms{'' if a < 0 else ' per token'}): "
+            "these timings are not an overhead, a linear and an n^2 cost that each add time (a machine "
+            "busy with other work, or noise), so its n^2 term measures nothing"
+        )
+    elif c <= 0:
         out["reason"] = (
             "the fitted n^2 coefficient is not positive: over these lengths TTFT grows no faster "
             "than linearly, the overhead and linear terms hide attention's n^2 work"

@@ -46,6 +46,9 @@ def test_S2_fails_when_the_fit_finds_no_quadratic_term_where_attention_dominates
     assert fails(v.s2_quadratic(0.05, attention_share=0.6, prompt_tokens=8192, noise=QUIET))
     assert holds(v.s2_quadratic(None, attention_share=0.03, prompt_tokens=512, noise=QUIET))  # linear regime
     assert noisy(v.s2_quadratic(0.2, attention_share=0.6, prompt_tokens=8192, noise=0.1))  # 0.2 vs a 0.2 line
+    # a fit that bent up only with a negative per-token cost (a busy machine) judges nothing
+    bent = v.s2_quadratic(None, attention_share=0.25, prompt_tokens=2048, noise=QUIET, unphysical_fit="needs b < 0")
+    assert noisy(bent) and "needs b < 0" in bent
 
 
 def test_S3_fails_when_a_step_beats_the_floor():

@@ -131,14 +131,16 @@ def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engin
         grid = api.endpoint_phase_grid(endpoint, (8, 40), (2, 6), seed=2)
         one = api.endpoint_request(endpoint, 24, 3, seed=3)
         chat = api.endpoint_chat(endpoint, "Name one colour.", 4)
-    outs = dict(zip(("short", "long_prompt", "long_output"), finished[1:4]))
+    # finished[0] calibrates the endpoint; one untimed round of the three cases, then the timed one
+    assert [len(o.token_ids) for o in finished[1:7]] == [2, 2, 6] * 2
+    outs = dict(zip(("short", "long_prompt", "long_output"), finished[4:7]))
     for case, out in outs.items():
         assert grid[case]["prompt_tokens"] == len(out.prompt_token_ids)
         assert grid[case]["output_tokens"] == len(out.token_ids)
     assert [grid[c]["output_tokens"] for c in outs] == [2, 2, 6]
     assert grid["long_prompt"]["prompt_tokens"] > grid["short"]["prompt_tokens"]
-    assert (one.prompt_tokens, one.output_tokens) == (len(finished[4].prompt_token_ids), 3)
-    assert chat.prompt_tokens == len(finished[5].prompt_token_ids) and 1 <= chat.output_tokens <= 4
+    assert (one.prompt_tokens, one.output_tokens) == (len(finished[7].prompt_token_ids), 3)
+    assert chat.prompt_tokens == len(finished[8].prompt_token_ids) and 1 <= chat.output_tokens <= 4
     with pytest.raises(ValueError, match="short < long"):
         api.endpoint_phase_grid(endpoint, (40, 8), (2, 6))
 

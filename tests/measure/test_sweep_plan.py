@@ -319,3 +319,19 @@ def test_prefill_batch_length_without_a_knee_and_refusals():
         prefill_batch_length(probe, [], 8192)
     with pytest.raises(ValueError, match="fewer than 16 tokens"):
         prefill_batch_length(probe, [1, 8], 100)
+
+
+def test_a_fit_that_needs_a_negative_cost_is_never_a_share():
+    """Notebook 01 on a CPU busy with other work: its sweep's best fit was TTFT = 811 - 0.90 n +
+    1.0e-3 n^2 ms, an "n^2 share" of 133% of TTFT. A negative per-token cost is no physics: the fit
+    is refused as evidence of an n^2 term, with the reason; the same points shifted to a positive
+    slope are a share again."""
+    a, b, c = 0.811, -0.9034e-3, 1.0e-6
+    points = [(n, a + b * n + c * n * n) for n in (32, 64, 128, 320, 816, 2048)]
+    points[:2] = [(32, 0.9), (64, 0.95)]  # tok/s rises to the knee
+    fit = fit_ttft(points, from_tokens=128)
+    assert fit["b_s_per_token"] < 0 and fit["c_s_per_token2"] > 0
+    assert not fit["significant"] and fit["quadratic_share"] is None and "negative per-token b" in fit["reason"]
+    assert fit["physical"] is False
+    fixed = fit_ttft([(n, t + 1.0e-3 * n) for n, t in points], from_tokens=128)  # b = +0.1 ms a token
+    assert fixed["significant"] and fixed["physical"] and 0 < fixed["quadratic_share"] < 1
