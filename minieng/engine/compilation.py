@@ -20,8 +20,9 @@ eagerly with only a log line. Each engine compiles copies with code objects of i
 tokens in a step changes every step and must not recompile; torch specializes a size of 1, so a
 decode of one sequence and steps of two or more tokens are two graphs per region, compiled at
 start-up (``warm_up``), and none after. On CUDA the compiled regions run inside the captured
-decode graphs, compiled with ``coordinate_descent_tuning`` as gpt-fast and SGLang compile
-(``inductor_options``; its effect on a GPU is unmeasured).
+decode graphs, with Inductor's default settings (gpt-fast and SGLang add
+``coordinate_descent_tuning``, which tunes every generated kernel at compile time: unmeasured here,
+and left off).
 
 Plain decode steps on a CPU (one query per sequence) run a whole compiled step instead
 (``model.compiled_decode``: embedding to logits in one graph, attention an opaque operator): the
@@ -80,7 +81,7 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
     why = compiler_missing(device)
     if why is None:
         try:
-            regions_ = regions(device)
+            regions_ = regions()
             compile_s = warm_up(model, device, regions_)
             if device.type == "cuda" or model.tp.size > 1:  # decode_forward is one rank's, on a CPU
                 return CompiledParts(regions_, None, compile_s)
@@ -91,24 +92,12 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
     raise FastPathFailed("compile", why, f"compile=True: {why}; the engine runs eagerly")
 
 
-def inductor_options(device: torch.device) -> dict | None:
-    """Inductor's settings for the regions on ``device``: on CUDA ``coordinate_descent_tuning``, as
-    gpt-fast (``generate.py``) and SGLang (``set_torch_compile_config``) set it. Under it Inductor
-    rewrites a one-row matrix product as a multiply and a sum (``mm`` in
-    ``torch/_inductor/decomposition.py``), a reduction that can read int8 weights through their cast
-    (``quant_kernels.Int8WeightOnlyLinear``), and tunes each generated kernel's launch settings at
-    compile time. Its effect on a GPU's step time and compile time has not been measured here. None
-    on a CPU (the rewrite is CUDA's only)."""
-    return {"coordinate_descent_tuning": True} if device.type == "cuda" else None
-
-
-def regions(device: torch.device = torch.device("cpu")) -> tuple:
+def regions() -> tuple:
     """A compiled ``(before_attention, after_attention)`` of the caller's own (one engine's), each
-    called as ``fn(layer, ...)``, with ``inductor_options(device)``."""
-    options = inductor_options(device)
+    called as ``fn(layer, ...)``."""
     return (
-        torch.compile(own_copy(DecoderLayer.before_attention), dynamic=True, options=options),
-        torch.compile(own_copy(DecoderLayer.after_attention), dynamic=True, options=options),
+        torch.compile(own_copy(DecoderLayer.before_attention), dynamic=True),
+        torch.compile(own_copy(DecoderLayer.after_attention), dynamic=True),
     )
 
 

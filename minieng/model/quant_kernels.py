@@ -219,12 +219,12 @@ class Int8WeightOnlyLinear(nn.Module):
     the whole expression back into ``_weight_int8pack_mm``; in float32 no pattern applies, and the
     compiled code writes the float weight matrix, then calls the extern matmul (a byte a weight
     read, then the float weight written and read again: more bytes than the float model's own
-    product). On CUDA the same pattern admits CUDA tensors, and ``engine/compilation.py`` compiles
-    with ``coordinate_descent_tuning`` (as gpt-fast and SGLang do), under which Inductor rewrites a
-    one-row product as a multiply and a sum, a reduction whose input is the int8 weights' cast
-    (observed on fake CUDA tensors, same test); in float16 above one row neither applies, and the
-    float matrix is written as on the CPU in float32. Which kernels a GPU runs, and how fast, has
-    not been measured.
+    product). On CUDA the same pattern admits CUDA tensors (read in torch 2.13's source; the GPU
+    image runs torch 2.11); in float16 it does not apply, and the float matrix is written as on the
+    CPU in float32. gpt-fast also compiles with ``coordinate_descent_tuning``, under which Inductor
+    turns a one-row product into a reduction over the cast weights; minieng leaves it off (it tunes
+    every kernel at compile time: unmeasured). Which kernels a GPU runs, and how fast, has not been
+    measured.
 
     Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype.
     """

@@ -43,10 +43,12 @@ tile at a time, in registers; everything accumulates in fp32 (exponentials as ``
 scale folded into ``log2(e) / sqrt(head_dim)``).
 
 **Addressing.** Position ``n`` lies in block ``block_table[n // block_size]`` at offset ``n %
-block_size``. Tiles start at multiples of ``BLOCK_N``, so where ``block_size`` is a power of two a
-tile covers ``BLOCK_N / block_size`` whole blocks (or lies inside one block when ``block_size >=
-BLOCK_N``): the kernel loads each block's id once, ``max(1, BLOCK_N // block_size)`` ids a tile,
-and expands them to the tile's positions. Any other block size (e.g. 5) loads an id per position.
+block_size``: the kernel loads the id of each position's block (a tile of ``BLOCK_N`` positions
+spans ``BLOCK_N / block_size`` blocks, so neighbouring positions load the same id, from the same
+cache line) and reads K and V at that slot. Loading each block's id once and expanding it to the
+tile's positions was tried: on Triton 3.9 it compiles to the same PTX, and on Triton 3.6 (the
+GPU image's) it kept the K/V loads out of the pipeliner (``ld.global`` in place of ``cp.async``,
+204 registers against 96 at the Llama-3-8B shape, read from the PTX cross-compiled on a CPU).
 Positions at or past the split's end are masked in the loads themselves: the table's padding,
 the null block, and the tails of partly filled blocks are never read, so whatever they hold (even
 NaN) cannot reach the output.
@@ -76,7 +78,8 @@ been used, so nothing is in flight while a tile computes; ``NUM_STAGES = 5`` giv
 K and V double-buffered, the next tile's copies in flight during this tile's products
 (``cp.async.wait_group 1`` in the loop). On sm_90 the products are ``mma.sync``, not ``wgmma``,
 which needs 64 rows a warp group where the score tile has 16; fp32 pools multiply in full
-precision (``input_precision="ieee"``), on FMA units, not tensor cores.
+precision (``input_precision="ieee"``), on FMA units, not tensor cores. All of this was read
+from PTX that Triton 3.9 and 3.6 made on a CPU, none from a GPU's timing.
 
 **Variants.** Triton compiles a variant of a kernel for each specialization of its integer
 arguments (equal to 1, divisible by 16, other) and pointers (16-byte aligned or not). The table's
@@ -124,8 +127,8 @@ except ImportError:
 # Key positions one program attends per step of its loop: 32 keys x 128 dims of fp16 K or V is
 # 8 KiB (fp32: 16 keys for the same bytes). NUM_STAGES = 5 double-buffers K and V (see
 # "Pipelining" above): about 38 KiB of shared memory a program at head_dim 128 (fp16/bf16; fp32
-# about 42 KiB), so two programs fit an sm_86/89 SM (~100 KiB). Sizes chosen from the PTX, not
-# tuned on a GPU.
+# about 42 KiB; Triton 3.9's figures), so two programs fit an sm_86/89 SM (~100 KiB). Sizes
+# chosen from the PTX, not tuned on a GPU.
 BLOCK_N = {torch.float16: 32, torch.bfloat16: 32, torch.float32: 16}
 NUM_STAGES = 5
 NUM_WARPS = 4  # 128 threads a program, which FlashAttention-2's split rule assumes (num_kv_splits)
@@ -173,9 +176,6 @@ if TRITON_AVAILABLE:
         HEAD_DIM: tl.constexpr,
         BLOCK_H: tl.constexpr,  # GROUP padded to a power of two >= 16
         BLOCK_N: tl.constexpr,
-        WHOLE_BLOCKS: tl.constexpr,  # BLOCK_SIZE is a power of two: one id load per block
-        TILE_BLOCKS: tl.constexpr,  # with WHOLE_BLOCKS, blocks a tile covers: max(1, BLOCK_N // BLOCK_SIZE)
-        TILE_SPAN: tl.constexpr,  # with WHOLE_BLOCKS, positions a tile takes of each: min(BLOCK_N, BLOCK_SIZE)
         NUM_STAGES: tl.constexpr,
         DOT_FP32: tl.constexpr,  # upcast dot operands to fp32 (the interpreter's bf16 dot is wrong)
         DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 pools (no TF32 rounding), else "tf32" (the default)
@@ -215,17 +215,8 @@ if TRITON_AVAILABLE:
         for start in tl.range(split_start, split_end, BLOCK_N, num_stages=NUM_STAGES):
             pos = start + offs_n
             valid = pos < split_end
-            if WHOLE_BLOCKS:
-                # The tile covers TILE_BLOCKS whole blocks (or lies inside one): one id a block.
-                first = start // BLOCK_SIZE + tl.arange(0, TILE_BLOCKS)
-                block = tl.load(table_row + first * stride_tn, mask=first * BLOCK_SIZE < split_end, other=0)
-                in_block = start % BLOCK_SIZE + tl.arange(0, TILE_SPAN)
-                slot = tl.reshape(
-                    block.to(tl.int64)[:, None] * stride_cb + in_block[None, :] * stride_cs, [BLOCK_N]
-                )  # [BLOCK_N] element offsets, position by position
-            else:  # a block size such as 5: blocks straddle tiles, one id a position
-                block = tl.load(table_row + (pos // BLOCK_SIZE) * stride_tn, mask=valid, other=0)
-                slot = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_cs
+            block = tl.load(table_row + (pos // BLOCK_SIZE) * stride_tn, mask=valid, other=0)  # one id a position
+            slot = block.to(tl.int64) * stride_cb + (pos % BLOCK_SIZE) * stride_cs
             kv_offs = slot[:, None] + offs_d[None, :] * stride_cd  # [BLOCK_N, HEAD_DIM]
 
             k = tl.load(k_base + kv_offs, mask=valid[:, None], other=0.0)
@@ -343,6 +334,7 @@ def _check_inputs(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tens
         )
 
 
+@functools.lru_cache(maxsize=4096)  # a step's launches ask it per layer: rule once per shape
 def num_kv_splits(programs: int, num_tiles: int, num_slots: int, max_splits: int = MAX_SPLITS) -> int:
     """How many splits each sequence's keys are dealt to: FlashAttention-2's ``num_splits_heuristic``
     (``csrc/flash_attn/flash_api.cpp``).
@@ -391,7 +383,9 @@ def _cuda_sms(index: int) -> int:
 
 def _device_slots(device: torch.device) -> int:
     """``num_kv_splits``'s program slots: twice the SM count on CUDA (FlashAttention-2's factor
-    for 128-thread programs), twice ``INTERPRETER_SMS`` on a CPU."""
+    for 128-thread programs), twice ``INTERPRETER_SMS`` on a CPU. Borrowed, not measured: at
+    Triton 3.9's 80-96 registers and ~38 KiB of shared memory about 5 of these programs fit an
+    H200 SM, so the rule may split less than this kernel could use (a sweep on a GPU decides)."""
     if device.type == "cuda":
         return 2 * _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return 2 * INTERPRETER_SMS
@@ -450,7 +444,6 @@ def plan_decode(
         return out, []
     if num_splits is None:
         num_splits = num_kv_splits(batch * kv_heads, -(-max_blocks * block_size // block_n), _device_slots(q.device))
-    whole_blocks = (block_size & (block_size - 1)) == 0  # a power of two: tiles cover whole blocks
     part_out, part_lse = _scratch(batch, num_heads, num_splits, head_dim, q.device)
     split = Launch(
         _split_kernel,
@@ -476,9 +469,6 @@ def plan_decode(
             HEAD_DIM=head_dim,
             BLOCK_H=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
             BLOCK_N=block_n,
-            WHOLE_BLOCKS=whole_blocks,
-            TILE_BLOCKS=max(1, block_n // block_size) if whole_blocks else 1,
-            TILE_SPAN=min(block_n, block_size) if whole_blocks else 1,
             NUM_STAGES=NUM_STAGES,
             DOT_FP32=INTERPRETED and q.dtype == torch.bfloat16,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

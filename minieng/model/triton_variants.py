@@ -42,7 +42,8 @@ def _bind(launch: Launch, arch: int):
     kwargs = dict(launch.kwargs)
     kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    if hasattr(knobs.compilation, "fpsan_homomorphic_casts"):  # triton 3.9's; 3.6 has no such knob
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
     bound_args, specialization, options = binder(*launch.args, **kwargs)
     return kernel, backend, kwargs, bound_args, specialization, options
 

@@ -12,14 +12,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minieng.engine.compilation import compiler_missing, inductor_options
+from minieng.engine.compilation import compiler_missing
 from minieng.measure.op_count import OpCount, OpCounter
 from minieng.model.quant_codes import quantize_per_channel_int8
 from minieng.model.quant_kernels import (
     Int4Linear,
     Int8WeightOnlyLinear,
     W8A8Linear,
-    int8_product_for_compiler,
     int_mm_padding,
 )
 from minieng.model.quantization import make_linear
@@ -179,34 +178,6 @@ def test_int8_compiled_in_bfloat16_on_a_cpu_never_writes_the_float_weights():
     torch.testing.assert_close(
         got, layer(x), rtol=2 * BF16_ROUNDING, atol=2 * BF16_ROUNDING * layer(x).abs().max().item()
     )
-
-
-def test_the_cuda_regions_rewrite_a_one_row_int8_product_as_a_reduction():
-    """With the CUDA regions' Inductor options (``coordinate_descent_tuning``, as gpt-fast and
-    SGLang set it), Inductor's decompositions turn the one-row int8 product into a multiply and a
-    sum over the int8 weights' cast (a reduction it can generate as one kernel); without them (the
-    CPU's options) it stays a matrix product. Traced on fake CUDA tensors, on the CPU: what the GPU
-    then runs is not observed here."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    assert inductor_options(torch.device("cpu")) is None
-    ops = {}
-    for device in ("cuda", "cpu"):
-        with inductor_config.patch(inductor_options(torch.device(device)) or {}):
-            try:
-                with FakeTensorMode():
-                    x = torch.empty(1, 128, dtype=torch.bfloat16, device="cuda")
-                    q = torch.empty(96, 128, dtype=torch.int8, device="cuda")
-                    scale = torch.empty(96, dtype=torch.bfloat16, device="cuda")
-            except (RuntimeError, AssertionError) as e:  # a torch build that cannot fake CUDA tensors
-                pytest.skip(f"fake CUDA tensors unavailable: {e}")
-            graph = make_fx(int8_product_for_compiler, decomposition_table=select_decomp_table())(x, q, scale)
-        ops[device] = [n.target.__name__ for n in graph.graph.nodes if n.op == "call_function"]
-    assert "mm.default" not in ops["cuda"] and "sum.dim_IntList" in ops["cuda"], ops["cuda"]
-    assert "mm.default" in ops["cpu"], ops["cpu"]
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"], ids=["CPU's rules", "CUDA's rules"])
