@@ -26,7 +26,7 @@ from minieng.engine.chat_template import EMPTY_PROMPT, Message, Prompt, chat_tok
 from minieng.engine.detokenizer import IncrementalDetokenizer
 from minieng.engine.drafters import make_drafter
 from minieng.engine.kv_sizing import size_kv_pool
-from minieng.engine.logprobs import TokenTexts, make_logprob_dicts
+from minieng.engine.logprobs import PROMPT_ROWS_PER_STEP, TokenTexts, make_logprob_dicts
 from minieng.engine.model_loading import load_engine_models
 from minieng.engine.model_runner import ModelRunner, ModelRunnerOutput
 from minieng.engine.output_processor import RequestState, append_tokens, make_output
@@ -141,7 +141,9 @@ class LLMEngine:
             ValueError: empty prompt, text that is not valid Unicode (a lone surrogate), prompt
                 too long for ``max_model_len``, an id outside the vocabulary, params that are not a
                 ``SamplingParams``, ``logprobs`` or ``prompt_logprobs`` above the engine's
-                ``max_logprobs``, or a request id already in use. Nothing is queued then.
+                ``max_logprobs``, ``prompt_logprobs`` of a prompt longer than
+                ``PROMPT_ROWS_PER_STEP`` + 1 tokens without chunked prefill, or a request id already
+                in use. Nothing is queued then.
         """
         ids, params = self._check_request(prompt, params, request_id)
         return self._queue(ids, params, request_id, arrival_s)
@@ -173,6 +175,18 @@ class LLMEngine:
         ids = self.tokenize(prompt)
         if not ids:
             raise ValueError(EMPTY_PROMPT)
+        rows = len(ids) - 1  # the prompt positions whose logits score the next prompt token
+        if (
+            params.prompt_logprobs is not None
+            and not self.config.enable_chunked_prefill
+            and rows > PROMPT_ROWS_PER_STEP
+        ):
+            raise ValueError(
+                f"prompt_logprobs over a prompt of {len(ids)} tokens needs chunked prefill "
+                f"(enable_chunked_prefill=True), which scores {PROMPT_ROWS_PER_STEP} positions a step: "
+                f"without it all {rows} rows of logits would be computed in one step, more than the "
+                "memory profile counts. Enable chunked prefill, or shorten the prompt"
+            )
         if params.max_tokens == 0 and len(ids) > self.max_model_len:  # scoring only: no output token
             raise ValueError(
                 f"prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}: shorten the prompt"

@@ -237,12 +237,9 @@ class ModelRunner:
                 rows = end - seq.num_tokens + 1  # 1, or k + 1 when verifying k drafts
                 out.logits_indices.extend(range(len(out.input_ids) - rows, len(out.input_ids)))
                 out.sampling.append((seq, rows))
-            if (owed := seq.prompt_logprobs_from) is not None:
-                # positions p in the chunk whose logits give prompt token p + 1's log-probability
-                first, last = max(start, owed), min(end, seq.num_prompt_tokens - 1)
-                if last > first:
-                    prompt_indices.extend(range(first_row + first - start, first_row + last - start))
-                    out.prompt_rows.append((seq, first, last - first))
+            if owed := seq.owed_prompt_positions(start, end):  # their logits score prompt tokens p + 1
+                prompt_indices.extend(range(first_row + owed.start - start, first_row + owed.stop - start))
+                out.prompt_rows.append((seq, owed.start, len(owed)))
         out.logits_indices.extend(prompt_indices)
         return out
 

@@ -129,9 +129,10 @@ def sample(
     for rows in groups.values():
         noise = torch.stack([rngs[r].exponentials(positions[r], vocab) for r in rows])  # [m, vocab]
         # Host-to-device copies that do not wait for the GPU: torch's blocking copy would synchronize
-        # the stream (``memcpy_and_sync``), a host sync per group; a pageable source is staged before
-        # the call returns, so it is safe to let it go. The engine's noise is drawn on the device already.
-        index = torch.tensor(rows).to(logits.device, non_blocking=True)
+        # the stream (``memcpy_and_sync``), a host sync per group. The index is staged in pinned
+        # memory on CUDA (from pageable memory the driver may still wait); the engine's noise is
+        # drawn on the device already.
+        index = torch.tensor(rows, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
         noise = noise.to(logits.device, non_blocking=True)
         tokens[index] = race(probabilities(logits[index], params[rows[0]]), noise)
     return tokens.tolist()

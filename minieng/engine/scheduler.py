@@ -13,9 +13,10 @@ Two policies (docs/architecture.md, The scheduler):
   only and the running decodes pause, which is what makes their inter-token gaps spike.
 
 A request that asks for its prompt's log-probabilities (``prompt_logprobs``) needs the logits of
-every prompt position: under chunked prefill such prompts take at most
-``logprobs.PROMPT_ROWS_PER_STEP`` tokens a step, all together, so no step computes more rows of
-logits than ``logprobs.max_logits_rows`` (what the memory profile counts).
+every prompt position: such prompts take at most ``logprobs.PROMPT_ROWS_PER_STEP`` tokens a step,
+all together (chunked, they are cut to it; without chunking, one that does not fit waits), so no
+step computes more rows of logits than ``logprobs.max_logits_rows`` (what the memory profile
+counts).
 
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it goes back to the front of the queue, to be recomputed (prefilled again) later.
@@ -107,15 +108,14 @@ class Scheduler:
                 break
             if seq.request_id in scheduled or seq.status is not SequenceStatus.RUNNING:
                 continue
-            owes_rows = seq.prompt_logprobs_from is not None
-            n = min(seq.num_uncomputed_tokens, budget, prompt_rows if owes_rows else budget)
+            n = self._cut_to_rows(seq, min(seq.num_uncomputed_tokens, budget), prompt_rows)
             if n == 0:
                 continue  # its prompt's rows wait for the next step
             if self._reserve(seq, n, scheduled, out):
                 out.scheduled.append((seq, n))
                 scheduled.add(seq.request_id)
                 budget -= n
-                prompt_rows -= n if owes_rows else 0
+                prompt_rows -= self._rows(seq, seq.num_computed_tokens, n)
             else:
                 self._preempt(seq, out)
         if not out.preempted:  # blocks are short: admitting now would only preempt again
@@ -124,7 +124,7 @@ class Scheduler:
     def _schedule_prefill_first(self, out: SchedulerOutput) -> bool:
         """Admit whole prompts; return False (nothing admitted) to fall back to a decode step."""
         budget = self.config.max_num_batched_tokens
-        self._admit(out, budget, chunk=False)
+        self._admit(out, budget, chunk=False, prompt_rows=PROMPT_ROWS_PER_STEP)
         return bool(out.scheduled)
 
     def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[str]) -> int:
@@ -170,13 +170,14 @@ class Scheduler:
         """Continuous batching admits anyone; static batching only members of the current batch."""
         return self.config.batching != "static" or seq.request_id in self.batch
 
-    def _admit(self, out: SchedulerOutput, budget: int, chunk: bool, prompt_rows: int = 0) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, chunk: bool, prompt_rows: int) -> None:
         """Admit waiting sequences in arrival order while budget, blocks and ``max_num_seqs`` allow
         (and, under static batching, while the next is a member of the current batch).
 
-        Chunked, a prompt owing log-probabilities is also cut to ``prompt_rows`` tokens, what is left
-        of the step's ``PROMPT_ROWS_PER_STEP`` (the next waits when none are left). Without chunking a prompt is never split: one longer than the budget
-        runs alone.
+        A prompt owing log-probabilities takes at most ``prompt_rows`` tokens, what is left of the
+        step's ``PROMPT_ROWS_PER_STEP``: chunked, it is cut to them (the next waits when none are
+        left); whole, it waits for a step with room. Without chunking a prompt is never split: one
+        longer than the budget runs alone.
         """
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -184,14 +185,16 @@ class Scheduler:
             if not self._admissible(seq):
                 break
             hits = bm.match_prefix(seq)  # full blocks of its prefix already in the cache
-            n = seq.num_uncomputed_tokens - len(hits) * bm.block_size
-            owes_rows = chunk and seq.prompt_logprobs_from is not None
+            start = seq.num_computed_tokens + len(hits) * bm.block_size
+            n = seq.num_tokens - start
             if chunk:
-                n = min(n, budget, prompt_rows if owes_rows else budget)
+                n = self._cut_to_rows(seq, min(n, budget), prompt_rows, start)
                 if n == 0:
                     break  # no rows left this step for its prompt's log-probabilities
             elif n > budget and out.scheduled:
                 break
+            elif self._rows(seq, start, n) > prompt_rows:
+                break  # whole, its rows wait for a step with room (add_request keeps it within one step's)
             if not bm.can_allocate(seq, n, hits):
                 break  # admission never preempts: wait for blocks to come back
             self.waiting.popleft()
@@ -203,7 +206,23 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append((seq, n))
             budget -= n
-            prompt_rows -= n if owes_rows else 0
+            prompt_rows -= self._rows(seq, start, n)
+
+    # -- rows of logits ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(seq: Sequence, start: int, n: int) -> int:
+        """Rows of logits ``n`` tokens of ``seq`` from position ``start`` compute for its prompt's
+        log-probabilities (``Sequence.owed_prompt_positions``)."""
+        return len(seq.owed_prompt_positions(start, start + n))
+
+    @classmethod
+    def _cut_to_rows(cls, seq: Sequence, n: int, rows: int, start: int | None = None) -> int:
+        """``n`` tokens of ``seq`` from ``start`` (default: its first uncomputed), cut so that they
+        owe at most ``rows`` rows: the positions before its first owed one cost none."""
+        start = seq.num_computed_tokens if start is None else start
+        owed = seq.owed_prompt_positions(start, start + n)
+        return n if len(owed) <= rows else owed.start - start + rows
 
     # -- blocks and preemption ------------------------------------------------------------------
 

@@ -112,6 +112,14 @@ class Sequence:
             return None
         return len(self.prompt_logprobs) - 1
 
+    def owed_prompt_positions(self, start: int, end: int) -> range:
+        """The positions of the chunk ``[start, end)`` whose logits give a prompt log-probability
+        still owed (position p gives prompt token p + 1's): a row of logits each. Empty when none."""
+        owed = self.prompt_logprobs_from
+        if owed is None:
+            return range(0)
+        return range(max(start, owed), max(max(start, owed), min(end, self.num_prompt_tokens - 1)))
+
     @property
     def is_finished(self) -> bool:
         return self.status.finished

@@ -326,7 +326,9 @@ class W8A8Linear(nn.Module):
     On CUDA a product of 16 rows or fewer is padded to 17 (``int_mm_padding``): the codes are
     written into the first rows of a buffer of 17 (``padded_codes``; its other rows hold whatever
     an earlier call left, harmless since a product's row depends on its own row alone) in place of
-    the cast, so padding costs no op. Above 16 rows nothing is padded; nor on a CPU.
+    the cast, so padding costs no op. Above 16 rows nothing is padded; nor on a CPU. The buffer is
+    the layer's, so engines that share one loaded model (``LLMEngine(loaded=...)``) must step in
+    turn on one stream, as the course's comparisons do: two streams at once would race on it.
     ``device_type`` picks the rules (default: the weight's device), so a CPU test can run CUDA's.
 
     Shapes: x [rows, in_features] -> [rows, out_features], in x's dtype. Raises ``ValueError``

@@ -193,6 +193,34 @@ def test_prompt_rows_are_cut_to_the_step_s_share_and_every_entry_still_arrives(t
     assert max(scored) <= 5 and len(scored) >= (28 + 1) // 5  # the 28-token prompt ran in cut chunks
 
 
+def test_without_chunking_a_scored_prompt_runs_whole_when_its_rows_fit_and_is_refused_otherwise(
+    tiny_llama, monkeypatch
+):
+    """Without chunked prefill a prompt is never cut: prompts owing log-probabilities wait for a
+    step with room among ``PROMPT_ROWS_PER_STEP`` (5 here), and one longer than that is refused
+    when it is added, saying to enable chunked prefill (its logits alone would exceed the profile)."""
+    from minieng.engine import llm_engine, logprobs, scheduler
+
+    for module in (scheduler, logprobs, llm_engine):
+        monkeypatch.setattr(module, "PROMPT_ROWS_PER_STEP", 5)
+    hf, loaded = tiny_llama
+    engine = make_engine(loaded, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=False)
+    prompts = random_prompts([6, 5, 6, 9], VOCAB, seed=21)
+    params = [greedy(prompt_logprobs=2), greedy(prompt_logprobs=1), greedy(), greedy(logprobs=1)]
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i, (request_id, sp) in enumerate(zip(ids, params)):
+        check_output(hf, engine.output(request_id), sp, f"request {i}")
+    rows = [sum(r for _, _, r in record.chunks) for record in engine.step_records]
+    assert max(rows) <= logprobs.max_logits_rows(4)
+    # the 6- and 5-token prompts owe 5 and 4 rows: they cannot share a step of 5
+    scored_steps = [r for r in engine.step_records if any(n in (5, 6) and rows > 2 for n, _, rows in r.chunks)]
+    assert len(scored_steps) == 2
+    with pytest.raises(ValueError, match="enable_chunked_prefill=True"):
+        engine.add_request(random_prompts([7], VOCAB, seed=22)[0], greedy(prompt_logprobs=0))
+
+
 def test_preemption_and_recompute_neither_lose_nor_repeat_an_entry(tiny_llama, monkeypatch):
     """Twelve 4-token blocks for three requests of 19 to 25 prompt tokens: requests are preempted,
     one in the middle of its prompt, and recomputed (partly from the blocks it cached)."""

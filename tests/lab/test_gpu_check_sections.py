@@ -319,6 +319,9 @@ def test_the_memory_cap_is_set_and_restored_and_out_of_memory_refutes_it():
         def max_memory_allocated(self, device):
             return self.peak * 0.9
 
+        def memory_allocated(self, device):
+            return 0
+
     dev = torch.device("cuda")
     fits = FakeCuda(10.0)
     record = under_memory_cap(lambda: {"engines": 7}, dev, 14.5, cuda=fits)

@@ -116,10 +116,13 @@ def under_memory_cap(call: Callable[[], object], device: torch.device, cap_gib: 
     (``cuda.set_per_process_memory_fraction``, restored to 1 afterwards, whatever happens): the
     peak reserved (``cuda.max_memory_reserved``, GiB) against the cap, or, REFUTED with an infinite
     figure, an out-of-memory error or a fast path an engine dropped for want of memory (a CUDA graph
-    capture that fell back to eager with a warning: it ran, but did not fit). ``cuda``: the
+    capture that fell back to eager with a warning: it ran, but did not fit). What the process held
+    before the call (``held_before_gib``: the section runs it first, so little) counts against the
+    cap as it would not on a T4, and is reported. ``cuda``: the
     ``torch.cuda`` module (tests pass a fake). Errors other than out-of-memory propagate."""
     gc.collect()
     cuda.empty_cache()
+    held_before_gib = cuda.memory_allocated(device) / GIB  # what earlier checks left: it counts against the cap
     total = cuda.get_device_properties(device).total_memory
     cuda.reset_peak_memory_stats(device)
     cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), device)
@@ -140,7 +143,13 @@ def under_memory_cap(call: Callable[[], object], device: torch.device, cap_gib: 
     peak = cuda.max_memory_reserved(device) / GIB
     allocated = cuda.max_memory_allocated(device) / GIB
     dropped = [str(w.message)[:200] for w in caught if out_of_memory(w.message)]
-    details = {"ran": ran, "peak_reserved_gib": peak, "peak_allocated_gib": allocated, "dropped": dropped}
+    details = {
+        "ran": ran,
+        "held_before_gib": held_before_gib,
+        "peak_reserved_gib": peak,
+        "peak_allocated_gib": allocated,
+        "dropped": dropped,
+    }
     if oom or dropped:
         why = (
             f"out of memory under {cap_gib:g} GiB: {oom}"

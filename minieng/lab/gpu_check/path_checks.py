@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from minieng.config import SamplingParams
+from minieng.config import EngineConfig, SamplingParams
 from minieng.device import dtype_choice
 from minieng.engine.cuda_graph import DecodeGraphs, capture_batch_sizes, capture_widths
 from minieng.engine.forward_paths import COMPILED_STEP, CUDA_GRAPH, EAGER, FastPathFailed, fall_back
@@ -142,6 +142,10 @@ def decode_path_checks(path: Path, device: torch.device, load_format: str, max_m
                 triton_graphs = (expected_buckets - graphs.num_graphs, expected_buckets)
         except Exception as e:  # noqa: BLE001
             rows[label] = {"error": f"{type(e).__name__}: {str(e)[:300]}", "traceback": traceback.format_exc()}
+            if label == "triton" and isinstance(e, FastPathFailed):  # strict: the capture failed, no bucket kept
+                every = len(capture_batch_sizes(base["max_num_seqs"]))
+                every *= len(capture_widths(cdiv(max_model_len, EngineConfig.block_size)))
+                triton_graphs = (every, every)
             if label == "eager":
                 done = {r["id"] for r in records}
                 records += [
