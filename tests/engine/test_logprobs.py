@@ -170,6 +170,17 @@ def test_every_path_gives_transformers_log_probabilities(tiny_llama, path, monke
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def run_and_check_rows(hf, engine: LLMEngine, prompts, params) -> list[int]:
+    """Run the requests to the end, check every entry against transformers, and return the rows of
+    logits each step computed (``StepRecord.chunks``' third figure, summed)."""
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    while engine.has_unfinished_requests():
+        engine.step()
+    for i, (request_id, sp) in enumerate(zip(ids, params)):
+        check_output(hf, engine.output(request_id), sp, f"request {i}")
+    return [sum(r for _, _, r in record.chunks) for record in engine.step_records]
+
+
 def test_prompt_rows_are_cut_to_the_step_s_share_and_every_entry_still_arrives(tiny_llama, monkeypatch):
     """Five prompt rows a step (``PROMPT_ROWS_PER_STEP``, 256 in earnest) for the prompts owing
     log-probabilities: their chunks are cut to what is left of it, no step computes more rows of
@@ -182,12 +193,7 @@ def test_prompt_rows_are_cut_to_the_step_s_share_and_every_entry_still_arrives(t
     hf, loaded = tiny_llama
     engine = make_engine(loaded, max_num_seqs=4, max_num_batched_tokens=64)
     prompts, params = mixed_batch()
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    while engine.has_unfinished_requests():
-        engine.step()
-    for i, (request_id, sp) in enumerate(zip(ids, params)):
-        check_output(hf, engine.output(request_id), sp, f"request {i}")
-    rows = [sum(r for _, _, r in record.chunks) for record in engine.step_records]
+    rows = run_and_check_rows(hf, engine, prompts, params)
     assert max(rows) <= logprobs.max_logits_rows(engine.config.max_num_seqs) == 4 + 5
     scored = [n for record in engine.step_records for n, _, r in record.chunks if r > 1]  # chunks owing rows
     assert max(scored) <= 5 and len(scored) >= (28 + 1) // 5  # the 28-token prompt ran in cut chunks
@@ -207,12 +213,7 @@ def test_without_chunking_a_scored_prompt_runs_whole_when_its_rows_fit_and_is_re
     engine = make_engine(loaded, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=False)
     prompts = random_prompts([6, 5, 6, 9], VOCAB, seed=21)
     params = [greedy(prompt_logprobs=2), greedy(prompt_logprobs=1), greedy(), greedy(logprobs=1)]
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    while engine.has_unfinished_requests():
-        engine.step()
-    for i, (request_id, sp) in enumerate(zip(ids, params)):
-        check_output(hf, engine.output(request_id), sp, f"request {i}")
-    rows = [sum(r for _, _, r in record.chunks) for record in engine.step_records]
+    rows = run_and_check_rows(hf, engine, prompts, params)
     assert max(rows) <= logprobs.max_logits_rows(4)
     # the 6- and 5-token prompts owe 5 and 4 rows: they cannot share a step of 5
     scored_steps = [r for r in engine.step_records if any(n in (5, 6) and rows > 2 for n, _, rows in r.chunks)]
