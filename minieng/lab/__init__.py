@@ -30,24 +30,22 @@ from minieng.lab.disaggregation import compare_disaggregation, estimate_comparis
 from minieng.lab.endpoint import (
     ENGINE_ONLY,
     NOT_REPORTED,
-    endpoint_hit_rate_pair,
     captioned,
     connect_endpoint,
     Endpoint,
     endpoint_chat,
+    endpoint_request,
+    engine_only,
+    send_one,
+)
+from minieng.lab.endpoint_goodput import endpoint_requests, format_client_clock
+from minieng.lab.endpoint_phases import endpoint_phase_grid, endpoint_probe, endpoint_two_phases, format_two_phases
+from minieng.lab.endpoint_prefix_cache import (
+    endpoint_hit_rate_pair,
     endpoint_hit_rate_point,
     endpoint_hit_rate_sweep,
-    endpoint_phase_grid,
-    endpoint_probe,
-    endpoint_request,
-    endpoint_requests,
-    endpoint_two_phases,
-    engine_only,
-    format_client_clock,
     format_hit_rate,
     format_hit_rate_sweep,
-    format_two_phases,
-    send_one,
 )
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
 from minieng.lab.gpu_utilization import (

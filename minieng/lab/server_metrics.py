@@ -1,6 +1,6 @@
 """A server's prefix-cache counters, read from its Prometheus endpoint (``GET /metrics``): the hit
 rate of a run of requests when the server's answers do not report ``usage.prompt_tokens_details.cached_tokens``
-(vLLM without ``--enable-prompt-tokens-details``; ``lab.endpoint``'s module docstring).
+(vLLM without ``--enable-prompt-tokens-details``; ``lab.endpoint_prefix_cache``'s module docstring).
 
 vLLM's v1 engine counts two counters per engine (labels ``model_name``, ``engine``;
 ``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``): ``vllm:prefix_cache_queries_total``, the

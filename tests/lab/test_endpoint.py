@@ -16,6 +16,9 @@ pytest.importorskip("httpx", reason="the server extra (pip install -e '.[serve]'
 pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve]') is not installed")
 
 from minieng.lab import endpoint as api  # noqa: E402
+from minieng.lab import endpoint_goodput as api_goodput  # noqa: E402
+from minieng.lab import endpoint_phases as api_phases  # noqa: E402
+from minieng.lab import endpoint_prefix_cache as api_prefix_cache  # noqa: E402
 from minieng.lab.server_metrics import read_prefix_cache_counters  # noqa: E402
 from minieng.measure.sweep_plan import prefill_sweep_lengths  # noqa: E402
 from minieng.measure.workloads import RequestSpec  # noqa: E402
@@ -108,7 +111,7 @@ def test_a_server_that_cannot_be_reached_is_named():
 
 def test_the_two_phases_are_the_servers_counts(real_engine):
     with served(real_engine()) as (endpoint, finished):
-        result = api.endpoint_two_phases(
+        result = api_phases.endpoint_two_phases(
             endpoint, [16, 64], decode_tokens=5, repeats=2, decode_prompt_tokens=16, seed=1
         )
     prefills, decode = finished[1:5], finished[5]
@@ -123,12 +126,12 @@ def test_the_two_phases_are_the_servers_counts(real_engine):
     assert decode.token_ids and len(decode.token_ids) == result["decode"]["output_tokens"] == 5
     assert result["decode"]["prompt_tokens"] == len(decode.prompt_token_ids)
     assert result["decode"]["itl_ms"]["count"] >= 1 and result["decode"]["tpot_s"] > 0
-    assert result["server"] == endpoint.label and endpoint.label in api.format_two_phases(result)[0]
+    assert result["server"] == endpoint.label and endpoint.label in api_phases.format_two_phases(result)[0]
 
 
 def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engine):
     with served(real_engine()) as (endpoint, finished):
-        grid = api.endpoint_phase_grid(endpoint, (8, 40), (2, 6), seed=2)
+        grid = api_phases.endpoint_phase_grid(endpoint, (8, 40), (2, 6), seed=2)
         one = api.endpoint_request(endpoint, 24, 3, seed=3)
         chat = api.endpoint_chat(endpoint, "Name one colour.", 4)
     # finished[0] calibrates the endpoint; one untimed round of the three cases, then the timed one
@@ -142,14 +145,14 @@ def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engin
     assert (one.prompt_tokens, one.output_tokens) == (len(finished[7].prompt_token_ids), 3)
     assert chat.prompt_tokens == len(finished[8].prompt_token_ids) and 1 <= chat.output_tokens <= 4
     with pytest.raises(ValueError, match="short < long"):
-        api.endpoint_phase_grid(endpoint, (40, 8), (2, 6))
+        api_phases.endpoint_phase_grid(endpoint, (40, 8), (2, 6))
 
 
 def test_the_hit_rate_sweep_equals_the_engines_record(real_engine):
     engine = real_engine(block_size=16, enable_prefix_caching=True)
     shares = (0.0, 0.5, 0.9)
     with served(engine) as (endpoint, finished):
-        result = api.endpoint_hit_rate_sweep(endpoint, 96, shares, requests=2, seed=4)
+        result = api_prefix_cache.endpoint_hit_rate_sweep(endpoint, 96, shares, requests=2, seed=4)
     assert len(finished) == 1 + 3 * (1 + len(shares))  # calibration; per point one untimed request + 2 timed
     for i, point in enumerate([result["cold"], *result["points"]]):
         first, *timed = finished[1 + 3 * i : 4 + 3 * i]
@@ -168,11 +171,11 @@ def test_the_hit_rate_sweep_equals_the_engines_record(real_engine):
     assert result["cold"]["hit_rate"] == 0 and result["points"][-1]["hit_rate"] > 0.5
     assert result["cached_tokens_reported"] and result["block_size"] is None
     assert result["hit_rate_source"] == "usage"
-    near, high = api.endpoint_hit_rate_pair(result)
+    near, high = api_prefix_cache.endpoint_hit_rate_pair(result)
     assert high is result["points"][-1] and near["hit_rate"] < high["hit_rate"]
-    lines = api.format_hit_rate_sweep(result)
+    lines = api_prefix_cache.format_hit_rate_sweep(result)
     assert not any("not reported" in line for line in lines)
-    assert lines[-1] == f"hit rates: {api.HIT_RATE_SOURCES['usage']}"
+    assert lines[-1] == f"hit rates: {api_prefix_cache.HIT_RATE_SOURCES['usage']}"
 
 
 def test_a_server_that_counts_its_hits_only_in_metrics_has_them_from_there(real_engine):
@@ -182,7 +185,7 @@ def test_a_server_that_counts_its_hits_only_in_metrics_has_them_from_there(real_
     engine = real_engine(block_size=16, enable_prefix_caching=True)
     wrap = lambda app: metrics_as(strip_cached_tokens(app), "vllm:")  # noqa: E731
     with served(engine, wrap) as (endpoint, finished):
-        result = api.endpoint_hit_rate_sweep(endpoint, 96, (0.5, 0.9), requests=2, seed=10)
+        result = api_prefix_cache.endpoint_hit_rate_sweep(endpoint, 96, (0.5, 0.9), requests=2, seed=10)
         counters = read_prefix_cache_counters(endpoint.base_url)
     assert not result["cached_tokens_reported"] and result["hit_rate_source"] == "metrics"
     assert counters.prefix == "vllm:" and counters.queries == sum(len(o.prompt_token_ids) for o in finished)
@@ -199,9 +202,9 @@ def test_a_server_that_counts_its_hits_only_in_metrics_has_them_from_there(real_
         assert point["hit_rate"] == pytest.approx(hits / queries)
         assert point["uncached_tokens"] == pytest.approx((queries - hits) / len(timed))
     assert result["cold"]["hit_rate"] == 0 < result["points"][0]["hit_rate"] < result["points"][1]["hit_rate"]
-    near, high = api.endpoint_hit_rate_pair(result)
+    near, high = api_prefix_cache.endpoint_hit_rate_pair(result)
     assert high is result["points"][-1] and near is result["points"][0]
-    lines = api.format_hit_rate_sweep(result)
+    lines = api_prefix_cache.format_hit_rate_sweep(result)
     assert "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total" in lines[-1]
     assert not any(api.NOT_REPORTED in line for line in lines)
 
@@ -210,18 +213,18 @@ def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate(real_engine
     engine = real_engine(block_size=16, enable_prefix_caching=True)
     wrap = lambda app: metrics_as(strip_cached_tokens(app), None)  # noqa: E731 (no usage details, no /metrics)
     with served(engine, wrap) as (endpoint, finished):
-        result = api.endpoint_hit_rate_sweep(endpoint, 64, (0.0, 0.75), requests=1, seed=5)
-        phases = api.endpoint_two_phases(endpoint, [16], decode_tokens=2, seed=6)
+        result = api_prefix_cache.endpoint_hit_rate_sweep(endpoint, 64, (0.0, 0.75), requests=1, seed=5)
+        phases = api_phases.endpoint_two_phases(endpoint, [16], decode_tokens=2, seed=6)
         assert read_prefix_cache_counters(endpoint.base_url) is None  # 404
     assert sum(o.num_cached_tokens for o in finished) > 0  # the engine's cache did serve blocks
     assert not result["cached_tokens_reported"] and result["hit_rate_source"] is None
     for p in [result["cold"], *result["points"]]:
         assert p["hit_rate"] is None and p["uncached_tokens"] is None
         assert p["hit_rate_source"] is None and p["prefix_cache_counted"] is None
-    assert api.format_hit_rate(result["points"][-1]) == "not reported"
+    assert api_prefix_cache.format_hit_rate(result["points"][-1]) == "not reported"
     with pytest.raises(ValueError, match="not reported by this server"):
-        api.endpoint_hit_rate_pair(result)
-    assert any(api.NOT_REPORTED in line for line in api.format_hit_rate_sweep(result))
+        api_prefix_cache.endpoint_hit_rate_pair(result)
+    assert any(api.NOT_REPORTED in line for line in api_prefix_cache.format_hit_rate_sweep(result))
     assert phases["prefill"][0]["cached_tokens"] is None and phases["decode"]["cached_tokens"] is None
 
 
@@ -230,7 +233,7 @@ def test_a_server_that_leaves_out_a_zero_count_still_has_a_hit_rate(real_engine)
     where another request reported it, and the rates equal the engine's record."""
     engine = real_engine(block_size=16, enable_prefix_caching=True)
     with served(engine, lambda app: strip_cached_tokens(app, only_zero=True)) as (endpoint, finished):
-        result = api.endpoint_hit_rate_sweep(endpoint, 64, (0.75,), requests=2, seed=7)
+        result = api_prefix_cache.endpoint_hit_rate_sweep(endpoint, 64, (0.75,), requests=2, seed=7)
     assert result["cached_tokens_reported"] and None in result["cold"]["cached_tokens"]
     for i, point in enumerate([result["cold"], *result["points"]]):
         timed = finished[2 + 3 * i : 4 + 3 * i]
@@ -241,7 +244,7 @@ def test_a_server_that_leaves_out_a_zero_count_still_has_a_hit_rate(real_engine)
 
 def test_the_probe_sizes_a_sweep_from_the_servers_counts(real_engine):
     with served(real_engine()) as (endpoint, finished):
-        probe = api.endpoint_probe(endpoint, max_prompt_tokens=128, budget_s=30, repeats=1, seed=8)
+        probe = api_phases.endpoint_probe(endpoint, max_prompt_tokens=128, budget_s=30, repeats=1, seed=8)
     timed = [o for o in finished[1:] if len(o.token_ids) == 1]  # prefills answered in one token
     lengths = [n for n, _ in probe["prefill_points"]]
     assert set(lengths) <= {len(o.prompt_token_ids) for o in timed}
@@ -253,14 +256,14 @@ def test_the_probe_sizes_a_sweep_from_the_servers_counts(real_engine):
 def test_the_goodput_run_sends_each_spec_at_the_servers_count(real_engine):
     specs = [RequestSpec(0.05 * i, n, o) for i, (n, o) in enumerate([(16, 2), (40, 4), (24, 3)])]
     with served(real_engine()) as (endpoint, finished):
-        requests = api.endpoint_requests(endpoint, specs, seed=9)
+        requests = api_goodput.endpoint_requests(endpoint, specs, seed=9)
         run = loadgen.run_load(endpoint.base_url, endpoint.model, requests, progress=False)
     summary = run.summary()
     assert run.errors == [] and summary.completed == len(specs)
     assert summary.total_prompt_tokens == sum(len(o.prompt_token_ids) for o in finished[1:])
     assert summary.total_output_tokens == sum(s.output_tokens for s in specs)
     assert summary.cached_prompt_tokens == sum(o.num_cached_tokens for o in finished[1:])
-    lines = api.format_client_clock(summary, endpoint)
+    lines = api_goodput.format_client_clock(summary, endpoint)
     assert endpoint.label in lines[0] and any("prefix cache" in line for line in lines)
 
 
@@ -275,9 +278,9 @@ def test_a_figure_names_the_server_it_measured():
 def test_bad_arguments_are_refused_before_anything_is_sent():
     endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)  # no server there
     with pytest.raises(ValueError, match="decode_tokens=1"):
-        api.endpoint_two_phases(endpoint, [16], decode_tokens=1)
+        api_phases.endpoint_two_phases(endpoint, [16], decode_tokens=1)
     with pytest.raises(ValueError, match=r"share=1\.0"):
-        api.endpoint_hit_rate_point(endpoint, 64, 1.0, 2)
+        api_prefix_cache.endpoint_hit_rate_point(endpoint, 64, 1.0, 2)
     with pytest.raises(ValueError, match="exceed the course's text"):
         api.endpoint_request(endpoint, 10**6, 2)
     with pytest.raises(RuntimeError, match="at http://127.0.0.1:9/v1: request 0: ConnectError"):
