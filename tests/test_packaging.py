@@ -157,6 +157,9 @@ def test_wheel_installs_in_a_fresh_venv_and_finds_its_data(tmp_path):
         *(f"minieng/notebooks/{n}" for n in NOTEBOOKS),
     } <= in_wheel
     assert not any(n.startswith(("tests/", "data/", "notebooks/")) for n in in_wheel)
+    # every package of the source tree (pyproject lists them one by one: a new subpackage must be added)
+    packages = {p.relative_to(REPO).as_posix() for p in (REPO / "minieng").rglob("__init__.py")}
+    assert packages <= in_wheel, f"packages missing from the wheel: {sorted(packages - in_wheel)}"
     assert not any(n.endswith(".csv") for n in in_sdist | in_wheel)
 
     _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)])

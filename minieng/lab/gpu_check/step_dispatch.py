@@ -104,7 +104,7 @@ def sampling_syncs(device: torch.device) -> list[dict]:
     logits = (torch.randn(8, 512, generator=gen) * 2).to(device)
     hot, cold = SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.5, top_k=5)
     params = [hot, SamplingParams(temperature=0), cold, hot, hot, cold, SamplingParams(temperature=0), hot]
-    rngs = [KeyedRandom(seed, device) for seed in range(8)]
+    rngs = [KeyedRandom(i, device) for i in range(8)]
     positions = list(range(8))
     sample(logits, params, rngs, positions)  # first calls (lazy initialisation) outside the count
     syncs = count_host_syncs(lambda: sample(logits, params, rngs, positions), device)
