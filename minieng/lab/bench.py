@@ -78,9 +78,38 @@ def hf_prefill(hf_model, prompts: list[list[int]]) -> float:
 
 
 def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
-    return (_hf_generate_s(hf_model, prompts, output_tokens) - _hf_generate_s(hf_model, prompts, 1)) / (
-        output_tokens - 1
+    """transformers' TPOT, s: the median gap between consecutive tokens of one ``generate`` of
+    ``output_tokens`` tokens for the batch ``prompts``, timed in its own decoding loop (the
+    streamer it hands each step's tokens to, already on the host: a gap is one decode step,
+    its host transfer included, as minieng's steps include theirs). Not the difference of two
+    ``generate`` calls, which a busy machine's noise can make negative."""
+    from transformers.generation.streamers import BaseStreamer  # lazy, as load_transformers
+
+    class StepClock(BaseStreamer):
+        def __init__(self):
+            self.times_s: list[float] = []
+
+        def put(self, value):  # the prompt first, then each step's tokens
+            self.times_s.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    clock = StepClock()
+    ids = torch.tensor(prompts, device=hf_model.device)
+    hf_model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=output_tokens,
+        min_new_tokens=output_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        streamer=clock,
     )
+    gaps = [b - a for a, b in zip(clock.times_s[1:], clock.times_s[2:])]  # after the first token
+    if not gaps:
+        raise ValueError(f"hf_decode: output_tokens={output_tokens} gives no gap between tokens: ask for 2 or more")
+    return statistics.median(gaps)
 
 
 def load_transformers(engine: LLMEngine):
