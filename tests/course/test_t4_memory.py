@@ -38,6 +38,7 @@ from minieng.measure.model_choice import choose_model
 from minieng.engine.memory_plan import HEADROOM, plan_memory
 from minieng.engine.kv_sizing import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
 from minieng.measure import peaks
+from minieng.measure.harness import SMOKE_ENV
 from minieng.measure.metrics import SLO
 from minieng.measure.workloads import RequestSpec
 from minieng.model.kv_cache import num_blocks_for_budget
@@ -64,7 +65,9 @@ def code_of(path: Path) -> tuple[dict, str]:
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     params_cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
     namespace: dict = {}
-    exec("".join(params_cell["source"]), namespace)  # MINIENG_SMOKE is unset here: full mode
+    with pytest.MonkeyPatch.context() as mp:  # the suite runs with MINIENG_SMOKE=1: read full mode
+        mp.delenv(SMOKE_ENV, raising=False)
+        exec("".join(params_cell["source"]), namespace)
     return namespace, "\n".join("".join(c["source"]) for c in cells[1:])
 
 
