@@ -9,8 +9,9 @@ Triton compiles for real only when ``TRITON_INTERPRET`` was unset at its first i
 other tests set (``tests/conftest.py``): the compiling runs in a subprocess without it.
 
 Checked, for the split kernel at Llama-3-8B's attention shape (fp16, head_dim 128, 4 query heads
-a KV head, blocks of 16) and at an odd one (bf16, head_dim 64, 7 heads a KV head, blocks of 5,
-one block id a position):
+a KV head, blocks of 16) and at an odd one (bf16, head_dim 64, 7 heads a KV head, blocks of 5),
+each loading one block id a position, with the installed Triton (Triton 3.6, the GPU image's, gave
+the same by hand: 96 registers, ``cp.async`` with ``wait_group 1``):
 
 - tensor cores: ``mma.sync`` (m16n8k16) on both; sm_90's ``wgmma`` needs 64 rows a warp group and
   the kernel's score tile has 16 (a group of query heads, padded), so Triton emits ``mma.sync``;
