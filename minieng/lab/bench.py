@@ -58,9 +58,10 @@ class BenchConfig:
     price_per_device_hour: float | None = None  # None: the example price, labelled as one
 
 
-def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
+def _hf_generate(hf_model, prompts: list[list[int]], new_tokens: int, streamer=None) -> None:
+    """One greedy ``generate`` of exactly ``new_tokens`` tokens for the batch ``prompts``
+    (``streamer``: what transformers hands each step's tokens to, or None)."""
     ids = torch.tensor(prompts, device=hf_model.device)
-    start = time.perf_counter()
     hf_model.generate(
         ids,
         attention_mask=torch.ones_like(ids),
@@ -68,7 +69,14 @@ def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float
         min_new_tokens=new_tokens,
         do_sample=False,
         pad_token_id=0,
+        streamer=streamer,
     )
+
+
+def _hf_generate_s(hf_model, prompts: list[list[int]], new_tokens: int) -> float:
+    """Seconds of ``_hf_generate``, the device synchronized."""
+    start = time.perf_counter()
+    _hf_generate(hf_model, prompts, new_tokens)
     synchronize(hf_model.device)
     return time.perf_counter() - start
 
@@ -96,16 +104,7 @@ def hf_decode(hf_model, prompts: list[list[int]], output_tokens: int) -> float:
             pass
 
     clock = StepClock()
-    ids = torch.tensor(prompts, device=hf_model.device)
-    hf_model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=output_tokens,
-        min_new_tokens=output_tokens,
-        do_sample=False,
-        pad_token_id=0,
-        streamer=clock,
-    )
+    _hf_generate(hf_model, prompts, output_tokens, streamer=clock)
     gaps = [b - a for a, b in zip(clock.times_s[1:], clock.times_s[2:])]  # after the first token
     if not gaps:
         raise ValueError(f"hf_decode: output_tokens={output_tokens} gives no gap between tokens: ask for 2 or more")
