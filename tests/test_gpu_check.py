@@ -129,12 +129,12 @@ def test_notebooks_runs_00_to_04_in_smoke_mode_and_keeps_their_claims(monkeypatc
 
     def fake_run_course(**kwargs):
         calls.append(kwargs)
-        row = {"name": "00_your_hardware", "status": "ok", "wall_s": 1.0, "error": None, "rows": []}
+        row = {"name": "00_primer", "status": "ok", "wall_s": 1.0, "error": None, "rows": []}
         claim = {"id": "S2", "notebook": "02", "here": "x", "holds": "holds"}
         return {"wall_s": 1.0, "notebooks": [row], "claims": [claim]}
 
     monkeypatch.setattr(runner, "run_course", fake_run_course)
     got = load_script().course_on_device(tmp_path)
     assert calls == [{"output_dir": tmp_path, "only": ["00", "01", "02", "03", "04"], "smoke": True, "progress": False}]
-    assert got["notebooks"] == [{"name": "00_your_hardware", "status": "ok", "wall_s": 1.0, "error": None}]
+    assert got["notebooks"] == [{"name": "00_primer", "status": "ok", "wall_s": 1.0, "error": None}]
     assert got["claims"][0]["holds"] == "holds"

@@ -6,6 +6,8 @@
   python -m minieng loadgen --base-url URL   load any OpenAI-compatible server, report its latencies
   python -m minieng notebooks DEST      copy the course's notebooks into DEST, to open in JupyterLab
   python -m minieng course              run every notebook, write them as HTML, table the articles' claims
+  python -m minieng colab --git-url URL write the notebooks for Colab, cloning the course from URL
+  python -m minieng doctor              a workshop preflight: device, memory, ceilings, weights, widgets, time
 
 Run a command with --help for its options.
 """
@@ -153,6 +155,20 @@ def cmd_course(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_colab(args) -> int:
+    from minieng.course.colab import colab_report, write_colab_notebooks
+
+    written = write_colab_notebooks(args.git_url or "", args.branch, args.output)
+    print("\n".join(colab_report(args.git_url, args.branch, written)))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from minieng.course.doctor import doctor  # lazy: it imports the lessons' model choice
+
+    return doctor()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m minieng", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -250,6 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         "--model-only", default=None, help="comma-separated notebook numbers --model applies to (default: all)"
     )
     c.set_defaults(func=cmd_course)
+    co = sub.add_parser("colab", help="write the notebooks with your repository's git URL in their Colab setup cell")
+    co.add_argument("--git-url", default=None, help="the git URL of the repository you push the notebooks to")
+    co.add_argument("--branch", default="", help="the branch you push to (default: the repository's default)")
+    co.add_argument(
+        "--output",
+        default="notebooks",
+        help="folder to write them into (default: notebooks/ here, in place in a clone)",
+    )
+    co.set_defaults(func=cmd_colab)
+    sub.add_parser("doctor", help="a workshop preflight: what a lesson needs here, and what to fix").set_defaults(
+        func=cmd_doctor
+    )
     args = parser.parse_args(argv)
     # argparse lists a parser's options only in its private ``_actions``.
     flags = {

@@ -7,7 +7,9 @@ executed notebook and lays them out one claim after another (``article_claims_ta
 
 The ids follow the course's list of the source articles' claims (S1-S21); the titles here are short
 paraphrases. Each claim's verdict is a function of ``minieng.course.verdicts``, tested to say
-"does not hold" on figures where the claim fails.
+"does not hold" on figures where the claim fails. A verdict that no timing decides says so by its first
+word: "explained" (the article's figure is fixed by its load's parameters, as S1's logged ratio) or
+"computed" (counts and datasheets, as S18's ranking across devices); ``verdict_kind`` reads it.
 
 A verdict that rests on timings goes through ``verdict``: on a busy machine the noise can be
 larger than the effect a claim rests on, and then the row says "too noisy to judge here" instead
@@ -324,6 +326,21 @@ def verdict(judge: Callable[..., str], noise, **figures) -> str:
         if _wording(judge(**moved)) != _wording(said):
             return f"{TOO_NOISY}: timings here may be off by {100 * relative:.0f}%, enough to flip it (at face value: {said})"
     return said
+
+
+# The words a verdict starts with, most specific first: "holds", "does not hold here", "explained" (the
+# article's figure is fixed by the load's parameters), "computed" (counts and datasheets decide it, no
+# timing), "not testable here", "too noisy to judge here", "suspect" (faster than physics allows).
+VERDICT_KINDS = ("too noisy to judge here", "not testable here", "does not hold here", "holds", "explained", "computed")
+
+
+def verdict_kind(said: str) -> str:
+    """The kind of a verdict's wording: one of ``VERDICT_KINDS`` it starts with, "suspect", or "other"
+    (a row's own words, such as "a bound, computed" or "partly: ...")."""
+    for kind in (*VERDICT_KINDS, "suspect"):
+        if said.startswith(kind):
+            return kind
+    return "other"
 
 
 def noise_note(noise) -> str:

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 from minieng.course.claims import CLAIMS_MIMETYPE, claim_ids, format_index, index_entries, noise_note
+from minieng.course.scores import notebook_score
+from minieng.course.session import NOTEBOOK_ENV, in_kernel, results_dir, running_notebook  # noqa: F401 (kit's names too)
 from minieng.measure import harness  # harness.environment, read at call time (tests patch it)
 from minieng.measure.harness import smoke_mode
 
@@ -237,31 +239,7 @@ def show(fig, dpi: int = 100) -> None:
     display(Image(data=buf.getvalue(), format="png"))
 
 
-NOTEBOOK_ENV = "MINIENG_NOTEBOOK"  # the running notebook's name, set by the course runner
 VERDICTS_FILE = "claims-verdicts.json"
-
-
-def results_dir(directory: Path | None = None) -> Path:
-    """The results folder: ``directory``, else ``MINIENG_RESULTS_DIR``, else ``results/`` in the
-    working directory (the notebook's folder)."""
-    return Path(directory or os.environ.get("MINIENG_RESULTS_DIR", "results"))
-
-
-def in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel with ipywidgets: where a panel or an input can show."""
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
-def running_notebook() -> str:
-    """The notebook this kernel runs: the course runner's ``MINIENG_NOTEBOOK``, else JupyterLab's
-    ``JPY_SESSION_NAME`` (its path), else "" (a plain Python)."""
-    return os.environ.get(NOTEBOOK_ENV) or Path(os.environ.get("JPY_SESSION_NAME", "")).stem
 
 
 def record_verdicts(rows: list[list[str]], directory: Path | None = None) -> Path | None:
@@ -311,7 +289,8 @@ def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
 
     A row about an article's claim starts with its id ("S7: ..."; see ``minieng.course.claims``). With
     ``noise`` (a ``ceilings.Noise``, or its relative figure) a line under the table says what noise
-    the verdicts were checked against (``claims.verdict``). The returned object displays as
+    the verdicts were checked against (``claims.verdict``); under it, the notebook's score so far
+    (``scores.running_score``) when it asked for a prediction or showed a pencil problem. The returned object displays as
     Markdown and carries the rows as JSON too (mimetype ``claims.CLAIMS_MIMETYPE``), which
     ``python -m minieng course`` reads from the executed notebook.
     """
@@ -330,4 +309,7 @@ def claims_table(rows: list[tuple[str, str, str, str]], noise=None):
     lines += [f"| {c} | {s} | {h} | {v} |" for c, s, h, v in rows]
     if noise is not None:
         lines += ["", noise_note(noise)]
+    so_far = notebook_score()
+    if so_far.asked or so_far.pencil:
+        lines += ["", so_far.markdown()]
     return ClaimsTable("\n".join(lines))

@@ -7,9 +7,13 @@ Where a notebook asks the reader to predict, two calls frame the measurement:
   once (Enter, or the Store button) in the results folder: ``predictions-<notebook>.json``, one file
   per notebook keyed by ``key``, beside ``kit.cached``'s results. A typed value is kept when the cell
   runs again (the input shows it), and a value typed after the measurement is marked so.
-- ``score(key, measured, why=...)`` after the measurement shows the prediction against it (the ratio
-  for a number, right or wrong for a choice) and the napkin model's value with one line on why the
-  napkin and the measurement differ.
+- ``score(key, measured, why=...)`` (``course.scores``) after the measurement shows the prediction
+  against it (the ratio for a number, right or wrong for a choice) and the napkin model's value with
+  one line on why the napkin and the measurement differ.
+
+A prompt the reader answers on paper instead is a pencil problem: ``reveal(key, question, answer)``
+shows the question and a worked answer folded until the reader opens it, and records the problem in
+the same file (kind "pencil"), so the notebook's running score counts it (``scores.running_score``).
 
 ``napkin`` is what the napkin model (``measure.napkin.napkin_estimate``, the roofline's floors from
 ``measure.flops_bytes``' counts; ``napkin_here`` gives it for this machine's measured ceilings)
@@ -17,8 +21,8 @@ predicts. Where nobody can type (smoke mode, ``MINIENG_SMOKE=1``; a run without 
 ``MINIENG_HEADLESS=1``, which the course runner sets; or no notebook kernel) the prediction is the
 napkin value, and the notebook says so: CI runs unattended and still scores every prediction.
 
-The course runner (``python -m minieng course``) reads the files back (``load_predictions``) and lists
-each prediction beside its measurement on its index page.
+The course runner (``python -m minieng course``) reads the files back (``scores.load_predictions``) and
+lists each prediction beside its measurement on its index page, with the course's score.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from minieng.course.kit import in_kernel, results_dir, running_notebook
+from minieng.course.session import in_kernel, results_dir, running_notebook
 from minieng.measure.harness import smoke_mode
 from minieng.measure.napkin import (
     TORCH_DTYPE_NAMES,
@@ -46,6 +49,7 @@ HEADLESS_ENV = "MINIENG_HEADLESS"  # set by the course runner: its kernels run w
 FILE_PREFIX = "predictions-"
 READER, NAPKIN = "reader", "napkin"  # who made a stored prediction
 CLOSE_RATIO = 1.25  # a measurement within this factor of the prediction counts as close
+PENCIL = "pencil"  # the ``kind`` of a stored pencil problem (``reveal``); a ``predict`` entry has no kind
 # A memory for "this machine" when the OS does not say how much it has: it only sizes the KV capacity,
 # which no prediction here reads; the floors do not depend on it.
 UNKNOWN_MEMORY_BYTES = 2**40
@@ -63,7 +67,7 @@ def predictions_path(notebook: str | None = None, directory: Path | None = None)
     return results_dir(directory) / f"{FILE_PREFIX}{name or 'notebook'}.json"
 
 
-def _read(path: Path) -> dict:
+def read_entries(path: Path) -> dict:
     """A predictions file's entries by key; {} for a missing or unreadable file (never fatal)."""
     try:
         kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -72,7 +76,7 @@ def _read(path: Path) -> dict:
     return kept if isinstance(kept, dict) else {}
 
 
-def _write(path: Path, entries: dict) -> None:
+def write_entries(path: Path, entries: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(entries, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -92,11 +96,11 @@ def format_value(value, unit: str = "") -> str:
     return f"{number}{unit}" if unit in ("x", "%") else f"{number} {unit}"
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _number(value, what: str) -> float:
+def as_number(value, what: str) -> float:
     """``value`` as a float (numpy scalars included), or ``ValueError`` naming ``what``."""
     try:
         number = float(value)
@@ -139,7 +143,7 @@ def parse_number(text: str, unit: str = "") -> float:
     return value
 
 
-def _check_choice(value, choices: list[str], what: str) -> str:
+def check_choice(value, choices: list[str], what: str) -> str:
     if value not in choices:
         raise ValueError(f"{what}={value!r} is not one of the choices {choices}")
     return value
@@ -157,14 +161,14 @@ def _ask(key: str, question: str, unit: str, napkin, choices, directory: Path | 
         choices = [str(c) for c in choices]
         if len(choices) < 2 or len(set(choices)) != len(choices):
             raise ValueError(f"predict({key!r}): choices={choices}: give two or more distinct choices")
-        napkin = _check_choice(napkin, choices, f"predict({key!r}): napkin")
+        napkin = check_choice(napkin, choices, f"predict({key!r}): napkin")
     else:
-        napkin = _number(napkin, f"predict({key!r}): napkin")
+        napkin = as_number(napkin, f"predict({key!r}): napkin")
     path = predictions_path(directory=directory)
-    entries = _read(path)
+    entries = read_entries(path)
     old = entries.get(key, {})
     prediction, source, at = old.get("prediction"), old.get("source"), old.get("predicted_at")
-    fits = choices is not None and prediction in choices or choices is None and _is_number(prediction)
+    fits = choices is not None and prediction in choices or choices is None and is_number(prediction)
     if source != READER or not fits:
         prediction, source, at = None, None, None
     entries[key] = {
@@ -178,7 +182,7 @@ def _ask(key: str, question: str, unit: str, napkin, choices, directory: Path | 
         "predicted_at": at,
         "asked_at": now_utc(),
     }
-    _write(path, entries)
+    write_entries(path, entries)
     return path, entries[key]
 
 
@@ -193,19 +197,19 @@ def record_prediction(key: str, value, directory: Path | None = None) -> dict:
             message says what to type.
     """
     path = predictions_path(directory=directory)
-    entries = _read(path)
+    entries = read_entries(path)
     if key not in entries:
         raise KeyError(f"no question {key!r} in {path}: run its predict(...) cell first")
     entry = entries[key]
     if entry.get("choices") is not None:
-        value = _check_choice(value, entry["choices"], "your prediction")
+        value = check_choice(value, entry["choices"], "your prediction")
     elif isinstance(value, str):
         value = parse_number(value, entry.get("unit", ""))
     else:
-        value = _number(value, "your prediction")
+        value = as_number(value, "your prediction")
     entry |= {"prediction": value, "source": READER, "predicted_at": now_utc()}
     entry["after_measurement"] = entry.get("measured") is not None
-    _write(path, entries)
+    write_entries(path, entries)
     return entry
 
 
@@ -316,226 +320,59 @@ def predict(key: str, question: str, *, napkin, unit: str = "", choices=None, di
             f"  (your prediction typed at {entry['predicted_at']} is kept: {format_value(entry['prediction'], unit)})"
         )
         return
-    entries = _read(path)
+    entries = read_entries(path)
     entries[key] |= {"prediction": entry["napkin"], "source": NAPKIN, "predicted_at": now_utc()}
-    _write(path, entries)
+    write_entries(path, entries)
     print(
         f"  ({_why_no_reader()}: nobody types here, so the prediction is the napkin model's value, "
         f"{format_value(entry['napkin'], unit)}; in Jupyter you type your own)"
     )
 
 
-@dataclass(frozen=True)
-class Score:
-    """A prediction set beside its measurement (``score_prediction``).
-
-    Attributes:
-        key, question, unit, choices: the question's (``predict``'s).
-        prediction: the reader's value (or the napkin's, ``source`` "napkin"); None when none was
-            stored before the measurement.
-        source: "reader", "napkin" or None.
-        measured: the measurement (a number in ``unit``, or one of ``choices``).
-        napkin: the napkin model's value.
-        ratio: measured / prediction (numbers, both > 0; else None).
-        napkin_ratio: measured / napkin (numbers, both > 0; else None).
-        right: the choice was right (choices; else None). ``napkin_right`` likewise for the napkin.
-        why: one line on why the napkin value and the measurement differ.
-        after_measurement: the prediction was typed after an earlier measurement was shown.
-    """
-
-    key: str
-    question: str
-    unit: str
-    choices: list[str] | None
-    prediction: float | str | None
-    source: str | None
-    measured: float | str
-    napkin: float | str
-    ratio: float | None
-    napkin_ratio: float | None
-    right: bool | None
-    napkin_right: bool | None
-    why: str
-    after_measurement: bool = False
-
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(what, value, reading) rows: the prediction, the measurement against it, the napkin value."""
-        unit = self.unit
-        if self.prediction is None:
-            yours = ("your prediction", "none", "none was stored before the measurement ran")
-        elif self.source == NAPKIN:
-            yours = (
-                "prediction",
-                format_value(self.prediction, unit),
-                "the napkin model's value, filled in: nobody typed",
-            )
-        else:
-            late = " (typed after an earlier measurement was shown)" if self.after_measurement else ""
-            yours = ("your prediction", format_value(self.prediction, unit), "typed before the measurement" + late)
-        if self.prediction is None:
-            against = "nothing to score"
-        elif self.choices is not None:
-            against = "right" if self.right else f"wrong: you predicted {self.prediction}"
-        else:
-            mine = "the prediction" if self.source == NAPKIN else "your prediction"
-            against = _against(self.measured, self.prediction, self.ratio, unit, mine)
-        if self.choices is not None:
-            napkin = "right" if self.napkin_right else "wrong"
-        else:
-            napkin = _against(self.measured, self.napkin, self.napkin_ratio, unit, "the napkin value")
-        return [
-            yours,
-            ("measured", format_value(self.measured, unit), against),
-            ("napkin model", format_value(self.napkin, unit), f"{napkin}. Why: {self.why}"),
-        ]
-
-    def markdown(self) -> str:
-        lines = [f"**Prediction scored.** {self.question}", "", "| | value | |", "| --- | --- | --- |"]
-        lines += [f"| {a} | {b} | {c} |" for a, b, c in self.rows()]
-        return "\n".join(lines)
-
-    def text(self) -> str:
-        rows = self.rows()
-        width = max(len(a) for a, _, _ in rows)
-        vwidth = max(len(b) for _, b, _ in rows)
-        return "\n".join(
-            [f"Prediction scored: {self.question}"] + [f"  {a:<{width}}  {b:>{vwidth}}  {c}" for a, b, c in rows]
-        )
-
-    def _repr_markdown_(self) -> str:
-        return self.markdown()
+def pencil_markdown(question: str, answer: str) -> str:
+    """A pencil problem as Markdown: the question, then the worked answer folded in an HTML
+    ``<details>`` the reader opens on demand (JupyterLab, Colab and a static HTML page all fold it)."""
+    return (
+        f"**Pencil problem.** {question}\n\n<details>\n<summary><b>Worked answer</b> "
+        f"(work it out first, then click to open)</summary>\n\n{answer}\n\n</details>"
+    )
 
 
-def _against(measured, predicted, ratio: float | None, unit: str, what: str) -> str:
-    """The measurement against a predicted number, in words: the ratio and how close, or the
-    difference where a ratio means nothing (a value <= 0)."""
-    if ratio is None:
-        return f"measured is {format_value(measured - predicted, unit)} from {what}"
-    off = max(ratio, 1 / ratio)
-    if off <= CLOSE_RATIO:
-        how = f"close (within {100 * (CLOSE_RATIO - 1):.0f}%)"
-    elif off <= 2:
-        how = "within 2x"
-    else:
-        how = f"{off:,.1f}x off"
-    return f"measured is {ratio:.3g}x {what} ({how})"
+def reveal(key: str, question: str, answer: str, directory: Path | None = None) -> None:
+    """A pencil problem: show ``question`` and, folded until the reader opens it, the worked
+    ``answer`` (Markdown text; its numbers computed by the cell, e.g. from ``napkin_here``), and
+    record in the notebook's predictions file that the problem was shown (kind "pencil"), so the
+    course counts it (``scores.running_score``). Displays Markdown in a kernel, prints elsewhere.
 
-
-def _ratio(measured, predicted) -> float | None:
-    if not (_is_number(measured) and _is_number(predicted)) or measured <= 0 or predicted <= 0:
-        return None
-    return measured / predicted
-
-
-DEFAULT_WHY = {
-    "number": "the napkin model is the roofline's floor from FLOPs and bytes at the peaks; kernel launches, "
-    "kernels below the peaks and the host between them are what it leaves out",
-    "choice": "the napkin model reasons from FLOPs and bytes alone",
-}
-
-
-def score_prediction(key: str, measured, why: str = "", directory: Path | None = None) -> Score:
-    """Score ``key``'s stored prediction against ``measured`` and store the score beside it; returns
-    the ``Score`` (``score`` shows it). ``why``: one line on why the napkin value and the measurement
-    differ (a generic line when empty).
+    Args:
+        key: the problem's name, unique in its notebook.
+        question: what the reader works out, in a sentence or two.
+        answer: the worked answer, as Markdown.
+        directory: the results folder (default ``kit.cached``'s).
 
     Raises:
-        KeyError: no ``predict(key, ...)`` has run in this notebook's results folder.
-        ValueError: ``measured`` is not a finite number (a number question) or not one of the choices.
+        ValueError: an empty key, question or answer.
     """
+    for what, text in (("key", key), ("question", question), ("answer", answer)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"reveal({key!r}): {what}={text!r}: give a non-empty text")
     path = predictions_path(directory=directory)
-    entries = _read(path)
-    if key not in entries:
-        raise KeyError(f"no prediction {key!r} in {path}: run its predict(...) cell before the measurement")
-    e = entries[key]
-    choices = e.get("choices")
-    if choices is not None:
-        measured = _check_choice(str(measured), choices, f"score({key!r}): measured")
-    else:
-        measured = _number(measured, f"score({key!r}): measured")
-    why = (why or DEFAULT_WHY["choice" if choices is not None else "number"]).strip()
-    prediction, napkin = e.get("prediction"), e["napkin"]
-    result = Score(
-        key=key,
-        question=e["question"],
-        unit=e.get("unit", ""),
-        choices=choices,
-        prediction=prediction,
-        source=e.get("source") if prediction is not None else None,
-        measured=measured,
-        napkin=napkin,
-        ratio=None if choices is not None else _ratio(measured, prediction),
-        napkin_ratio=None if choices is not None else _ratio(measured, napkin),
-        right=None if choices is None or prediction is None else prediction == measured,
-        napkin_right=None if choices is None else napkin == measured,
-        why=why,
-        after_measurement=bool(e.get("after_measurement")),
-    )
-    e |= {
-        "measured": measured,
-        "ratio": result.ratio,
-        "napkin_ratio": result.napkin_ratio,
-        "right": result.right,
-        "napkin_right": result.napkin_right,
-        "why": why,
-        "scored_at": now_utc(),
-        "after_measurement": False,
+    entries = read_entries(path)
+    entries[key] = {
+        "kind": PENCIL,
+        "notebook": running_notebook(),
+        "question": question.strip(),
+        "answer": answer.strip(),
+        "asked_at": now_utc(),
     }
-    _write(path, entries)
-    return result
-
-
-def score(key: str, measured, why: str = "", directory: Path | None = None) -> None:
-    """After a measurement, show ``key``'s prediction against it and the napkin value with ``why``
-    (one line on why the napkin and the measurement differ), and store the score
-    (``score_prediction``, whose errors it raises). Displays Markdown in a kernel, prints elsewhere."""
-    result = score_prediction(key, measured, why, directory)
+    write_entries(path, entries)
     if in_kernel():
         from IPython.display import Markdown, display  # lazy: IPython is there only in a kernel
 
-        display(Markdown(result.markdown()))
-    else:
-        print(result.text())
-
-
-def load_predictions(directory: Path | None = None, since: str | None = None) -> dict[str, list[dict]]:
-    """Every notebook's predictions in the results folder: {notebook: [entry, ...]} in the order they
-    were asked, each entry with its ``key``. ``since``: only questions asked at or after this time
-    (``now_utc``'s format), so a run's index leaves out what an earlier run left in the folder."""
-    found = {}
-    for path in sorted(results_dir(directory).glob(f"{FILE_PREFIX}*.json")):
-        rows = [
-            {"key": key, **entry}
-            for key, entry in _read(path).items()
-            if isinstance(entry, dict) and (since is None or str(entry.get("asked_at", "")) >= since)
-        ]
-        if rows:
-            found[path.stem.removeprefix(FILE_PREFIX)] = rows
-    return found
-
-
-def entry_cells(entry: dict) -> tuple[str, str, str, str]:
-    """A stored entry as text: (prediction with who made it, measured, napkin value, score)."""
-    unit = entry.get("unit", "")
-    prediction = format_value(entry.get("prediction"), unit)
-    if entry.get("source") == NAPKIN:
-        prediction += " (the napkin value: nobody typed)"
-    elif entry.get("after_measurement"):
-        prediction += " (typed after the measurement)"
-    measured = entry.get("measured")
-    if measured is None:
-        return prediction, "not measured", format_value(entry.get("napkin"), unit), ""
-    if entry.get("choices") is not None:
-        verdict = "" if entry.get("right") is None else ("right" if entry["right"] else "wrong")
-        napkin_verdict = "napkin right" if entry.get("napkin_right") else "napkin wrong"
-        verdict = f"{verdict}; {napkin_verdict}" if verdict else napkin_verdict
-    else:
-        ratio, napkin_ratio = entry.get("ratio"), entry.get("napkin_ratio")
-        verdict = "; ".join(
-            [f"measured / prediction {ratio:.3g}x"] * (ratio is not None)
-            + [f"measured / napkin {napkin_ratio:.3g}x"] * (napkin_ratio is not None)
-        )
-    return prediction, format_value(measured, unit), format_value(entry.get("napkin"), unit), verdict
+        display(Markdown(pencil_markdown(question.strip(), answer.strip())))
+        return
+    indented = "\n".join("    " + line for line in answer.strip().splitlines())
+    print(f"Pencil problem: {question.strip()}\n  Worked answer (work it out first):\n{indented}")
 
 
 def napkin_here(

@@ -18,7 +18,7 @@ then share the machine, so a full run keeps the default, one.
 from __future__ import annotations
 
 import datetime
-import html
+import importlib.util
 import json
 import os
 import queue
@@ -26,6 +26,7 @@ import re
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 
 import nbformat
@@ -38,15 +39,12 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from nbconvert import HTMLExporter
 from tqdm.auto import tqdm
 
-from minieng.course.kit import NOTEBOOK_ENV
-from minieng.course.predictions import HEADLESS_ENV, entry_cells, load_predictions, now_utc
-from minieng.course.claims import (
-    ARTICLE_CLAIMS,
-    CLAIMS_MIMETYPE,
-    article_claims_table,
-    claims_in_source,
-    format_markdown,
-)
+from minieng.course.claims import CLAIMS_MIMETYPE, article_claims_table, claims_in_source
+from minieng.course.course_path import core_path_times, record_run_times
+from minieng.course.course_report import index_html, report  # noqa: F401 (the command line's report)
+from minieng.course.predictions import HEADLESS_ENV, now_utc
+from minieng.course.scores import CourseScore, load_predictions
+from minieng.course.session import NOTEBOOK_ENV
 from minieng.lab.model_for_device import MODEL_ENV
 from minieng.measure.harness import SMOKE_ENV, environment
 from minieng.model.loader import convert_gguf, default_gguf_path
@@ -85,6 +83,32 @@ def claims_rows(nb) -> list[list[str]]:
         for out in cell.get("outputs", [])
         for row in out.get("data", {}).get(CLAIMS_MIMETYPE, {}).get("rows", [])
     ]
+
+
+CLOSING_IMPORT = re.compile(r"from\s+minieng\.course\.closing\s+import\s+([\w ,]+)|minieng\.course\.closing\.(\w+)")
+
+
+def expected_claims(path: Path) -> set[str]:
+    """The article claims a notebook's closing table names (``claims.claims_in_source``): read from
+    its code cells that call ``claims_table`` or use ``minieng.course.closing``, and from the closing
+    modules those cells import (where a one-call closing table writes its rows)."""
+    cells = [
+        c.source
+        for c in nbformat.read(path, as_version=4).cells
+        if c.cell_type == "code" and ("claims_table(" in c.source or "minieng.course.closing" in c.source)
+    ]
+    text = "\n".join(cells)
+    names = {
+        part.split()[0]
+        for listed, dotted in CLOSING_IMPORT.findall(text)
+        for part in (listed.split(",") if listed else [dotted])
+        if part.strip()
+    }
+    for name in sorted(names):
+        spec = importlib.util.find_spec(f"minieng.course.closing.{name}")
+        if spec is not None and spec.origin:
+            text += "\n" + Path(spec.origin).read_text(encoding="utf-8")
+    return claims_in_source(text)
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -265,7 +289,10 @@ def run_course(
     one ``.html`` per notebook, ``index.html`` and ``course.json``. Returns course.json's content:
     mode, wall_s, notebooks (see ``run_notebook``; rows included, in the notebooks' order), claims
     (``claims.article_claims_table``) and predictions ({notebook: the entries its predictions file
-    holds, ``predictions.load_predictions``}, those this run asked). ``jobs`` notebooks run at once,
+    holds, ``scores.load_predictions``}, those this run asked), score (the course's prediction score,
+    ``scores.CourseScore``: total and per notebook) and core_path (``course_path.core_path_times``: each
+    core notebook's reading and full-mode running time, their sums, whether they fit three hours). Each
+    notebook's run time is recorded for its ``lesson_header`` (``course_path.record_run_times``). ``jobs`` notebooks run at once,
     each in a thread of this process driving its own kernel (with one, in this thread). ``model`` names the model the
     notebooks measure (``MINIENG_MODEL``, read by ``lab.course_model`` where a notebook's ``MODEL`` is
     None): for every notebook, or only those numbered in ``model_only``.
@@ -326,27 +353,24 @@ def run_course(
                     finished(future.result())
             runs = [f.result() for f in futures]
     status = {r["name"]: r["status"] for r in runs}
-    expected = {
-        p.stem: claims_in_source(
-            "\n".join(
-                c.source
-                for c in nbformat.read(p, as_version=4).cells
-                if c.cell_type == "code" and "claims_table(" in c.source
-            )
-        )
-        for p in every
+    expected = {p.stem: expected_claims(p) for p in every}
+    mode, where = "smoke" if smoke else "full", machine()
+    record_run_times(runs, mode, where, output_dir / "results")  # what each notebook's lesson_header reads back
+    predictions = {
+        name: rows for name, rows in load_predictions(output_dir / "results", asked_since).items() if name in status
     }
+    score = CourseScore.of(predictions)
     summary = {
-        "mode": "smoke" if smoke else "full",
+        "mode": mode,
         "notebooks_dir": str(notebooks_dir),
         "started_at": started_at,
-        "machine": machine(),
+        "machine": where,
         "wall_s": round(time.perf_counter() - start, 1),
         "notebooks": runs,
         "claims": article_claims_table({r["name"]: r["rows"] for r in runs}, expected, status),
-        "predictions": {
-            name: rows for name, rows in load_predictions(output_dir / "results", asked_since).items() if name in status
-        },
+        "predictions": predictions,
+        "score": {"total": asdict(score.total), "notebooks": [asdict(s) for s in score.notebooks]},
+        "core_path": core_path_times(notebooks_dir, output_dir / "results"),
     }
     (output_dir / "course.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     (output_dir / "index.html").write_text(index_html(summary), encoding="utf-8")
@@ -361,73 +385,3 @@ def machine() -> str:
         f"{env['device_name']} ({env['device']}), host {env['host']}, torch {env['torch_version']}, "
         f"{env['torch_threads']} threads"
     )
-
-
-def index_html(summary: dict) -> str:
-    """The output folder's front page: each notebook's page with its status and time, the predictions
-    its notebooks asked for beside their measurements, then the articles' claims table."""
-    e = html.escape
-    nb_rows = "".join(
-        f'<tr><td><a href="{e(r["html"])}">{e(r["name"])}</a></td><td class="{"ok" if r["status"] == "ok" else "bad"}">'
-        f"{e(r['status'])}</td><td>{r['wall_s']:.0f} s</td><td>{e(r['error'] or '')}</td></tr>"
-        for r in summary["notebooks"]
-    )
-    pages = {r["name"]: r["html"] for r in summary["notebooks"]}
-
-    def notebook(name: str) -> str:
-        number = e(name.split("_")[0])
-        return f'<a href="{e(pages[name])}">{number}</a>' if name in pages else number
-
-    prediction_rows = "".join(
-        f"<tr><td>{notebook(name)}</td><td>{e(str(p.get('question', '')))}</td>"
-        + "".join(f"<td>{e(cell)}</td>" for cell in entry_cells(p))
-        + "</tr>"
-        for name, rows in summary.get("predictions", {}).items()
-        for p in rows
-    )
-    predictions = (
-        "<h2>Predictions beside the measurements</h2>\n<p>Each prediction a notebook asked for, stored before "
-        "its measurement ran, and the napkin model's value. Nobody types in this run: a prediction is the napkin "
-        "value unless you typed one in Jupyter into this results folder before.</p>\n<table><tr><th>notebook</th><th>question</th>"
-        "<th>prediction</th><th>measured</th><th>napkin model</th><th>score</th></tr>"
-        f"{prediction_rows}</table>\n"
-        if prediction_rows
-        else ""
-    )
-    claim_rows = "".join(
-        f"<tr><td>{e(c['claim'] or c['id'] + ': ' + c['title'])}</td><td>{notebook(c['notebook'])}</td>"
-        f"<td>{e(c['article'])}</td><td>{e(c['here'])}</td><td>{e(c['holds'])}</td></tr>"
-        for c in summary["claims"]
-    )
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>minieng course</title>
-<style>body{{font-family:sans-serif;max-width:75em;margin:2em auto}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}} .ok{{color:#060}} .bad{{color:#b00}}</style>
-</head><body>
-<h1>minieng course, executed</h1>
-<p>{e(summary["mode"])} mode, {len(summary["notebooks"])} notebook(s) in {summary["wall_s"] / 60:.1f} min,
-started {e(summary["started_at"])} on {e(summary["machine"])}.</p>
-<table><tr><th>notebook</th><th>status</th><th>wall time</th><th>error</th></tr>{nb_rows}</table>
-{predictions}<h2>The source articles' claims, measured here</h2>
-<p>All {len(ARTICLE_CLAIMS)} of the articles' claims, one line per notebook that measures each (its closing table's rows).</p>
-<table><tr><th>claim</th><th>notebook</th><th>article</th><th>measured here</th><th>holds?</th></tr>{claim_rows}</table>
-</body></html>
-"""
-
-
-def report(summary: dict) -> str:
-    """The terminal's summary: one line per notebook, the predictions scored, then the articles'
-    claims as Markdown."""
-    lines = [
-        f"{r['name']:<28} {r['status']:<9} {r['wall_s']:>7.0f} s  {r['error'] or ''}" for r in summary["notebooks"]
-    ]
-    head = [f"{summary['mode']} mode, started {summary['started_at']} on {summary['machine']}", ""]
-    scored = [
-        f"{name.split('_')[0]} {p['key']}: predicted {cells[0]}, measured {cells[1]}, napkin {cells[2]}"
-        + (f" ({cells[3]})" if cells[3] else "")
-        for name, rows in summary.get("predictions", {}).items()
-        for p in rows
-        for cells in [entry_cells(p)]
-    ]
-    scored = ["", "Predictions:"] + scored if scored else []
-    return "\n".join(head + lines + scored + ["", format_markdown(summary["claims"])])

@@ -4,6 +4,9 @@ tables. What the notebooks and ``python -m minieng bench`` run; the names below 
 
 from minieng.lab.batching import (
     batch_sweep,
+    batch_why,
+    bound_lines,
+    sweep_reading,
     compare_batching,
     decode_point,
     format_batch_sweep,
@@ -26,20 +29,36 @@ from minieng.lab.chunked_prefill import (
     decode_protection_verdict,
     steps_without_decodes,
 )
+from minieng.lab.chunked_lesson import (
+    LongPromptPlan,
+    budget_line,
+    napkin_budget_answer,
+    plan_long_prompt,
+    reading_lines,
+    step_lines,
+    sweep_table,
+)
+from minieng.lab.decode_overhead import (
+    engine_modes,
+    format_modes,
+    format_profile,
+    format_utilization_point,
+    matmul_share,
+    overhead_answer,
+    util_answer,
+    util_lines,
+    utilization_curve,
+)
 from minieng.lab.disaggregation import compare_disaggregation, estimate_comparison_s, format_comparison
 from minieng.lab.endpoint import (
     ENGINE_ONLY,
     NOT_REPORTED,
-    captioned,
-    connect_endpoint,
     Endpoint,
-    endpoint_chat,
-    endpoint_request,
-    engine_only,
     send_one,
 )
-from minieng.lab.endpoint_goodput import endpoint_requests, format_client_clock
-from minieng.lab.endpoint_phases import endpoint_phase_grid, endpoint_probe, endpoint_two_phases, format_two_phases
+from minieng.lab.endpoint_backend import EndpointBackend
+from minieng.lab.backend import EngineBackend, lesson_backend
+from minieng.lab.endpoint import Backend, PhaseRun
 from minieng.lab.endpoint_prefix_cache import (
     endpoint_hit_rate_pair,
     endpoint_hit_rate_point,
@@ -48,6 +67,16 @@ from minieng.lab.endpoint_prefix_cache import (
     format_hit_rate_sweep,
 )
 from minieng.lab.goodput import batch_cap_sweep, format_sweep
+from minieng.lab.serving_lesson import (
+    LessonWorkload,
+    disaggregation_answer,
+    latency_samples,
+    lesson_workload,
+    objectives_answer,
+    run_summary,
+    slo_lines,
+    two_clocks_answer,
+)
 from minieng.lab.gpu_utilization import (
     decode_for,
     decode_ops,
@@ -58,8 +87,21 @@ from minieng.lab.gpu_utilization import (
     trace_series,
     utilization_rows,
 )
+from minieng.lab.continuous_batching import (
+    admitted_at_first,
+    batching_summary,
+    block_tables_answer,
+    faster_policy,
+    format_block_tables,
+    poisson_load,
+    pool_caps,
+)
 from minieng.lab.kv_cache import (
     concurrency_run,
+    format_recompute,
+    recompute_totals,
+    recompute_why,
+    recompute_work,
     live_block_tables,
     recompute_budget_tokens,
     recompute_estimate_s,
@@ -67,7 +109,7 @@ from minieng.lab.kv_cache import (
     sequences_that_fit,
 )
 from minieng.lab.phase_levers import prefill_batch_sweep, thread_knob
-from minieng.lab.phase_costs import phase_cost_grid
+from minieng.lab.phase_costs import format_phases, phase_cost_grid, phase_result
 from minieng.lab.logged_ratio import (
     format_logged_ratios,
     log_lines,
@@ -87,6 +129,19 @@ from minieng.lab.prefix_caching import (
     ttft_vs_hit_rate,
 )
 from minieng.lab.probes import estimate_s, minieng_decode, minieng_prefill, probe_speed
+from minieng.lab.quant_lesson import (
+    format_layer_times,
+    format_reply,
+    levels_why,
+    nudge_answer,
+    nudge_curve,
+    quant_estimate_s,
+    quant_lines,
+    ranking_answer,
+    roofline_answer,
+    roofline_points,
+    scheme_engine,
+)
 from minieng.lab.quant_quality import (
     activation_outliers,
     estimate_amplification_s,
@@ -105,7 +160,15 @@ from minieng.lab.quantization import (
     run_quantization,
 )
 from minieng.lab.report import format_quantization, format_two_clocks
-from minieng.lab.speculative import break_even_acceptance, k_sweep, run_k, speculative_batch_sweep
+from minieng.lab.speculative import (
+    break_even_acceptance,
+    draft_alone_engine,
+    format_speculative,
+    k_sweep,
+    resident_bytes,
+    run_k,
+    speculative_batch_sweep,
+)
 from minieng.lab.step_flops import counted_steps
 from minieng.lab.tensor_parallel import TensorParallelRun, format_tensor_parallel, measure_tensor_parallel
 from minieng.lab.token_cost import (
@@ -116,7 +179,8 @@ from minieng.lab.token_cost import (
     measure_token_cost_by_scheme,
     reprice,
 )
-from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work
+from minieng.lab.lesson_setup import device_peaks, format_peaks, format_probe, result_key
+from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work, kv_shapes, kv_weights_answer
 from minieng.lab.model_for_device import (
     CourseModel,
     SpeculativePair,
@@ -127,35 +191,87 @@ from minieng.lab.model_for_device import (
 )
 
 __all__ = [
+    "format_layer_times",
+    "format_reply",
+    "levels_why",
+    "nudge_answer",
+    "nudge_curve",
+    "quant_estimate_s",
+    "quant_lines",
+    "ranking_answer",
+    "roofline_answer",
+    "roofline_points",
+    "scheme_engine",
+    "engine_modes",
+    "format_modes",
+    "format_profile",
+    "format_utilization_point",
+    "matmul_share",
+    "overhead_answer",
+    "util_answer",
+    "util_lines",
+    "utilization_curve",
+    "batch_why",
+    "bound_lines",
+    "sweep_reading",
+    "admitted_at_first",
+    "batching_summary",
+    "block_tables_answer",
+    "faster_policy",
+    "format_block_tables",
+    "poisson_load",
+    "pool_caps",
+    "format_recompute",
+    "recompute_totals",
+    "recompute_why",
+    "recompute_work",
+    "device_peaks",
+    "format_peaks",
+    "format_probe",
+    "result_key",
+    "kv_shapes",
+    "kv_weights_answer",
     "ENGINE_ONLY",
+    "Backend",
+    "EndpointBackend",
+    "EngineBackend",
+    "lesson_backend",
+    "PhaseRun",
     "NOT_REPORTED",
     "endpoint_hit_rate_pair",
-    "captioned",
-    "connect_endpoint",
     "Endpoint",
-    "endpoint_chat",
     "endpoint_hit_rate_point",
     "endpoint_hit_rate_sweep",
-    "endpoint_phase_grid",
-    "endpoint_probe",
-    "endpoint_request",
-    "endpoint_requests",
-    "endpoint_two_phases",
-    "engine_only",
-    "format_client_clock",
     "format_hit_rate",
     "format_hit_rate_sweep",
-    "format_two_phases",
     "send_one",
     "activation_outliers",
     "estimate_amplification_s",
     "float_noise_amplification",
     "format_amplification",
     "batch_cap_sweep",
+    "disaggregation_answer",
+    "latency_samples",
+    "LessonWorkload",
+    "lesson_workload",
+    "objectives_answer",
+    "run_summary",
+    "slo_lines",
+    "two_clocks_answer",
     "batch_sweep",
     "block_floor_verdict",
     "break_even_acceptance",
+    "draft_alone_engine",
+    "format_speculative",
+    "resident_bytes",
     "budget_for",
+    "budget_line",
+    "LongPromptPlan",
+    "napkin_budget_answer",
+    "plan_long_prompt",
+    "reading_lines",
+    "step_lines",
+    "sweep_table",
     "budget_tradeoff_verdict",
     "budget_sweep",
     "choice_in_words",
@@ -213,6 +329,8 @@ __all__ = [
     "multi_turn",
     "multi_turn_verdict",
     "phase_cost_grid",
+    "phase_result",
+    "format_phases",
     "near_linear_batch",
     "predict_prefill_s",
     "predicted_table",

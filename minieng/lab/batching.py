@@ -19,9 +19,10 @@ from __future__ import annotations
 import time
 
 from minieng.engine.llm_engine import LLMEngine
+from minieng.lab.kv_cache import sequences_that_fit
 from minieng.lab.probes import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
-from minieng.measure.flops_bytes import step_work
+from minieng.measure.flops_bytes import decode_ridge_batch, step_work
 from minieng.measure.metrics import common_tail, request_metrics, serving_metrics
 from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
@@ -141,6 +142,81 @@ def format_batch_sweep(rows: list[dict], ridge_flop_per_byte: float) -> list[str
             f"{format_percent(100 * r['kv_bytes_share']):>9}  {limiting_factor(r, ridge_flop_per_byte)}"
         )
     return lines
+
+
+def sweep_reading(sweep: dict, engine: LLMEngine, peaks) -> dict:
+    """What ``batch_sweep``'s rows say, beside the roofline and the pool: ``linear_to``
+    (``near_linear_batch``), ``knee_row`` (where tok/s stopped growing, else the largest batch),
+    ``roofline_batch`` (the batch whose step reaches the ridge of ``peaks[0]``, or None),
+    ``pool_batch`` (the sequences the engine's pool and ``max_num_seqs`` hold), ``mfu_source`` (the
+    last peak's: the datasheet's where known, as the articles read MFU) with ``mfu_1`` and
+    ``mfu_top`` (batch 1's and the largest batch's MFU against it), and ``lines`` saying so."""
+    rows, ridge = sweep["rows"], peaks[0].ridge_flop_per_byte
+    full = sweep["prompt_tokens"] + sweep["output_tokens"]
+    context = sweep["prompt_tokens"] + sweep["output_tokens"] // 2  # the mean context during the decode
+    roofline_batch = decode_ridge_batch(engine.model_config, context, engine.dtype.itemsize, ridge)
+    pool = sequences_that_fit(engine.memory_plan.num_kv_blocks, engine.config.block_size, full)
+    r = {
+        "linear_to": near_linear_batch(rows),
+        "knee_row": next(x for x in rows if x["batch_size"] == sweep["knee_batch"])
+        if sweep["knee_reached"]
+        else rows[-1],
+        "roofline_batch": roofline_batch,
+        "pool_batch": min(engine.config.max_num_seqs, pool),
+        "mfu_source": peaks[-1].source,
+    }
+    r["mfu_1"], r["mfu_top"] = (x["mfu_percent_by_peak"][r["mfu_source"]] for x in (rows[0], rows[-1]))
+    grows = (
+        f"it stops growing at batch {sweep['knee_batch']}"
+        if sweep["knee_reached"]
+        else f"still growing at batch {rows[-1]['batch_size']}, the largest timed"
+    )
+    ridge_at = (
+        f"{roofline_batch}" if roofline_batch else "(never: each sequence's K/V keeps the FLOP per byte below it)"
+    )
+    r["lines"] = [
+        f"tok/s within {NEAR_LINEAR:.0%} of linear up to batch {r['linear_to']}; {grows}",
+        f"roofline: the step turns compute-bound at batch {ridge_at}; the pool holds {r['pool_batch']} sequences of "
+        f"{full} tokens (max_num_seqs included)",
+        f"decode MFU against the {r['mfu_source']} peak: {format_percent(r['mfu_1'])} at batch 1, "
+        f"{format_percent(r['mfu_top'])} at batch {rows[-1]['batch_size']}",
+    ]
+    return r
+
+
+def bound_lines(rows: list[dict], knee_row: dict, ridge_flop_per_byte: float) -> list[str]:
+    """Why batch 1's step and the knee's step took their time (``limiting_factor``), in words."""
+    b1, k = rows[0], knee_row
+    why = {
+        "compute": f"the step's FLOP per byte ({k['intensity_flop_per_byte']:.0f}) passed the ridge point "
+        f"({ridge_flop_per_byte:.0f}): the matrix products turned compute-bound",
+        "bandwidth": f"the step moved {format_percent(k['mbu_percent'])} of the measured bandwidth, "
+        f"{format_percent(100 * k['kv_bytes_share'])} of it K/V that grows with every sequence",
+        "overhead": f"the step reached {format_percent(k['mfu_percent'])} of the FLOP/s and "
+        f"{format_percent(k['mbu_percent'])} of the bandwidth its counted work needs: its time went to work those "
+        "counts leave out (launches, Python, small ops, the copies of each sequence's K/V attention gathers)",
+    }
+    lines = []
+    if limiting_factor(b1, ridge_flop_per_byte) == "overhead":
+        lines.append(
+            f"At batch 1 the step moved {format_percent(b1['mbu_percent'])} of the measured bandwidth: overhead, not "
+            "the weight reads, set its time, and extra sequences filled that idle time almost for free."
+        )
+    if k is not b1:
+        lines.append(f"At batch {k['batch_size']} " + why[limiting_factor(k, ridge_flop_per_byte)] + ".")
+    return lines
+
+
+def batch_why(napkin_1, napkin_b, row_b: dict, row_1: dict) -> str:
+    """Why a batch's measured tok/s gain differs from the napkin's (``NapkinEstimate`` of batch 1
+    and of the batch): the two step-time ratios, and what the floor leaves out."""
+    return (
+        f"the napkin's batch-{row_b['batch_size']} step takes {napkin_b.tpot_floor_s / napkin_1.tpot_floor_s:.2f}x "
+        f"batch 1's ({napkin_b.tpot_bound}-bound at its floor), the measured one "
+        f"{row_b['tpot_s'] / row_1['tpot_s']:.2f}x: a batch-1 step far above its floor leaves time extra sequences "
+        "fill for free, and work the floor does not count (launches, the K/V copies attention gathers) grows "
+        "with the batch"
+    )
 
 
 def sustainable_rate(

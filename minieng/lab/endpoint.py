@@ -2,9 +2,10 @@
 phases, 07's prefix-cache sweep and 10's goodput run, when their ``ENDPOINT`` parameter names a server
 (vLLM, SGLang, llama.cpp's server, ``python -m minieng serve``) instead of the in-process engine.
 This module holds what every lesson needs: the ``Endpoint``, its calibration (``connect_endpoint``),
-one streamed request (``send_one``), the corpus texts, ``ENGINE_ONLY``. Each lesson's measurements
-are in their own modules: ``endpoint_phases`` (01), ``endpoint_prefix_cache`` (07),
-``endpoint_goodput`` (10).
+one streamed request (``send_one``), the corpus texts, ``ENGINE_ONLY``, and what both of a lesson's
+backends share (``Backend``, ``PhaseRun``; ``lab.backend``). The server's backend is
+``endpoint_backend.EndpointBackend``; 07's sweep is in ``endpoint_prefix_cache``, 10's workload in
+``endpoint_goodput``.
 
 Every request is a streamed completion (``stream_options.include_usage``), timed on the client from its
 chunks as vLLM's ``bench serve`` times them (``loadgen.stream_figures``: TTFT, TPOT, ITL, E2EL,
@@ -20,7 +21,7 @@ counted in a calibration text when connecting (``connect_endpoint``), cut at wor
 place a random generator draws (its ``seed``; None: fresh places each run, so a server's prefix cache holds
 nothing of an earlier run). A shared prefix is sized by the server's count of it sent alone.
 
-What an API cannot give is in ``ENGINE_ONLY``, each with why (``engine_only``): a step's FLOPs and
+What an API cannot give is in ``ENGINE_ONLY``, each with why (``Backend.needs_engine``): a step's FLOPs and
 bytes (MFU, MBU, the roofline), energy, vLLM's logged line, the prefix cache switched off (the cold
 point here is distinct prompts, which no cache can serve), the server's settings (block size, batch
 caps: its launch flags). The client is the load generator's (``measure.loadgen``).
@@ -28,7 +29,7 @@ caps: its launch flags). The client is the load generator's (``measure.loadgen``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -67,12 +68,74 @@ ENGINE_ONLY = {
 }
 
 
-def engine_only(what: str) -> str:
-    """The line a notebook prints where ``ENDPOINT`` is set and a figure needs the in-process engine:
-    ``ENGINE_ONLY[what]``. Raises ``KeyError`` naming the known keys for another ``what``."""
-    if what not in ENGINE_ONLY:
-        raise KeyError(f"engine_only({what!r}): one of {', '.join(ENGINE_ONLY)}")
-    return f"(not through the API: {ENGINE_ONLY[what]})"
+@dataclass
+class PhaseRun:
+    """One phase timed alone (``Backend.prefill``, ``Backend.decode``). ``tokens``: the prompt's length
+    (prefill) or the answer's (decode), the server's count through an API; ``seconds``: the median TTFT
+    (prefill) or TPOT (decode); ``tok_s``: prompt tokens / TTFT, or sequences / TPOT; ``steps``: the
+    engine's step records of the run (None through an API); ``itl_s``: a decode's gaps, where kept."""
+
+    tokens: int
+    seconds: float
+    tok_s: float
+    steps: list | None = None
+    itl_s: list[float] = field(default_factory=list)
+
+
+class Backend:
+    """What ``EngineBackend`` and ``EndpointBackend`` (``lab.backend``) share: the probe's figures
+    (``speed``), ``estimate_s``, the engine-only rule (``needs_engine``) and ``caption``."""
+
+    has_steps = False
+    engine = None
+    ceilings = None
+    model = None
+    speed: dict | None = None
+    label = ""
+
+    def __init__(self):
+        self._said: set[str] = set()
+
+    @property
+    def noise(self):
+        """This machine's timing noise now (``ceilings.Noise``); None through an API (not this machine's)."""
+        return self.ceilings.noise if self.ceilings is not None else None
+
+    def estimate_s(self, prefill_tokens: int = 0, decode_steps: int = 0, prefills: int = 0) -> float:
+        """Rough seconds of a run (``probes.estimate_s``'s formula) from this backend's ``probe``."""
+        if self.speed is None:
+            raise RuntimeError("estimate_s: call probe() first")
+        s = self.speed
+        return (
+            prefills * s.get("overhead_s", 0.0)
+            + prefill_tokens / s["prefill_tok_s"]
+            + decode_steps * s["decode_step_s"]
+        )
+
+    def needs_engine(self, what: str) -> bool:
+        """True where this backend has the engine's step records for ``what`` (a key of ``ENGINE_ONLY``);
+        through an API it prints, the first time for each ``what``, why not, and returns False."""
+        if what not in ENGINE_ONLY:
+            raise KeyError(f"needs_engine({what!r}): one of {', '.join(ENGINE_ONLY)}")
+        if not self.has_steps and what not in self._said:
+            self._said.add(what)
+            print(f"(not through the API: {ENGINE_ONLY[what]})")
+        return self.has_steps
+
+    def utilization(self, run: PhaseRun) -> dict | None:
+        """``measure.phase_utilization`` of ``run``'s steps on this machine's measured peak; None
+        through an API (no steps)."""
+        return None
+
+    def why_not(self, what: str) -> str | None:
+        """None on the engine; through an API, why ``what`` needs the engine (``ENGINE_ONLY[what]``)."""
+        return None if self.has_steps else ENGINE_ONLY[what]
+
+    def caption(self, fig):
+        """``fig`` (a matplotlib ``Figure``), with the server measured as its suptitle through an API."""
+        if not self.has_steps:
+            fig.suptitle(f"measured through the API: {self.label}", fontsize=9)
+        return fig
 
 
 @dataclass(frozen=True)
@@ -100,13 +163,6 @@ class Endpoint:
             f"its tokenizer: {self.chars_per_token:.2f} characters of the course's text a token (its own usage count)",
             "TTFT includes the HTTP path and the server's tokenization; sizes are the server's counts",
         ]
-
-
-def captioned(fig, endpoint: Endpoint | None):
-    """``fig`` (a matplotlib ``Figure``) with the server measured as its suptitle; unchanged for None."""
-    if endpoint is not None:
-        fig.suptitle(f"measured through the API: {endpoint.label}", fontsize=9)
-    return fig
 
 
 def _max_model_len(base_url: str, model: str) -> int | None:
@@ -204,17 +260,3 @@ def send_one(
     if result.errors:
         raise RuntimeError(f"{endpoint.label}: {result.errors[0]}")
     return result.requests[0]
-
-
-def endpoint_request(
-    endpoint: Endpoint, prompt_tokens: int, output_tokens: int, seed: int | None = None
-) -> RequestMetrics:
-    """One request of about ``prompt_tokens`` prompt tokens answered in ``output_tokens`` tokens, sent
-    alone (a notebook's panel). Returns its ``RequestMetrics`` (sizes: the server's usage)."""
-    return send_one(endpoint, _texts(endpoint, prompt_tokens, 1, np.random.default_rng(seed))[0], output_tokens)
-
-
-def endpoint_chat(endpoint: Endpoint, message: str, max_tokens: int) -> RequestMetrics:
-    """One chat turn (``message`` as the user's), greedy, ended by the model or ``max_tokens``:
-    notebook 01's first request. Its text is not kept (the load generator keeps clocks and usage)."""
-    return send_one(endpoint, message, max_tokens, chat=True, ignore_eos=False)

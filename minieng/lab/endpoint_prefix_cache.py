@@ -26,6 +26,7 @@ from minieng.lab.server_metrics import counted_between, read_prefix_cache_counte
 from minieng.measure.metrics import common_tail, served_from_cache, summarize_ms
 
 HIT_RATE_SOURCES = {
+    "engine": "from the engine's record of each request (its cached tokens); the cold point with the cache off",
     "usage": "from each answer's usage.prompt_tokens_details.cached_tokens",
     "metrics": "from the server's /metrics: {prefix}prefix_cache_hits_total / {prefix}prefix_cache_queries_total "
     "over each point's timed requests (its answers do not report cached_tokens)",
@@ -124,6 +125,7 @@ def endpoint_hit_rate_sweep(
     shares: Sequence[float] = (0.0, 0.01, 0.25, 0.5, 0.75, 0.9, 0.97),
     requests: int = 4,
     seed: int | None = None,
+    rng: np.random.Generator | None = None,
 ) -> dict:
     """``prefix_caching.ttft_vs_hit_rate`` through the API: a cold point (``share`` 0: distinct
     prompts) and one ``endpoint_hit_rate_point`` per share, in the dict that sweep returns, so
@@ -141,7 +143,7 @@ def endpoint_hit_rate_sweep(
     """
     if not shares:
         raise ValueError("endpoint_hit_rate_sweep: give one or more shares")
-    rng = np.random.default_rng(seed)
+    rng = rng if rng is not None else np.random.default_rng(seed)
     cold = endpoint_hit_rate_point(endpoint, prompt_tokens, 0.0, requests, rng=rng)
     points = [endpoint_hit_rate_point(endpoint, prompt_tokens, s, requests, rng=rng) for s in shares]
     reported = any(c is not None for p in [cold, *points] for c in p["cached_tokens"])
@@ -185,30 +187,34 @@ def format_hit_rate(point: dict) -> str:
 
 
 def format_hit_rate_sweep(result: dict) -> list[str]:
-    """``endpoint_hit_rate_sweep``'s result as notebook 07's table: per point the shared tokens (the
+    """``endpoint_hit_rate_sweep``'s (or an ``EngineBackend.hit_rate_sweep``'s) result as notebook 07's table: per point the shared tokens (the
     server's count), the hit rate and computed tokens (from its usage, else its ``/metrics``, or "not
     reported"), P50 and tail TTFT (the P99 where 100 requests support it, else the max) and the
     speed-up over cold; then where the hit rates came from (``HIT_RATE_SOURCES``, or ``NOT_REPORTED``)."""
     cold = result["cold"]["ttft_ms"]["p50"]
     tail, key = common_tail([result["cold"]["ttft_ms"]] + [p["ttft_ms"] for p in result["points"]])
     lines = [
-        f"measured through the API: {result['server']}; prompts of about {result['prompt_tokens']} tokens",
+        f"measured: {result['server']}; prompts of about {result['prompt_tokens']} tokens",
         f"{'shared tokens':>13} {'hit rate':>12} {'computed tokens':>16} {'P50 TTFT ms':>12} {tail + ' TTFT ms':>15} "
         f"{'faster than cold':>17}",
     ]
-    for name, p in [("cold", result["cold"])] + [(str(p["shared_tokens"]), p) for p in result["points"]]:
+    cold_name = "cold" if result["cold"]["cache"] else "cache off"
+    for name, p in [(cold_name, result["cold"])] + [(str(p["shared_tokens"]), p) for p in result["points"]]:
         computed = "?" if p["uncached_tokens"] is None else f"{p['uncached_tokens']:.0f}"
         lines.append(
             f"{name:>13} {format_hit_rate(p):>12} {computed:>16} {p['ttft_ms']['p50']:>12.1f} {p['ttft_ms'][key]:>15.1f} "
             f"{cold / p['ttft_ms']['p50']:>16.2f}x"
         )
-    lines.append(
-        "(cold: prompts that share nothing, which no cache can serve; an API cannot switch the server's cache off)"
-    )
+    if result["cold"]["cache"]:
+        lines.append(
+            "(cold: prompts that share nothing, which no cache can serve; an API cannot switch the server's cache off)"
+        )
     source = result["hit_rate_source"]
     if source is None:
         lines.append(f"hit rates: {NOT_REPORTED}; nor counted in its /metrics (vllm:prefix_cache_hits_total)")
     else:
-        counted = [p["prefix_cache_counted"] for p in [result["cold"], *result["points"]] if p["prefix_cache_counted"]]
+        counted = [
+            p["prefix_cache_counted"] for p in [result["cold"], *result["points"]] if p.get("prefix_cache_counted")
+        ]
         lines.append(f"hit rates: {HIT_RATE_SOURCES[source].format(prefix=counted[0]['prefix'] if counted else '')}")
     return lines

@@ -215,3 +215,69 @@ def concurrency_run(engine: LLMEngine, prompts: Sequence[Sequence[int]], output_
         "peak_running": max(s.num_prefill_seqs + s.num_decode_seqs for s in steps),
         "num_preemptions": sum(s.num_preempted for s in steps),
     }
+
+
+def recompute_work(prompt_tokens: int, answer_tokens: int) -> dict:
+    """Token-passes through the model for an answer of ``answer_tokens`` (m) after a prompt of
+    ``prompt_tokens`` (n): ``cache`` n + m - 1 (the prompt once, then one token per step);
+    ``recompute`` n m + m (m - 1) / 2 (token i re-runs the n + i tokens before it); ``ratio`` of the two.
+    Raises ``ValueError`` for n < 1 or m < 1."""
+    n, m = prompt_tokens, answer_tokens
+    if n < 1 or m < 1:
+        raise ValueError(f"need prompt_tokens >= 1 and answer_tokens >= 1; got {n}, {m}")
+    cache, recompute = n + m - 1, n * m + m * (m - 1) // 2
+    return {"cache": cache, "recompute": recompute, "ratio": recompute / cache}
+
+
+def recompute_totals(result: dict) -> dict:
+    """Per side of ``recompute_vs_cache``'s result, the token-passes, FLOPs and seconds summed over
+    its tokens; ``work_x`` and ``time_x``: the recompute's over the cache's."""
+    sums = {
+        side: {key: sum(result[side][key]) for key in ("tokens_run", "flops", "token_s")}
+        for side in ("cache", "recompute")
+    }
+    return sums | {
+        "work_x": sums["recompute"]["tokens_run"] / sums["cache"]["tokens_run"],
+        "time_x": sums["recompute"]["token_s"] / sums["cache"]["token_s"],
+    }
+
+
+def format_recompute(result: dict) -> list[str]:
+    """``recompute_vs_cache``'s result as a table (token-passes, TFLOP, seconds, first and last
+    token's wait, per side), the ratios, and whether both sides wrote the same tokens."""
+    t = recompute_totals(result)
+    lines = [f"{'':<22} {'token-passes':>13} {'TFLOP':>9} {'time s':>8} {'first token ms':>15} {'last token ms':>14}"]
+    for side, label in (("cache", "KV cache"), ("recompute", "no cache (recompute)")):
+        waits = result[side]["token_s"]
+        lines.append(
+            f"{label:<22} {t[side]['tokens_run']:>13,} {t[side]['flops'] / 1e12:>9.3f} {t[side]['token_s']:>8.2f} "
+            f"{waits[0] * 1e3:>15.1f} {waits[-1] * 1e3:>14.1f}"
+        )
+    same = (
+        "yes"
+        if result["same_tokens"]
+        else f"no, from output position {result['first_difference']} (an fp32 near-tie between a prefill and a decode)"
+    )
+    return lines + [
+        f"without the cache: {t['work_x']:.1f}x the token-passes, "
+        f"{t['recompute']['flops'] / t['cache']['flops']:.1f}x the FLOPs, {t['time_x']:.1f}x the time",
+        f"same tokens both ways: {same}",
+    ]
+
+
+def recompute_why(result: dict, probe: dict) -> str:
+    """Why the recompute's time ratio differs from its work ratio, from the prefill knee
+    (``probe_speed``): past it a prefill costs time in proportion to its tokens; below it, about a
+    step's fixed overhead whatever its length."""
+    longest = result["prompt_tokens"] + result["max_tokens"] - 1
+    knee = probe["knee_tokens"]
+    if probe["knee_reached"] and longest > knee:
+        return (
+            f"the recomputed prefixes grew past the prefill knee ({knee} tokens): from there each cost time in "
+            "proportion to its length, so the time follows the quadratic work"
+        )
+    where = f"({knee} tokens)" if probe["knee_reached"] else f"(past {knee} tokens)"
+    return (
+        f"every recomputed prefix (at most {longest} tokens) stayed below the prefill knee {where}: each cost about a "
+        "step's fixed overhead whatever its length, so the work grew quadratically and the time only linearly"
+    )

@@ -88,3 +88,54 @@ def phase_cost_grid(
         return request_metrics(engine.generate([prompts[case][i]], answer)[0])
 
     return grid_medians(shapes, run_grid(shapes, repeats, run_one))
+
+
+def _phase_row(run, u: dict | None, tokens: str, seconds: str) -> dict:
+    """One phase's row: its size, time, tok/s and, from the engine's steps (``u``: ``phase_utilization``),
+    the arithmetic intensity, FLOP/s, bytes a step, MFU and MBU against the measured peak."""
+    row = {tokens: run.tokens, seconds: run.seconds, "tok_s": run.tok_s}
+    if u is not None:
+        m = u["measured"]
+        row |= {
+            "intensity": u["arithmetic_intensity_flop_per_byte"],
+            "flop_s": u["achieved_tflops"] * 1e12,
+            "bytes": u["bytes"] / u["num_steps"],
+            "mfu_percent": m["mfu_percent"],
+            "mbu_percent": m["mbu_percent"],
+            "suspect": m["suspect"],
+        }
+    return row
+
+
+def phase_result(backend, prefills: list, decode) -> dict:
+    """Notebook 01's section 2 as a JSON dict from a backend's ``PhaseRun``s (``lab.backend``): ``prefill``,
+    one row per length (``prompt_tokens``, ``ttft_s``, ``tok_s``), ``decode`` (``output_tokens``,
+    ``tpot_s``, ``tok_s``), each with MFU/MBU where the backend has step records (``backend.utilization``),
+    and ``server``: the backend's label. Prefill rows are sorted by prompt length (the server's counts)."""
+    rows = [_phase_row(r, backend.utilization(r), "prompt_tokens", "ttft_s") for r in prefills]
+    return {
+        "server": backend.label,
+        "prefill": sorted(rows, key=lambda r: r["prompt_tokens"]),
+        "decode": _phase_row(decode, backend.utilization(decode), "output_tokens", "tpot_s"),
+    }
+
+
+def _percent(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"
+
+
+def format_phases(result: dict) -> list[str]:
+    """``phase_result`` as notebook 01's table: per length TTFT, prefill tok/s (and MFU against the
+    measured peak where measured, ``!`` where over 100%: suspect), then the decode's TPOT (and MBU)."""
+    steps = "mfu_percent" in result["decode"]
+    lines = [
+        f"measured: {result['server']}",
+        f"{'prompt tokens':>13} {'TTFT ms':>9} {'prefill tok/s':>13}" + " MFU" * steps,
+    ]
+    for r in result["prefill"]:
+        mfu = f" {_percent(r['mfu_percent'])}{'!' if r['suspect'] else ''}" if steps else ""
+        lines.append(f"{r['prompt_tokens']:>13} {r['ttft_s'] * 1e3:>9.1f} {r['tok_s']:>13.0f}{mfu}")
+    d = result["decode"]
+    mbu = f", MBU {_percent(d['mbu_percent'])} of the measured bandwidth" if steps else ""
+    lines.append(f"batch-1 decode: TPOT {d['tpot_s'] * 1e3:.1f} ms = {d['tok_s']:.1f} tok/s{mbu}")
+    return lines

@@ -1,5 +1,5 @@
-"""Notebook 03's two prefill experiments, beside decode's lesson: what a bigger batch and more
-FLOP/s buy each phase.
+"""Two prefill experiments beside decode's lesson: what a bigger batch (notebook 03) and more FLOP/s
+(notebook 11) buy each phase.
 
 - ``prefill_batch_sweep``: 1, 2, 4, 8 prompts of one length prefilled together in one step.
   Past the knee one prompt already keeps the device computing, so more prompts add work in

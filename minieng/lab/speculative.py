@@ -21,8 +21,22 @@ from dataclasses import replace
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
+from minieng.model.loader import LoadedModel
 from minieng.measure.metrics import acceptance_metrics, request_metrics
 from minieng.measure.workloads import text_prompts
+
+
+def resident_bytes(model) -> int:
+    """What a batch-1 decode step of ``model`` reads, to first order: every weight and buffer once."""
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def draft_alone_engine(engine: LLMEngine, kv_cache_memory_gib: float = 0.5) -> LLMEngine:
+    """An engine of the draft model alone, sharing the speculative ``engine``'s drafter weights and
+    tokenizer (a small KV pool: one request, beside the first engine's pool on a GPU)."""
+    loaded = engine.loaded
+    draft = LoadedModel(engine.drafter.model, engine.tokenizer, loaded.hf_config, loaded.eos_token_ids, None)
+    return LLMEngine(loaded=draft, enable_prefix_caching=False, kv_cache_memory_gib=kv_cache_memory_gib)
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:

@@ -64,3 +64,40 @@ def counted_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_token
             }
         )
     return rows
+
+
+def counting_engine(engine: LLMEngine, max_num_batched_tokens: int) -> LLMEngine:
+    """``engine`` itself when it runs eagerly; else an eager engine sharing its weights (a CUDA
+    graph's replay dispatches no op for FlopCounterMode to see)."""
+    if engine.runner.graphs is None:
+        return engine
+    return LLMEngine(
+        loaded=engine.loaded,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        kv_cache_memory_gib=1,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+
+
+def format_counted_steps(counts: Sequence[dict], model_config) -> list[str]:
+    """``counted_steps``' rows, two lines a step: the linear FLOPs counted against ``step_work``'s,
+    and the attention FLOPs counted split into the causal work, the masked triangle and padding."""
+    c = model_config
+    per_key = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim  # attention FLOPs per query-key pair
+    lines = []
+    for r in counts:
+        ((new, context, _),) = r["chunks"]
+        what = f"prefill of {new} tokens" if new > 1 else f"decode after {context} tokens"
+        same = "equal" if r["counted_linear_flops"] == r["linear_flops"] else "DIFFERENT"
+        extra = r["counted_attention_flops"] - r["attention_flops"] - r["masked_attention_flops"]
+        lines += [
+            f"{what}:",
+            f"  linear    counted {r['counted_linear_flops'] / 1e9:10.4f} GFLOP, step_work {r['linear_flops'] / 1e9:10.4f} ({same})",
+            f"  attention counted {r['counted_attention_flops'] / 1e9:10.4f} GFLOP = causal {r['attention_flops'] / 1e9:.4f}"
+            f" + masked triangle {r['masked_attention_flops'] / 1e9:.4f} + padding {extra / 1e9:.4f}"
+            f" ({extra // per_key} key slots beyond the {context + new} attended)",
+        ]
+        if r["other_flops"]:
+            lines.append(f"  also counted: {r['other_flops']}")
+    return lines

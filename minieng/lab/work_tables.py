@@ -7,7 +7,9 @@ ridge, and the KV cache's bytes per token beside the weights.
 
 from __future__ import annotations
 
-from minieng.config import ModelConfig
+from dataclasses import replace
+
+from minieng.config import ModelConfig, published_config
 from minieng.measure.flops_bytes import decode_work, prefill_work
 from minieng.units import GIB
 
@@ -67,3 +69,27 @@ def format_kv_bytes(models: list[tuple[str, ModelConfig, int]], sequence_tokens:
             f"{name:<36} {per_token:>15,} {sequence_tokens * per_token / GIB:>21.2f} GiB {cfg.num_params * b / GIB:>5.1f} GiB"
         )
     return lines
+
+
+def kv_shapes(cfg: ModelConfig, dtype_bytes: int) -> list[tuple[str, ModelConfig, int]]:
+    """``format_kv_bytes``'s rows for a lesson's model: itself, itself without grouped-query attention
+    (as many KV heads as query heads), and a Llama-3-8B shape in bf16."""
+    mha = replace(cfg, num_key_value_heads=cfg.num_attention_heads)
+    return [
+        (f"this model, {dtype_bytes}-byte", cfg, dtype_bytes),
+        (f"this model without GQA, {dtype_bytes}-byte", mha, dtype_bytes),
+        ("Llama-3-8B shape, bf16", published_config("Llama-3-8B"), 2),
+    ]
+
+
+def kv_weights_answer(cfg: ModelConfig, dtype_bytes: int) -> str:
+    """A worked answer (Markdown) to "how many tokens of KV cache weigh as much as the weights?"
+    from the shape: the bytes per token, the weights' bytes, their ratio."""
+    per_token = cfg.kv_bytes_per_token(dtype_bytes)
+    weights = cfg.num_params * dtype_bytes
+    return (
+        f"KV bytes per token = 2 x {cfg.num_hidden_layers} layers x {cfg.num_key_value_heads} KV heads x "
+        f"{cfg.head_dim} x {dtype_bytes} bytes = **{per_token:,} bytes**. The weights: {cfg.num_params / 1e6:,.0f}M "
+        f"parameters x {dtype_bytes} bytes = {weights / GIB:.2f} GiB. So **{weights // per_token:,} tokens** of KV "
+        f"weigh as much as the weights: {weights // per_token // 4096:,} sequences of 4,096 tokens."
+    )

@@ -23,6 +23,7 @@ from minieng.measure.metrics import (
     request_metrics,
     serving_metrics,
     summarize_ms,
+    tail_text,
 )
 from minieng.measure.model_choice import ModelChoice, choose_model
 from minieng.measure.napkin import DeviceSpec, NapkinEstimate, datasheet_devices, napkin_estimate
@@ -84,6 +85,7 @@ __all__ = [
     "format_percent",
     "kv_sweep_plan",
     "labeled_percentile",
+    "tail_text",
     "LINKS",
     "logged_intervals",
     "LoggedStats",

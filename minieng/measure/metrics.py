@@ -166,6 +166,15 @@ def labeled_percentile(data: dict | Sequence[float], p: float = 99) -> tuple[str
     return label, float(np.percentile(values, p)) if label.startswith("P") else float(values.max())
 
 
+def tail_text(data: dict | Sequence[float], p: float = 99, unit: str = "ms", digits: int = 1) -> str:
+    """The ``p``-th percentile as a reader should see it printed: "P99 12.3 ms", or "max of 24 12.3 ms"
+    when the sample is too small for a P99 (``labeled_percentile``: a P99 needs 100 samples, no
+    exception), or "no samples". ``data`` as ``labeled_percentile`` takes it (a ``summarize_ms``
+    dict is in ms)."""
+    label, value = labeled_percentile(data, p)
+    return "no samples" if value is None else f"{label} {value:.{digits}f} {unit}"
+
+
 def common_tail(summaries: Sequence[dict], p: float = 99) -> tuple[str, str]:
     """One tail column for a table of several ``summarize_ms`` dicts (one row each): the ``p``-th
     percentile when every row's sample supports it, else every row's maximum.

@@ -3,7 +3,9 @@
 Given a published shape (``config.PUBLISHED_SHAPES``), a device (a datasheet's dense peak, bandwidth
 and memory, or this machine's measured ceilings), a dtype, a batch, a prompt and a context length,
 ``napkin_estimate`` returns what the roofline allows: the weights' and the KV cache's bytes, how
-many tokens of KV the memory holds beside the weights, the TTFT and TPOT floors (the compute floor
+many tokens of KV the memory holds beside the weights (the memory a program can use: nvidia-smi's
+total, less the CUDA context, of which the weights and KV get 90% as in the engine;
+``peaks.DeviceSpec.budget_bytes``), the TTFT and TPOT floors (the compute floor
 and the bandwidth floor, the larger binding), the decode batch where the step turns compute-bound,
 and the tokens per second and the cost per million tokens at those floors. Measurements sit above
 these floors, never below; how far above is what the notebooks measure.
@@ -26,123 +28,40 @@ import math
 from dataclasses import dataclass, field
 
 from minieng.config import ModelConfig
-from minieng.device import host_memory_bytes
 from minieng.measure.flops_bytes import decode_ridge_batch, decode_work, step_work
-from minieng.measure.peaks import DATASHEET, Peak
-from minieng.measure.roofline import prefill_floor_s, ridge_point, tpot_floor_s
+from minieng.measure.peaks import (
+    MEMORY_UTILIZATION,
+    NAPKIN_DTYPES,
+    TORCH_DTYPE_NAMES,
+    DeviceSpec,
+    datasheet_devices,
+    measured_device,
+    this_machine_device,
+)
+from minieng.measure.roofline import prefill_floor_s, tpot_floor_s
 from minieng.measure.token_cost import cost_per_million_tokens
 from minieng.model.quantization import DEFAULT_GROUP_SIZE, matmul_bytes
-from minieng.model.weight_bytes import weight_bytes
+from minieng.model.weight_bytes import MatmulBytes, weight_bytes
 from minieng.units import GIB
 
-# Memory capacity of each ``peaks.DATASHEET`` device, as its datasheet gives it (GB there; the chips'
-# sizes are binary, so read as GiB: an 80 GB H100 shows 79.6 GiB to torch). The driver and ECC keep a
-# few percent of it, so a capacity computed from these figures is an upper bound.
-DATASHEET_MEMORY_GIB: dict[str, float] = {
-    "H200": 141,
-    "H100 PCIe": 80,
-    "H100 SXM": 80,
-    "A100 80GB SXM": 80,
-    "A100 40GB": 40,
-    "L40S": 48,
-    "A10": 24,
-    "L4": 24,
-    "T4": 16,
-    "RTX 4090": 24,
-    "RTX 3090": 24,
-    "RTX 3060": 12,
-}
+# The devices and dtypes the calculator knows live beside the peaks (``peaks.DeviceSpec``); the faces
+# import them from here too.
+__all__ = [
+    "GPTQ_AWQ_GROUP_SIZE",
+    "NAPKIN_DTYPES",
+    "TORCH_DTYPE_NAMES",
+    "DeviceSpec",
+    "NapkinEstimate",
+    "cost_per_mtok",
+    "datasheet_devices",
+    "format_seconds",
+    "int4_note",
+    "measured_device",
+    "napkin_estimate",
+    "this_machine_device",
+]
 
-# The dtypes the calculator knows: name -> (bytes per element of the model's float tensors: embedding,
-# norms, activations and the KV cache; the weight-only quantization of the matrix products, or None).
-# Weight-only schemes read integer codes and their scales (``quantization.matmul_bytes``, groups of
-# ``quantization.DEFAULT_GROUP_SIZE`` for int4) and compute in bf16, so their compute peak is bf16's.
-NAPKIN_DTYPES: dict[str, tuple[float, str | None]] = {
-    "bf16": (2, None),
-    "fp16": (2, None),
-    "fp32": (4, None),
-    "int8 weights, bf16 KV": (2, "int8"),
-    "int4 weights, bf16 KV": (2, "int4"),
-}
-TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names -> the table's
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """A device as the calculator sees it: its dense peak, its bandwidth and its memory.
-
-    Attributes:
-        name: "H100 SXM", or "this machine (...)" for measured ceilings.
-        peak_tflops: dense tensor peak, TFLOP/s, for ``peak_dtype``.
-        bandwidth_gbps: memory bandwidth, GB/s (1e9 bytes/s).
-        memory_bytes: the device's memory (a GPU's, or a CPU's host RAM), bytes.
-        source: "datasheet" or "measured".
-        peak_dtype: the dtype the peak is for: "bf16/fp16" for a datasheet (its dense tensor
-            figure), the measured dtype's table name ("fp32") for this machine's ceilings.
-    """
-
-    name: str
-    peak_tflops: float
-    bandwidth_gbps: float
-    memory_bytes: float
-    source: str
-    peak_dtype: str = "bf16/fp16"
-
-    @property
-    def ridge_flop_per_byte(self) -> float:
-        """Peak FLOP/s / bandwidth bytes/s: the arithmetic intensity where the roofline turns."""
-        return ridge_point(self.peak_tflops * 1e12, self.bandwidth_gbps * 1e9)
-
-    def covers(self, dtype: str) -> bool:
-        """Whether the peak is the one ``dtype``'s products run at (weight-only schemes compute in bf16)."""
-        compute = "bf16" if NAPKIN_DTYPES[dtype][1] else dtype
-        if self.peak_dtype == "bf16/fp16":
-            return compute == "fp16" if self.name == "T4" else compute in ("bf16", "fp16")
-        return compute == self.peak_dtype
-
-    def native_dtype(self) -> str:
-        """The dtype its peak is for: fp16 on a T4 (no bf16 units), bf16 on other datasheet GPUs, the
-        measured dtype for this machine."""
-        if self.peak_dtype == "bf16/fp16":
-            return "fp16" if self.name == "T4" else "bf16"
-        return self.peak_dtype
-
-
-def datasheet_devices() -> list[DeviceSpec]:
-    """Every device of ``peaks.DATASHEET`` with its memory (``DATASHEET_MEMORY_GIB``), in the table's order."""
-    return [
-        DeviceSpec(name, tflops, gbps, DATASHEET_MEMORY_GIB[name] * GIB, "datasheet")
-        for _, name, tflops, gbps in DATASHEET
-    ]
-
-
-def measured_device(peak: Peak, memory_bytes: float, dtype: str) -> DeviceSpec:
-    """This machine as the calculator sees it: the measured ceilings (``ceilings.Ceilings.peak``: the
-    best matmul's FLOP/s and the best copy's bytes/s), its memory in bytes (a GPU's, or the host's
-    RAM on a CPU), and the dtype the ceilings were measured in (torch's name, "float32", or the
-    table's, "fp32"). Raises ``ValueError`` for a dtype the table does not know."""
-    name = TORCH_DTYPE_NAMES.get(dtype, dtype)
-    if name not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype={dtype!r}: the ceilings are measured in one of {', '.join(TORCH_DTYPE_NAMES)}")
-    return DeviceSpec(
-        f"this machine ({peak.name})", peak.peak_tflops, peak.bandwidth_gbps, memory_bytes, "measured", name
-    )
-
-
-def this_machine_device(ceilings) -> DeviceSpec | None:
-    """This machine as a ``DeviceSpec``: its ``ceilings`` (a ``ceilings.Ceilings``, from
-    ``machine_ceilings``) and the memory of their device (a GPU's total, or the host's RAM; None
-    where the OS does not say)."""
-    import torch  # lazy: the arithmetic of this module needs no torch
-
-    device = torch.device(ceilings.device)
-    if device.type == "cuda":
-        memory = torch.cuda.get_device_properties(device).total_memory
-    else:
-        memory = host_memory_bytes()[0] or 0
-    if not memory:
-        return None
-    return measured_device(ceilings.peak, memory, ceilings.dtype)
+GPTQ_AWQ_GROUP_SIZE = 128  # the group size GPTQ and AWQ checkpoints are usually quantized with
 
 
 def cost_per_mtok(tok_s: float, price_per_device_hour: float | None) -> float | None:
@@ -162,9 +81,11 @@ class NapkinEstimate:
         weights_bytes: the resident weights (``model.weight_bytes``: every parameter, a tied head once).
         kv_bytes_per_token: one token's K and V over every layer (``ModelConfig.kv_bytes_per_token``).
         kv_bytes: the batch's KV cache at this context: batch x context x ``kv_bytes_per_token``.
-        kv_capacity_tokens: tokens of KV the device's memory holds after the weights (0 when the
-            weights do not fit): an upper bound, with no room kept for activations or the runtime.
-        fits: the weights and the batch's KV together fit the memory.
+        memory_budget_bytes: what the weights and the KV may take (``DeviceSpec.budget_bytes``: 90% of
+            the memory after the CUDA context; the rest holds activations and the allocator's slack).
+        kv_capacity_tokens: tokens of KV the budget holds after the weights (0 when the weights do
+            not fit).
+        fits: the weights and the batch's KV together fit the budget.
         ttft_*: one prefill step of ``batch_size`` prompts of ``prompt_tokens``, nothing cached:
             ``compute_floor_s`` = FLOPs / peak, ``bandwidth_floor_s`` = bytes / bandwidth, ``floor_s``
             the larger, ``bound`` "compute" or "memory" (which one binds).
@@ -189,6 +110,7 @@ class NapkinEstimate:
     prompt_tokens: int
     context_tokens: int
     memory_bytes: float
+    memory_budget_bytes: float
     peak_tflops: float
     bandwidth_gbps: float
     weights_bytes: float
@@ -206,6 +128,7 @@ class NapkinEstimate:
     decode_tok_s_at_ridge_batch: float | None
     price_per_device_hour: float | None
     notes: tuple[str, ...] = field(default=())
+    memory_source: str = ""  # where memory_bytes comes from (``DeviceSpec.memory_source``)
 
     @property
     def ttft_floor_s(self) -> float:
@@ -261,8 +184,13 @@ class NapkinEstimate:
         rows = [
             (
                 "device",
-                f"{self.device}: {_rate(self.peak_tflops)} TFLOP/s, {_rate(self.bandwidth_gbps)} GB/s, "
-                f"{self.memory_bytes / GIB:,.0f} GiB ({self.device_source})",
+                f"{self.device}: {_rate(self.peak_tflops)} TFLOP/s, {_rate(self.bandwidth_gbps)} GB/s "
+                f"({self.device_source}), {self.memory_bytes / GIB:,.1f} GiB ({self.memory_source})",
+            ),
+            (
+                "memory for weights and KV",
+                f"{self.memory_budget_bytes / GIB:,.1f} GiB: {MEMORY_UTILIZATION:.0%} of what the CUDA context leaves "
+                "(the rest: activations, the allocator's slack)",
             ),
             ("weights", f"{_gb(self.weights_bytes)} ({self.dtype})"),
             ("KV per token", f"{self.kv_bytes_per_token / 1024:,.1f} KiB"),
@@ -337,6 +265,21 @@ def _money(value: float | None) -> str:
     return f"${value:.3g}" if value < 1 else f"${value:,.2f}"
 
 
+def int4_note(cfg: ModelConfig, dtype_bytes: float, weights: float) -> str:
+    """What "int4" is here (minieng's scheme, ``weights`` its resident bytes), beside what a GPTQ or
+    AWQ checkpoint of the same model holds: groups of ``GPTQ_AWQ_GROUP_SIZE``, the LM head left in 16
+    bits (tied to the embedding, it is the embedding). Their zeros are packed in 4 bits; counted here
+    at 16, as minieng's (1.2% of a byte a weight more)."""
+    layers = matmul_bytes(cfg, "int4", GPTQ_AWQ_GROUP_SIZE, dtype_bytes).layers
+    head = 0 if cfg.tie_word_embeddings else matmul_bytes(cfg, None, 1, dtype_bytes).lm_head
+    theirs = weight_bytes(cfg, dtype_bytes, MatmulBytes(layers, head))
+    return (
+        f"int4 is minieng's scheme: 4-bit weights in groups of {DEFAULT_GROUP_SIZE}, a 16-bit scale and zero "
+        f"each, the LM head quantized too ({_gb(weights)}); a GPTQ or AWQ checkpoint (groups of "
+        f"{GPTQ_AWQ_GROUP_SIZE}, the LM head in 16 bits) holds {_gb(theirs)}"
+    )
+
+
 def napkin_estimate(
     model_config: ModelConfig,
     device: DeviceSpec,
@@ -369,8 +312,8 @@ def napkin_estimate(
         )
     if price_per_device_hour is not None and (price_per_device_hour < 0 or not math.isfinite(price_per_device_hour)):
         raise ValueError(f"price_per_device_hour={price_per_device_hour} must be a finite price >= 0 (or None)")
-    if device.peak_tflops <= 0 or device.bandwidth_gbps <= 0 or device.memory_bytes <= 0:
-        raise ValueError(f"{device.name}: peak, bandwidth and memory must be > 0, got {device}")
+    if device.peak_tflops <= 0 or device.bandwidth_gbps <= 0 or device.budget_bytes <= 0:
+        raise ValueError(f"{device.name}: peak, bandwidth and memory (past the CUDA context) must be > 0, got {device}")
     cfg = model_config
     dtype_bytes, scheme = NAPKIN_DTYPES[dtype]
     products = matmul_bytes(cfg, scheme, DEFAULT_GROUP_SIZE, dtype_bytes) if scheme else None
@@ -382,7 +325,7 @@ def napkin_estimate(
     weights = weight_bytes(cfg, dtype_bytes, products)
     kv_per_token = cfg.kv_bytes_per_token(dtype_bytes)
     kv = kv_per_token * batch_size * context_tokens
-    room = device.memory_bytes - weights
+    room = device.budget_bytes - weights
     capacity = max(0, int(room // kv_per_token))
 
     prefill = step_work(cfg, [(prompt_tokens, 0, 1)] * batch_size, dtype_bytes, matmul_bytes=products)
@@ -398,7 +341,8 @@ def napkin_estimate(
     notes = []
     if room < 0:
         notes.append(
-            f"the weights ({_gb(weights)}) do not fit the device's {device.memory_bytes / GIB:,.0f} GiB: split the "
+            f"the weights ({_gb(weights)}) do not fit the {device.budget_bytes / GIB:,.1f} GiB that {device.name} "
+            f"leaves for weights and KV ({device.memory_bytes / GIB:,.1f} GiB in all): split the "
             "model over devices (tensor parallelism) or quantize it; the floors assume they fit"
         )
     elif kv > room:
@@ -410,6 +354,8 @@ def napkin_estimate(
             f"{device.name}'s peak is for {device.peak_dtype}, not {dtype}: the compute floors are not this dtype's "
             f"(its own dtype: {device.native_dtype()})"
         )
+    if scheme == "int4":
+        notes.append(int4_note(cfg, dtype_bytes, weights))
     if max(prompt_tokens, context_tokens + 1) > cfg.max_position_embeddings:
         notes.append(f"past the model's context of {cfg.max_position_embeddings:,} tokens")
     return NapkinEstimate(
@@ -421,6 +367,7 @@ def napkin_estimate(
         prompt_tokens=prompt_tokens,
         context_tokens=context_tokens,
         memory_bytes=device.memory_bytes,
+        memory_budget_bytes=device.budget_bytes,
         peak_tflops=device.peak_tflops,
         bandwidth_gbps=device.bandwidth_gbps,
         weights_bytes=weights,
@@ -438,4 +385,5 @@ def napkin_estimate(
         decode_tok_s_at_ridge_batch=ridge_tok_s,
         price_per_device_hour=price_per_device_hour,
         notes=tuple(notes),
+        memory_source=device.memory_source,
     )

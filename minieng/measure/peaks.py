@@ -11,12 +11,16 @@ Peaks come in two kinds, and every MFU/MBU says which it used:
   device-to-device copy (bytes read + bytes written), measured by ``measure_ceilings`` (and kept
   per machine by ``ceilings.machine_ceilings``). On a GPU their buffers are sized from the memory
   free at the time (``ceiling_sizes``), so they fit beside an engine's KV pool.
+
+A device as the napkin calculator sees it (``DeviceSpec``) adds the memory a program can use
+(``DEVICE_MEMORY_MIB``: nvidia-smi's figures, not the product page's) less the CUDA context.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
 
 import torch
 
@@ -43,6 +47,40 @@ DATASHEET: list[tuple[tuple[str, ...], str, float, float]] = [
     (("RTX", "3090"), "RTX 3090", 71, 936),
     (("RTX", "3060"), "RTX 3060", 25, 360),
 ]
+
+# The memory of each ``DATASHEET`` device that a program can use, MiB, and where the figure comes from:
+# "nvidia-smi" is the total NVML reports, published from real machines (below the product page's
+# "GB": a T4 sold as 16 GB shows 15,360 MiB, an L40S sold as 48 GB 46,068 MiB; ECC and the driver
+# keep the rest); "nominal" is the product page's figure read as GiB, where no nvidia-smi figure was
+# found: an upper bound. Sources: Modal's table of nvidia-smi totals (thundergolfer.com/blog/
+# nvidia-gpu-memory-capacity; github.com/modal-labs/modal-client/pull/2797) for the H200, H100 80GB
+# HBM3 (SXM), A100 80GB and 40GB, A10, L40S, L4 and T4; nvidia-smi outputs posted in GitHub issues for
+# the RTX 4090 (RLinf/RLinf#255), 3090 (noonghunna/club-3090#390) and 3060
+# (geerlingguy/raspberry-pi-pcie-devices#790).
+DEVICE_MEMORY_MIB: dict[str, tuple[int, str]] = {
+    "H200": (143_771, "nvidia-smi"),
+    "H100 PCIe": (81_920, "nominal"),  # 80 GB; none published found
+    "H100 SXM": (81_559, "nvidia-smi"),
+    "A100 80GB SXM": (81_920, "nvidia-smi"),
+    "A100 40GB": (40_960, "nvidia-smi"),
+    "L40S": (46_068, "nvidia-smi"),
+    "A10": (23_028, "nvidia-smi"),
+    "L4": (23_034, "nvidia-smi"),
+    "T4": (15_360, "nvidia-smi"),
+    "RTX 4090": (24_564, "nvidia-smi"),
+    "RTX 3090": (24_576, "nvidia-smi"),
+    "RTX 3060": (12_288, "nvidia-smi"),
+}
+# What of nvidia-smi's total a program's tensors never get, on any GPU: the CUDA context (the driver's
+# state and the kernels it loads: ~300 MB since CUDA 11.7 loads modules lazily, over 1 GB before;
+# pytorch/pytorch#107667) and what the driver keeps out of the total it hands torch (a Colab T4: 15,360
+# MiB to nvidia-smi, "14.75 GiB total capacity" = 15,104 MiB in torch's out-of-memory message;
+# googlecolab/colabtools#3439). About 256 + 300 MiB: an estimate, rounded to 512 MiB.
+CUDA_CONTEXT_BYTES = 512 * 1024**2
+# The share of what the context leaves that the weights and the KV cache may take; the rest holds the
+# activations and the allocator's slack. The engine's (``engine.memory_plan.HEADROOM``, which the instruments
+# may not import: a test keeps the two equal) and vLLM's default ``gpu_memory_utilization``.
+MEMORY_UTILIZATION = 0.9
 
 
 @dataclass(frozen=True)
@@ -84,6 +122,117 @@ def datasheet_peak(device_name: str) -> Peak | None:
         if all(k in words for k in keys):
             return Peak(name, tflops, gbps, "datasheet")
     return None
+
+
+# The dtypes the calculator knows: name -> (bytes per element of the model's float tensors: embedding,
+# norms, activations and the KV cache; the weight-only quantization of the matrix products, or None).
+# Weight-only schemes read integer codes and their scales (``quantization.matmul_bytes``, groups of
+# ``quantization.DEFAULT_GROUP_SIZE`` for int4) and compute in the device's float dtype, so their compute peak is that dtype's.
+NAPKIN_DTYPES: dict[str, tuple[float, str | None]] = {
+    "bf16": (2, None),
+    "fp16": (2, None),
+    "fp32": (4, None),
+    "int8 weights, bf16 KV": (2, "int8"),
+    "int4 weights, bf16 KV": (2, "int4"),
+}
+TORCH_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names -> the table's
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A device as the calculator sees it: its dense peak, its bandwidth and its memory.
+
+    Attributes:
+        name: "H100 SXM", or "this machine (...)" for measured ceilings.
+        peak_tflops: dense tensor peak, TFLOP/s, for ``peak_dtype``.
+        bandwidth_gbps: memory bandwidth, GB/s (1e9 bytes/s).
+        memory_bytes: the device's memory as a program sees it (``peaks.DEVICE_MEMORY_MIB``: a GPU's
+            nvidia-smi total; torch's total on this machine's GPU; a CPU's host RAM), bytes.
+        source: "datasheet" or "measured".
+        peak_dtype: the dtype the peak is for: "bf16/fp16" for a datasheet (its dense tensor
+            figure), the measured dtype's table name ("fp32") for this machine's ceilings.
+        context_bytes: what the CUDA context holds of it before anything is allocated
+            (``peaks.CUDA_CONTEXT_BYTES`` on a GPU, 0 on a CPU).
+        memory_source: where ``memory_bytes`` comes from ("nvidia-smi", "nominal", "torch", "host RAM").
+    """
+
+    name: str
+    peak_tflops: float
+    bandwidth_gbps: float
+    memory_bytes: float
+    source: str
+    peak_dtype: str = "bf16/fp16"
+    context_bytes: float = 0
+    memory_source: str = "nvidia-smi"
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Peak FLOP/s / bandwidth bytes/s: the arithmetic intensity where the roofline turns."""
+        return ridge_point(self.peak_tflops * 1e12, self.bandwidth_gbps * 1e9)
+
+    @property
+    def budget_bytes(self) -> float:
+        """What the weights and the KV cache may take: ``MEMORY_UTILIZATION`` (90%) of the memory
+        after the CUDA context. The engine refuses a plan past it."""
+        return MEMORY_UTILIZATION * (self.memory_bytes - self.context_bytes)
+
+    def covers(self, dtype: str) -> bool:
+        """Whether the peak is the one ``dtype``'s products run at. Weight-only schemes (int8, int4)
+        compute in the device's own float dtype (their codes are dequantized to it): always covered."""
+        if NAPKIN_DTYPES[dtype][1]:
+            return True
+        if self.peak_dtype == "bf16/fp16":
+            return dtype == "fp16" if self.name == "T4" else dtype in ("bf16", "fp16")
+        return dtype == self.peak_dtype
+
+    def native_dtype(self) -> str:
+        """The dtype its peak is for: fp16 on a T4 (no bf16 units), bf16 on other datasheet GPUs, the
+        measured dtype for this machine."""
+        if self.peak_dtype == "bf16/fp16":
+            return "fp16" if self.name == "T4" else "bf16"
+        return self.peak_dtype
+
+
+def datasheet_devices() -> list[DeviceSpec]:
+    """Every device of ``peaks.DATASHEET`` with the memory a program can use (``peaks.DEVICE_MEMORY_MIB``)
+    and the CUDA context's share of it, in the table's order."""
+    return [
+        DeviceSpec(name, tflops, gbps, mib * 1024**2, "datasheet", context_bytes=CUDA_CONTEXT_BYTES, memory_source=src)
+        for _, name, tflops, gbps in DATASHEET
+        for mib, src in [DEVICE_MEMORY_MIB[name]]
+    ]
+
+
+def measured_device(peak: Peak, memory_bytes: float, dtype: str, gpu: bool = False) -> DeviceSpec:
+    """This machine as the calculator sees it: the measured ceilings (``ceilings.Ceilings.peak``: the
+    best matmul's FLOP/s and the best copy's bytes/s), its memory in bytes (a GPU's total as torch
+    reports it, less the CUDA context when ``gpu``; or the host's RAM on a CPU), and the dtype the
+    ceilings were measured in (torch's name, "float32", or the table's, "fp32"). Raises ``ValueError``
+    for a dtype the table does not know."""
+    name = TORCH_DTYPE_NAMES.get(dtype, dtype)
+    if name not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype={dtype!r}: the ceilings are measured in one of {', '.join(TORCH_DTYPE_NAMES)}")
+    context, source = (CUDA_CONTEXT_BYTES, "torch") if gpu else (0, "host RAM")
+    return DeviceSpec(
+        f"this machine ({peak.name})", peak.peak_tflops, peak.bandwidth_gbps, memory_bytes, "measured", name,
+        context, source,
+    )  # fmt: skip
+
+
+def this_machine_device(ceilings) -> DeviceSpec | None:
+    """This machine as a ``DeviceSpec``: its ``ceilings`` (a ``ceilings.Ceilings``, from
+    ``machine_ceilings``) and the memory of their device (a GPU's total, or the host's RAM; None
+    where the OS does not say)."""
+    import torch  # lazy: the arithmetic of this module needs no torch
+
+    device = torch.device(ceilings.device)
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+    else:
+        memory = host_memory_bytes()[0] or 0
+    if not memory:
+        return None
+    return measured_device(ceilings.peak, memory, ceilings.dtype, gpu=device.type == "cuda")
 
 
 @dataclass

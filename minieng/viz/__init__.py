@@ -28,6 +28,7 @@ from minieng.viz.phases import (
     top_ops_figure,
     utilization_trace,
 )
+from minieng.viz.primer import forward_pass_diagram, two_phases_diagram
 from minieng.viz.serving import goodput_sweep, latency_cdfs, request_phases, step_timeline
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "curve",
     "decode_bytes_and_tpot",
     "decode_mfu_projection",
+    "forward_pass_diagram",
     "goodput_sweep",
     "kv_concurrency",
     "latency_cdfs",
@@ -52,6 +54,7 @@ __all__ = [
     "speculative_sweep",
     "step_timeline",
     "top_ops_figure",
+    "two_phases_diagram",
     "ttft_vs_hit_rate_figure",
     "utilization_trace",
 ]

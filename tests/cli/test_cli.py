@@ -415,3 +415,47 @@ def test_bench_tensor_parallel_from_the_command_line():
     assert all(0 < q <= m for q, m in zip(run["all_reduce_p25_s"], run["all_reduce_s"]))
     assert run["link"]["bandwidth_gbps"] > 0 and run["hop_latency_s"] >= 0
     assert {m["reading"] for m in run["modelled"]} == {"own memory", "one shared bus"}
+
+
+# -- workshop hosts: colab and doctor --------------------------------------------------------------
+
+
+def test_colab_without_a_git_url_says_what_to_pass(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "colab", "--output", str(tmp_path / "out"))
+    assert code == 2 and "error: pass --git-url URL" in err
+    assert not (tmp_path / "out").exists()  # nothing written: the course knows no URL of its own
+
+
+def test_colab_writes_the_notebooks_and_prints_a_link_per_notebook(capsys, tmp_path):
+    from minieng.package_data import notebooks_path
+
+    names = sorted(p.name for p in notebooks_path().glob("*.ipynb"))
+    code, out, _ = run_cli(
+        capsys, "colab", "--git-url", "https://github.com/alice/minieng.git", "--branch", "workshop",
+        "--output", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0 and sorted(p.name for p in tmp_path.glob("*.ipynb")) == names
+    assert "commit them and push them to https://github.com/alice/minieng.git on branch workshop" in out
+    links = re.findall(r"https://colab\.research\.google\.com/github/alice/minieng/blob/workshop/notebooks/(\S+)", out)
+    assert links == names
+    code, out, _ = run_cli(
+        capsys, "colab", "--git-url", "https://git.example.org/course.git", "--output", str(tmp_path)
+    )
+    assert code == 0 and "colab.research.google.com" not in out and "Colab opens notebooks from GitHub only" in out
+
+
+def test_doctor_exits_non_zero_with_the_fix_when_a_check_fails(capsys, monkeypatch):
+    from minieng.course import doctor
+
+    def short(m):
+        return doctor.Check("memory", "FAIL", "needs 9 GiB, 4 GiB free", "close other notebooks")
+
+    def fine(m):
+        return doctor.Check("device", "ok", "cpu")
+
+    monkeypatch.setattr(doctor, "CHECKS", (fine, short))
+    code, out, _ = run_cli(capsys, "doctor")
+    assert code == 1 and "FAIL  memory" in out and "fix: close other notebooks" in out
+    monkeypatch.setattr(doctor, "CHECKS", (fine,))
+    code, out, _ = run_cli(capsys, "doctor")
+    assert code == 0 and "Ready for the workshop" in out

@@ -1,11 +1,12 @@
-"""A real browser: JupyterLab in headless Chromium runs notebooks 01, 03 and 07, and their panels work.
+"""A real browser: JupyterLab in headless Chromium runs notebooks 00, 01, 03 and 07, and their panels work.
 
 What a participant sees, checked the way they would see it: JupyterLab started on 127.0.0.1 (a
 free port, a token), each notebook opened in Chromium, every cell run in smoke mode, then: the
 sliders are rendered as widgets (not their ``IntSlider(...)`` text fallback) with a usable track,
 at least one figure is an image, no output holds a traceback, and moving a slider then pressing
 Run changes the panel's output; notebook 03's napkin-math calculator shows the measured point
-beside its floors and redraws when a slider moves. Screenshots land in ``test-results/browser/`` (CI artifacts).
+beside its floors and redraws when a slider moves; the primer's two diagrams (notebook 00) render as
+images of the size drawn. Screenshots land in ``test-results/browser/`` (CI artifacts).
 
 The notebooks run from copies in a temporary folder (JupyterLab saves what it opens) and write
 their results to another (``MINIENG_RESULTS_DIR``), so the checkout is never modified.
@@ -47,6 +48,11 @@ NOTEBOOKS = {
 }
 # The napkin-math calculator's notebook: its panel redraws on every change, with no Run button.
 NAPKIN_NOTEBOOK = "03_decode_memory_bound.ipynb"
+# The primer and the ids of the cells that draw its two diagrams (minieng.viz.primer: 12 x 5.2 and
+# 12 x 5.6 inches, shown at 100 dpi).
+PRIMER_NOTEBOOK = "00_primer.ipynb"
+PRIMER_FIGURES = ("primer-forward-figure", "primer-phases-figure")
+MIN_DIAGRAM_PX = (1000, 400)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 # Settings for this test's JupyterLab only: every cell in the DOM (no windowing, so every output
@@ -87,7 +93,7 @@ def lab(chromium_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     notebooks = root / "notebooks"
     notebooks.mkdir()
-    for name in [*NOTEBOOKS, NAPKIN_NOTEBOOK]:
+    for name in [*NOTEBOOKS, NAPKIN_NOTEBOOK, PRIMER_NOTEBOOK]:
         shutil.copy(REPO / "notebooks" / name, notebooks / name)
     settings = root / "settings"
     for rel, text in LAB_SETTINGS.items():
@@ -187,6 +193,13 @@ SLIDERS = """() => Array.from(document.querySelectorAll(".widget-slider")).map(s
             track_px: track ? track.getBoundingClientRect().width : 0,
             label_clipped: !!label && label.scrollWidth > label.clientWidth + 1};
 })"""
+CELL_IMAGE = f"""id => {{
+    const cells = Array.from({CURRENT}.content.widgets);
+    const index = cells.findIndex(cell => cell.model.id === id);
+    const img = index < 0 ? null : cells[index].node.querySelector(".jp-OutputArea-output img");
+    const drawn = !!img && img.complete;
+    return {{index: index, width: drawn ? img.naturalWidth : 0, height: drawn ? img.naturalHeight : 0}};
+}}"""
 PANEL_OUTPUT = """panel => {
     const out = panel.querySelector(".widget-output");
     return out ? out.innerText + Array.from(out.querySelectorAll("img")).map(i => i.src.length).join(",") : "";
@@ -314,6 +327,32 @@ def test_napkin_calculator_shows_the_readers_measured_point_and_redraws_live(lab
         assert batch.locator(".widget-readout").inner_text() != old_value
         assert "Traceback" not in after and after != before
         shoot(page, f"{stem}-napkin-batch-moved", panel)
+        assert not errors, f"JavaScript errors in the page: {errors[:3]}"
+    finally:
+        close(page, stem)
+
+
+def test_primer_diagrams_render(lab, browser):
+    """Notebook 00's two diagrams (the forward pass, the two phases) are drawn by their cells and
+    displayed as images of the size drawn; each is screenshotted (``00_primer-<cell id>.png``)."""
+    base, token = lab
+    stem = Path(PRIMER_NOTEBOOK).stem
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        run_all(page, base, token, PRIMER_NOTEBOOK)
+        for cell_id in PRIMER_FIGURES:
+            found = page.evaluate(CELL_IMAGE, cell_id)
+            print(f"{PRIMER_NOTEBOOK}: {cell_id} {found}")
+            assert found["index"] >= 0, f"no cell with id {cell_id!r} in {PRIMER_NOTEBOOK}"
+            assert found["width"] >= MIN_DIAGRAM_PX[0] and found["height"] >= MIN_DIAGRAM_PX[1], (
+                f"{cell_id}: the diagram is not displayed as an image of its size: {found}"
+            )
+            image = page.locator(".jp-Notebook .jp-Cell").nth(found["index"]).locator(".jp-OutputArea-output img")
+            image.scroll_into_view_if_needed()
+            shoot(page, f"{stem}-{cell_id}", image)
+            assert (ARTIFACTS / f"{stem}-{cell_id}.png").stat().st_size > 10_000
         assert not errors, f"JavaScript errors in the page: {errors[:3]}"
     finally:
         close(page, stem)

@@ -261,3 +261,21 @@ def test_a_result_that_is_not_a_dict_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(TypeError, match="must return a JSON object"):
         kit.cached("rows", {}, lambda: [1, 2], directory=tmp_path)
     assert not list(tmp_path.glob("*"))
+
+
+def test_claims_table_shows_the_notebooks_running_score_under_the_table(tmp_path, monkeypatch):
+    from minieng.course.predictions import predict, record_prediction, reveal
+    from minieng.course.scores import score_prediction
+
+    monkeypatch.setenv("MINIENG_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setenv("MINIENG_NOTEBOOK", "01_two_phases")
+    row = ("S1: prefill tok/s >> decode", "136x", "12x", "holds: 12x")
+    assert "Score so far" not in kit.claims_table([row]).data  # nothing asked yet: no score line
+    predict("ratio", "Prefill over decode tok/s?", napkin=30.0, unit="x")
+    record_prediction("ratio", 60.0)
+    score_prediction("ratio", 12.0)  # 0.2x the prediction
+    reveal("bytes", "KV bytes a token?", "**46,080 B**")
+    lines = kit.claims_table([row]).data.splitlines()
+    assert lines[2] == "| S1: prefill tok/s >> decode | 136x | 12x | holds: 12x |" and lines[3] == ""
+    assert lines[4].startswith("**Score so far in 01_two_phases:** 1 prediction asked, 1 scored: 0 close")
+    assert "1 pencil problem shown" in lines[4] and "1 typed by you" in lines[4]

@@ -158,3 +158,20 @@ def test_every_datasheet_device_is_offered(tmp_path):
     p = panel(tmp_path)
     assert list(p.controls["device"].options) == [THIS_MACHINE] + [d.name for d in datasheet_devices()]
     assert napkin_widget.MAX_BATCH == p.controls["batch_size"].max
+
+
+def test_a_t4_shows_the_memory_a_program_gets_and_keeps_weight_only_int4(tmp_path):
+    """The T4 as nvidia-smi shows it (15 GiB, not the datasheet's 16), with the CUDA context and the runtime's
+    share taken off; Qwen2.5-7B in fp16 does not fit it. Moving to int4 keeps int4 (its products run in the T4's
+    fp16: no "peak is not this dtype's" note) and says what int4 is here, beside GPTQ and AWQ."""
+    p = napkin_panel("Qwen2.5-7B-Instruct", "T4", context_tokens=1024, results_dir=tmp_path)
+    text = p.table.value
+    assert "15.0 GiB (nvidia-smi)" in text and "13.1 GiB: 90% of what the CUDA context leaves" in text
+    assert "do not fit the 13.1 GiB that T4 leaves" in text and "0 tokens" in text
+    p.controls["dtype"].value = "int4 weights, bf16 KV"
+    p.controls["device"].value = "L4"
+    p.controls["device"].value = "T4"
+    assert p.controls["dtype"].value == "int4 weights, bf16 KV"
+    text = p.table.value
+    assert "int4 is minieng&#x27;s scheme: 4-bit weights in groups of 64" in text and "GPTQ or AWQ" in text
+    assert "peak is for" not in text and "do not fit" not in text

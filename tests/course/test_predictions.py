@@ -1,5 +1,6 @@
 """Predictions the course scores: stored before the measurement, scored after it, filled with the napkin
-value where nobody types, a typed value kept across re-runs, choices, and bad input refused."""
+value where nobody types, a typed value kept across re-runs, choices, and bad input refused; pencil
+problems revealed on demand; a notebook's running score and the course's."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ import torch
 from minieng.config import published_config
 from minieng.course import predictions
 from minieng.course.predictions import (
-    load_predictions,
     parse_number,
     predict,
     prediction_input,
     predictions_path,
     record_prediction,
+    reveal,
+)
+from minieng.course.scores import (
+    RunningScore,
+    course_score,
+    entry_cells,
+    load_predictions,
+    running_score,
     score,
     score_prediction,
 )
@@ -72,7 +80,7 @@ def test_smoke_mode_fills_the_prediction_with_the_napkin_value_and_says_so(tmp_p
     assert entry["prediction"] == 13.7 and entry["source"] == "napkin"
     result = score_prediction("tpot", 41.1)
     assert result.ratio == result.napkin_ratio == pytest.approx(3.0)
-    assert "filled in: nobody typed" in result.text() and "3x the prediction (3.0x off)" in result.text()
+    assert "filled in: nobody typed" in result.text() and "3x the prediction (3x off)" in result.text()
 
 
 def test_the_course_runner_flag_fills_the_napkin_value_too(tmp_path, monkeypatch, capsys):
@@ -185,3 +193,85 @@ def test_napkin_here_is_the_calculator_on_this_machines_ceilings():
     sheet = napkin_estimate(smol, measured_device(peak, 2**34, "float32"), "fp32", 1, 512, 72)
     assert here.tpot_floor_s == pytest.approx(sheet.tpot_floor_s)
     assert here.ttft_floor_s == pytest.approx(sheet.ttft_floor_s) and here.dtype == "fp32"
+
+
+def test_a_measurement_far_below_the_prediction_is_5x_off_not_close(tmp_path):
+    predict("tpot", "TPOT at batch 1?", napkin=10.0, unit="ms")
+    record_prediction("tpot", 10.0)
+    result = score_prediction("tpot", 2.0)  # 0.2x the prediction: as far off as 5x above it
+    assert result.ratio == pytest.approx(0.2)
+    assert "measured is 0.2x your prediction (5x off)" in result.text() and "close" not in result.text()
+    assert "measured / prediction 0.2x (5x off)" in entry_cells(stored(tmp_path)["tpot"])[3]
+    assert "(5x off)" in score_prediction("tpot", 50.0).text()  # 5x above reads the same
+
+
+@pytest.mark.parametrize("measured,close", [(8.0, True), (12.5, True), (7.9, False), (12.6, False)])
+def test_close_means_within_1_25x_either_way(tmp_path, measured, close):
+    predict("tpot", "TPOT at batch 1?", napkin=10.0, unit="ms")
+    record_prediction("tpot", 10.0)
+    text = score_prediction("tpot", measured).text()
+    assert ("close (within 25%)" in text) is close
+    assert running_score().close == int(close)
+
+
+def test_reveal_shows_the_question_and_a_folded_worked_answer_and_records_a_pencil_problem(tmp_path, capsys):
+    reveal("kv_bytes", "How many bytes of KV does one token add?", "2 x 30 x 3 x 64 x 4 B = **46,080 B**")
+    out = capsys.readouterr().out
+    assert "Pencil problem: How many bytes of KV does one token add?" in out and "46,080 B" in out
+    entry = stored(tmp_path)["kv_bytes"]
+    assert entry["kind"] == "pencil" and entry["notebook"] == "03_decode" and "46,080" in entry["answer"]
+    folded = predictions.pencil_markdown("Q?", "the answer")
+    assert (
+        folded.index("<details>") < folded.index("<summary>") < folded.index("the answer") < folded.index("</details>")
+    )
+    assert "Q?" in folded[: folded.index("<details>")]  # the question shows; the answer waits for a click
+    with pytest.raises(KeyError, match="before the measurement"):
+        score("kv_bytes", 46080)  # a pencil problem has nothing to score
+    with pytest.raises(ValueError, match="answer"):
+        reveal("empty", "Q?", "  ")
+
+
+def test_reveal_in_a_kernel_displays_markdown_with_the_answer_folded(tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(predictions, "in_kernel", lambda: True)
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    reveal("ridge", "Where is the ridge point?", "peak / bandwidth = **12 FLOP/B**")
+    assert len(shown) == 1 and "<details>" in shown[0].data and "**12 FLOP/B**" in shown[0].data
+
+
+def test_running_score_counts_asked_scored_close_and_pencil_problems(tmp_path, capsys):
+    assert running_score().sentence().startswith("no prediction asked")
+    predict("a", "A?", napkin=10.0, unit="ms")
+    record_prediction("a", 10.0)
+    score_prediction("a", 11.0)  # 1.1x: close
+    predict("b", "B?", napkin=10.0, unit="ms")
+    record_prediction("b", 10.0)
+    score_prediction("b", 2.0)  # 0.2x: 5x off
+    predict("c", "C?", napkin="memory", choices=["compute", "memory"])
+    score_prediction("c", "memory")  # the napkin's choice, filled in: right
+    predict("d", "D?", napkin=1.0, unit="ms")  # asked, not yet measured
+    reveal("e", "E?", "42")
+    capsys.readouterr()
+    got = running_score()
+    assert got == RunningScore(
+        "03_decode", asked=4, scored=3, close=2, typed=2, napkin_scored=3, napkin_close=2, pencil=1
+    )
+    assert "4 predictions asked, 3 scored: 2 close (within 1.25x, or the right choice), 1 further off" in got.text()
+    assert "1 pencil problem shown" in got.text() and got.text() in capsys.readouterr().out
+    assert got._repr_markdown_().startswith("**Score so far in 03_decode:**")
+
+
+def test_course_score_sums_every_notebooks_file(tmp_path, monkeypatch, capsys):
+    predict("a", "A?", napkin=10.0, unit="ms")
+    score_prediction("a", 10.0)  # the napkin value, filled in: close
+    monkeypatch.setenv("MINIENG_NOTEBOOK", "05_batching")
+    predict("b", "B?", napkin=10.0, unit="x")
+    score_prediction("b", 30.0)  # 3x off
+    reveal("c", "C?", "42")
+    reveal("d", "D?", "43")
+    total = course_score(tmp_path).total
+    assert (total.asked, total.scored, total.close, total.pencil, total.typed) == (2, 2, 1, 2, 0)
+    assert [s.notebook for s in course_score(tmp_path).notebooks] == ["03_decode", "05_batching"]
+    assert "every one the napkin model's value" in total.sentence()
+    assert "| 05_batching | 1 | 1 | 0 | 2 |" in course_score(tmp_path).markdown()
+    assert course_score(tmp_path, since="2999-01-01 00:00:00 UTC").notebooks == ()

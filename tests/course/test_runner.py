@@ -191,11 +191,11 @@ def test_every_course_notebook_names_its_article_claims():
     """Each row about an article's claim starts with its id, and every claim has a notebook."""
     from pathlib import Path
 
+    from minieng.course.runner import expected_claims
+
     named = set()
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
-        nb = json.loads(path.read_text())
-        source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-        named |= claims.claims_in_source(source)
+        named |= expected_claims(path)
     assert named == set(claims.ARTICLE_CLAIMS)
 
 
@@ -273,14 +273,14 @@ def test_model_reaches_only_the_notebooks_it_names(tmp_path, monkeypatch):
 
 def test_each_claim_lists_the_notebooks_whose_closing_tables_name_it():
     """The claims index (README, notebook 00) says where each claim is measured: the notebooks whose
-    claims_table rows name it, and no other."""
+    claims_table rows name it (in the notebook or its ``minieng.course.closing`` module), and no other."""
     from pathlib import Path
+
+    from minieng.course.runner import expected_claims
 
     named = {cid: set() for cid in claims.ARTICLE_CLAIMS}
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb")):
-        nb = json.loads(path.read_text())
-        source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-        for cid in claims.claims_in_source(source):
+        for cid in expected_claims(path):  # the notebook's cells and the closing module they import
             named[cid].add(path.name[:2])
     assert {cid: set(c.notebooks) for cid, c in claims.ARTICLE_CLAIMS.items()} == named
 
@@ -295,12 +295,14 @@ def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
     write_notebook(
         folder,
         "03_predicts.ipynb",
-        "from minieng.course.predictions import predict, score\n"
+        "from minieng.course import predict, score\n"
         "predict('ratio', 'How many times faster is prefill per token?', unit='x', napkin=30)",
         "measured = 12.0  # what the measurement found",
         "score('ratio', measured, why='prefill runs below the matmul ceiling here')",
         "predict('bound', 'What bounds batch-1 decode?', napkin='memory', choices=['compute', 'memory'])\n"
         "score('bound', 'memory')",
+        "from minieng.course import reveal, running_score\nreveal('kv', 'How many KV bytes a token?', '**46,080 B**')",
+        "running_score()",
     )
     results = tmp_path / "out" / "results"
     results.mkdir(parents=True)
@@ -310,7 +312,7 @@ def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
     summary = run_course(folder, tmp_path / "out", progress=False)
     assert summary["notebooks"][0]["status"] == "ok", summary["notebooks"][0]["error"]
     rows = summary["predictions"]["03_predicts"]
-    assert [r["key"] for r in rows] == ["ratio", "bound"]
+    assert [r["key"] for r in rows] == ["ratio", "bound", "kv"] and rows[2]["kind"] == "pencil"
     assert rows[0]["source"] == "napkin" and rows[0]["prediction"] == 30 and rows[0]["measured"] == 12.0
     assert json.loads((tmp_path / "out" / "course.json").read_text())["predictions"] == summary["predictions"]
 
@@ -324,6 +326,26 @@ def test_the_index_lists_the_predictions_beside_the_measurements(tmp_path):
     page = (tmp_path / "out" / "03_predicts.html").read_text()
     assert "nobody types here" in page and "Prediction scored." in page
     assert "03 ratio: predicted 30x" in report(summary)
+    # the pencil problem is counted, not listed as a prediction; the score is the page's and the report's
+    assert "How many KV bytes a token?" not in index and "<details>" in page and "46,080 B" in page
+    assert (
+        "Score so far in 03_predicts:</strong>" in page and "2 scored: 1 close" in page
+    )  # the old question counts too
+    assert summary["score"]["total"] == {
+        "notebook": "the course", "asked": 2, "scored": 2, "close": 1, "typed": 0,
+        "napkin_scored": 2, "napkin_close": 1, "pencil": 1,
+    }  # fmt: skip
+    assert "The course's prediction score" in index and "1 pencil problem shown" in index
+    assert "The course's score: 2 predictions asked" in report(summary)
+    # this full-mode run's time is recorded for lesson_header, and the core path's sum waits for the rest
+    (run,) = summary["notebooks"]
+    core = {r["name"]: r for r in summary["core_path"]["notebooks"]}
+    assert core["03_predicts"]["run_s"] == run["wall_s"] and core["03_predicts"]["reading_s"] > 0
+    assert summary["core_path"]["fits"] is None and summary["core_path"]["missing"] == ["00", "01", "05", "07", "10"]
+    assert "The core path's time" in index and "not judged until every core notebook has a full-mode run" in index
+    times = json.loads((results / "run-times.json").read_text())
+    assert times["03_predicts"]["wall_s"] == run["wall_s"] and times["03_predicts"]["mode"] == "full"
+    assert "Core path (reading estimated at 200 words/min" in report(summary)
 
 
 @pytest.mark.parametrize("jobs, policy", [("1", "None"), ("2", "PASSIVE")])
@@ -337,3 +359,89 @@ def test_kernels_side_by_side_let_openmp_sleep(tmp_path, monkeypatch, jobs, poli
     assert cli.main(["course", "--notebooks", str(folder), "--output", str(out), "--smoke", "--jobs", jobs]) == 0
     printed = nbformat.read(out / "00_a.ipynb", as_version=4).cells[0].outputs[0]["text"]
     assert printed == f"policy: {policy}\n"
+
+
+def write_lesson(folder, name, words: int, code_lines: int) -> None:
+    """A notebook of ``words`` markdown words and ``code_lines`` code lines, after a setup cell."""
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("# setup\n" + "import os\n" * 40),  # the Colab cell: not read
+            nbformat.v4.new_markdown_cell(" ".join(["word"] * words)),
+            nbformat.v4.new_code_cell("# a comment\n\n" + "x = 1\n" * code_lines),
+        ]
+    )
+    nbformat.write(nb, folder / name)
+
+
+def test_lesson_header_prints_the_place_the_reading_rule_and_the_recorded_run_time(tmp_path, monkeypatch, capsys):
+    from minieng.course import course_path
+    from minieng.course.course_path import lesson_header, reading_time, record_run_times
+
+    monkeypatch.chdir(tmp_path)  # a kernel's working directory: the notebook's folder
+    monkeypatch.setenv("MINIENG_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("MINIENG_NOTEBOOK", "03_decode")
+    write_lesson(tmp_path, "03_decode.ipynb", words=1000, code_lines=30)
+    write_lesson(tmp_path, "04_gpu.ipynb", words=200, code_lines=3)
+    assert reading_time(tmp_path / "03_decode.ipynb").seconds == 60 * 1000 / 200 + 10 * 30  # 5 min + 5 min
+    lesson_header()
+    out = capsys.readouterr().out
+    assert "03_decode: core path, lesson 3 of 6." in out
+    assert "Reading time: about 10 min (1,000 markdown words at 200 words/min + 30 code lines at 10 s each)" in out
+    assert "Running time: not yet measured on this machine (run `make course`)." in out
+
+    # a smoke run's time and another host's are not this machine's full-mode time
+    record_run_times([{"name": "03_decode", "status": "ok", "wall_s": 5.0}], "smoke", "cpu", tmp_path / "results")
+    lesson_header()
+    assert "not yet measured" in capsys.readouterr().out
+    record_run_times([{"name": "03_decode", "status": "ok", "wall_s": 754.0}], "full", "cpu", tmp_path / "results")
+    lesson_header()
+    assert "Running time: 13 min in full mode on this machine" in capsys.readouterr().out
+    here = course_path.this_host
+    monkeypatch.setattr(course_path, "this_host", lambda: "another-host")
+    lesson_header()
+    assert "not yet measured" in capsys.readouterr().out
+    monkeypatch.setattr(course_path, "this_host", here)
+
+    lesson_header("04", directory=tmp_path / "results")
+    out = capsys.readouterr().out
+    assert "04_gpu: elective." in out and "about 90 s" in out  # 60 s of words + 30 s of code
+
+
+def test_lesson_header_reads_make_course_output_from_the_notebooks_folder(tmp_path, monkeypatch, capsys):
+    """JupyterLab opened in notebooks/: its results/ holds no run time; `make course`'s output beside it does."""
+    from minieng.course.course_path import lesson_header, record_run_times
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    write_lesson(notebooks, "10_serving.ipynb", words=10, code_lines=1)
+    record_run_times(
+        [{"name": "10_serving", "status": "ok", "wall_s": 90.0}], "full", "cpu", tmp_path / "course-output" / "results"
+    )
+    record_run_times([{"name": "10_serving", "status": "failed", "wall_s": 3.0}], "full", "cpu", notebooks / "results")
+    monkeypatch.chdir(notebooks)
+    monkeypatch.delenv("MINIENG_RESULTS_DIR", raising=False)
+    lesson_header("10_serving")
+    out = capsys.readouterr().out
+    assert "10_serving: core path, lesson 6 of 6." in out and "Running time: 90 s in full mode" in out
+
+
+@pytest.mark.parametrize("run_s, fits", [(1000.0, True), (1300.0, False)])
+def test_the_core_path_sums_reading_and_running_and_says_whether_it_fits_three_hours(tmp_path, run_s, fits):
+    from minieng.course.course_path import CORE_PATH, core_path_lines, core_path_times, record_run_times
+
+    for number in CORE_PATH:
+        write_lesson(tmp_path, f"{number}_lesson.ipynb", words=1000, code_lines=30)  # 10 min to read each
+    write_lesson(tmp_path, "02_elective.ipynb", words=5000, code_lines=100)
+    runs = [{"name": f"{n}_lesson", "status": "ok", "wall_s": run_s} for n in CORE_PATH]
+    record_run_times(runs[:-1], "full", "cpu", tmp_path / "results")
+    partial = core_path_times(tmp_path, tmp_path / "results")
+    assert partial["missing"] == ["10_lesson"] and partial["run_s"] is None and partial["fits"] is None
+    assert partial["reading_s"] == 6 * 600
+
+    record_run_times(runs, "full", "cpu", tmp_path / "results")
+    times = core_path_times(tmp_path, tmp_path / "results")
+    assert [r["name"] for r in times["notebooks"]] == [f"{n}_lesson" for n in CORE_PATH]  # no elective
+    assert times["run_s"] == 6 * run_s and times["total_s"] == 6 * 600 + 6 * run_s
+    assert times["fits"] is fits  # 3 h = 10,800 s: 3,600 s of reading + 6,000 s fits, + 7,800 s does not
+    verdict = core_path_lines(times)[-1]
+    assert ("which fits within 3 h 00 min" in verdict) is fits and ("does NOT fit" in verdict) is not fits

@@ -45,8 +45,8 @@ from minieng.model.kv_cache import num_blocks_for_budget
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 GIB = 1024**3
-T4_TOTAL = 15 * GIB
-CUDA_CONTEXT = 300 * 1024**2  # what the CUDA context holds before anything is allocated
+T4_TOTAL = peaks.DEVICE_MEMORY_MIB["T4"][0] * 1024**2  # 15,360 MiB: what nvidia-smi shows, not the 16 GB sold
+CUDA_CONTEXT = peaks.CUDA_CONTEXT_BYTES  # what a program's tensors never get of it (the context, the driver's share)
 FP16 = torch.float16
 BLOCK = 16
 # Engines a notebook's package calls build beside its own, from its engine's config (so with its
@@ -104,14 +104,26 @@ def shapes():
     return {name: published_config(name) for name in names}
 
 
+# Calls that read the ceilings: ``lab.lesson_backend`` reads them before it builds its engine (checked below).
+READS_CEILINGS = ("machine_ceilings(", "lesson_backend(")
+
+
+def test_the_lesson_backend_reads_the_ceilings_before_it_builds_its_engine():
+    from minieng.lab.backend import EngineBackend
+
+    init = inspect.getsource(EngineBackend.__init__)
+    assert -1 < init.find("machine_ceilings(") < init.find("LLMEngine(")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_notebook_reads_its_ceilings_before_any_engine_takes_the_gpu(path):
     _, source = code_of(path)
     calls = engine_calls(source)
-    assert "machine_ceilings(" in source, f"{path.name}: reads no ceilings, so it reads no noise either"
+    reads = [source.index(call) for call in READS_CEILINGS if call in source]
+    assert reads, f"{path.name}: reads no ceilings, so it reads no noise either"
     assert "measure_ceilings(" not in source, f"{path.name}: measures its ceilings anew instead of reading them once"
     if calls:
-        assert source.index("machine_ceilings(") < calls[0][0], (
+        assert min(reads) < calls[0][0], (
             f"{path.name}: builds an engine before reading the ceilings, whose copy then meets a GPU the pool filled"
         )
 

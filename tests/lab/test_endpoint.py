@@ -17,7 +17,7 @@ pytest.importorskip("fastapi", reason="the server extra (pip install -e '.[serve
 
 from minieng.lab import endpoint as api  # noqa: E402
 from minieng.lab import endpoint_goodput as api_goodput  # noqa: E402
-from minieng.lab import endpoint_phases as api_phases  # noqa: E402
+from minieng.lab.endpoint_backend import EndpointBackend  # noqa: E402
 from minieng.lab import endpoint_prefix_cache as api_prefix_cache  # noqa: E402
 from minieng.lab.server_metrics import read_prefix_cache_counters  # noqa: E402
 from minieng.measure.sweep_plan import prefill_sweep_lengths  # noqa: E402
@@ -92,6 +92,13 @@ def served(engine, wrap=None):
         yield endpoint, finished
 
 
+@contextmanager
+def backend_on(engine, seed=None):
+    """``served``, as the ``EndpointBackend`` a notebook gets (``lesson_backend(url)``)."""
+    with served(engine) as (endpoint, finished):
+        yield EndpointBackend(endpoint, seed), finished
+
+
 def test_connecting_reads_the_model_and_the_servers_token_count(real_engine):
     with served(real_engine()) as (endpoint, finished):
         assert endpoint.model == NAME and endpoint.max_model_len == 1024
@@ -110,30 +117,28 @@ def test_a_server_that_cannot_be_reached_is_named():
 
 
 def test_the_two_phases_are_the_servers_counts(real_engine):
-    with served(real_engine()) as (endpoint, finished):
-        result = api_phases.endpoint_two_phases(
-            endpoint, [16, 64], decode_tokens=5, repeats=2, decode_prompt_tokens=16, seed=1
-        )
-    prefills, decode = finished[1:5], finished[5]
+    with backend_on(real_engine(), seed=1) as (backend, finished):
+        short, long = backend.prefill(16, repeats=2), backend.prefill(64, repeats=2)
+        decode = backend.decode(5, prompt_tokens=16)
+        assert not backend.has_steps and backend.engine is None and backend.noise is None
+    prefills, out = finished[1:5], finished[5]
     assert len(finished) == 6  # calibration, 2 lengths x 2 repeats, the decode
-    for row, outs in zip(result["prefill"], (prefills[:2], prefills[2:])):
-        counts = [len(o.prompt_token_ids) for o in outs]
-        assert row["prompt_tokens"] == round(statistics.median(counts))
+    for run, outs in zip((short, long), (prefills[:2], prefills[2:])):
+        assert run.tokens == round(statistics.median(len(o.prompt_token_ids) for o in outs))
         assert all(len(o.token_ids) == 1 for o in outs)  # prefill timed on one token
-        assert row["cached_tokens"] == sum(o.num_cached_tokens for o in outs)  # distinct prompts: 0
-        assert row["ttft_s"] > 0 and row["tok_s"] == pytest.approx(row["prompt_tokens"] / row["ttft_s"])
-    assert result["prefill"][0]["prompt_tokens"] < result["prefill"][1]["prompt_tokens"]
-    assert decode.token_ids and len(decode.token_ids) == result["decode"]["output_tokens"] == 5
-    assert result["decode"]["prompt_tokens"] == len(decode.prompt_token_ids)
-    assert result["decode"]["itl_ms"]["count"] >= 1 and result["decode"]["tpot_s"] > 0
-    assert result["server"] == endpoint.label and endpoint.label in api_phases.format_two_phases(result)[0]
+        assert run.steps is None and run.seconds > 0 and run.tok_s == pytest.approx(run.tokens / run.seconds)
+    assert short.tokens < long.tokens
+    assert len(out.token_ids) == decode.tokens == 5 and len(decode.itl_s) == 4
+    assert decode.seconds > 0 and decode.tok_s == pytest.approx(1 / decode.seconds)
+    with pytest.raises(ValueError, match="batch=2"):
+        backend.decode(5, batch=2)
 
 
-def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engine):
-    with served(real_engine()) as (endpoint, finished):
-        grid = api_phases.endpoint_phase_grid(endpoint, (8, 40), (2, 6), seed=2)
-        one = api.endpoint_request(endpoint, 24, 3, seed=3)
-        chat = api.endpoint_chat(endpoint, "Name one colour.", 4)
+def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engine, capsys):
+    with backend_on(real_engine(), seed=2) as (backend, finished):
+        grid = backend.phase_grid((8, 40), (2, 6))
+        one = backend.request(24, 3)
+        chat = backend.chat("Name one colour.", 4)
     # finished[0] calibrates the endpoint; one untimed round of the three cases, then the timed one
     assert [len(o.token_ids) for o in finished[1:7]] == [2, 2, 6] * 2
     outs = dict(zip(("short", "long_prompt", "long_output"), finished[4:7]))
@@ -144,8 +149,9 @@ def test_the_phase_grid_and_the_panels_request_are_the_servers_counts(real_engin
     assert grid["long_prompt"]["prompt_tokens"] > grid["short"]["prompt_tokens"]
     assert (one.prompt_tokens, one.output_tokens) == (len(finished[7].prompt_token_ids), 3)
     assert chat.prompt_tokens == len(finished[8].prompt_token_ids) and 1 <= chat.output_tokens <= 4
+    assert backend.label in capsys.readouterr().out  # the chat says its text is not kept
     with pytest.raises(ValueError, match="short < long"):
-        api_phases.endpoint_phase_grid(endpoint, (40, 8), (2, 6))
+        backend.phase_grid((40, 8), (2, 6))
 
 
 def test_the_hit_rate_sweep_equals_the_engines_record(real_engine):
@@ -214,7 +220,6 @@ def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate(real_engine
     wrap = lambda app: metrics_as(strip_cached_tokens(app), None)  # noqa: E731 (no usage details, no /metrics)
     with served(engine, wrap) as (endpoint, finished):
         result = api_prefix_cache.endpoint_hit_rate_sweep(endpoint, 64, (0.0, 0.75), requests=1, seed=5)
-        phases = api_phases.endpoint_two_phases(endpoint, [16], decode_tokens=2, seed=6)
         assert read_prefix_cache_counters(endpoint.base_url) is None  # 404
     assert sum(o.num_cached_tokens for o in finished) > 0  # the engine's cache did serve blocks
     assert not result["cached_tokens_reported"] and result["hit_rate_source"] is None
@@ -225,7 +230,6 @@ def test_a_server_that_does_not_report_cached_tokens_has_no_hit_rate(real_engine
     with pytest.raises(ValueError, match="not reported by this server"):
         api_prefix_cache.endpoint_hit_rate_pair(result)
     assert any(api.NOT_REPORTED in line for line in api_prefix_cache.format_hit_rate_sweep(result))
-    assert phases["prefill"][0]["cached_tokens"] is None and phases["decode"]["cached_tokens"] is None
 
 
 def test_a_server_that_leaves_out_a_zero_count_still_has_a_hit_rate(real_engine):
@@ -243,12 +247,13 @@ def test_a_server_that_leaves_out_a_zero_count_still_has_a_hit_rate(real_engine)
 
 
 def test_the_probe_sizes_a_sweep_from_the_servers_counts(real_engine):
-    with served(real_engine()) as (endpoint, finished):
-        probe = api_phases.endpoint_probe(endpoint, max_prompt_tokens=128, budget_s=30, repeats=1, seed=8)
+    with backend_on(real_engine(), seed=8) as (backend, finished):
+        probe = backend.probe(max_prompt_tokens=128, budget_s=30, repeats=1)
+        assert backend.speed is probe and backend.estimate_s(prefill_tokens=100, decode_steps=3, prefills=1) > 0
     timed = [o for o in finished[1:] if len(o.token_ids) == 1]  # prefills answered in one token
     lengths = [n for n, _ in probe["prefill_points"]]
     assert set(lengths) <= {len(o.prompt_token_ids) for o in timed}
-    assert lengths == sorted(set(lengths)) and probe["decode_step_s"] > 0 and probe["server"] == endpoint.label
+    assert lengths == sorted(set(lengths)) and probe["decode_step_s"] > 0 and probe["server"] == backend.label
     assert sum(len(o.token_ids) == 6 for o in finished) == 1  # one decode of 6 tokens (repeats=1)
     assert prefill_sweep_lengths(probe, 2)  # the engine probe's consumers read it
 
@@ -267,24 +272,28 @@ def test_the_goodput_run_sends_each_spec_at_the_servers_count(real_engine):
     assert endpoint.label in lines[0] and any("prefix cache" in line for line in lines)
 
 
-def test_a_figure_names_the_server_it_measured():
+def test_a_figure_names_the_server_it_measured_and_engine_only_figures_say_why_once(capsys):
     from matplotlib.figure import Figure
 
-    endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)
-    assert api.captioned(Figure(), None)._suptitle is None  # the in-process engine: the figure as it was
-    assert endpoint.label in api.captioned(Figure(), endpoint)._suptitle.get_text()
+    backend = EndpointBackend(api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0))
+    assert backend.label in backend.caption(Figure())._suptitle.get_text()
+    assert backend.needs_engine("mfu") is False and backend.needs_engine("mfu") is False
+    assert capsys.readouterr().out.count("not through the API") == 1  # said once
+    assert backend.why_not("roofline") == api.ENGINE_ONLY["roofline"]
+    with pytest.raises(KeyError, match="mfu"):
+        backend.needs_engine("flops")
+    with pytest.raises(RuntimeError, match="probe"):
+        backend.estimate_s(prefill_tokens=10)
 
 
 def test_bad_arguments_are_refused_before_anything_is_sent():
     endpoint = api.Endpoint("http://127.0.0.1:9/v1", NAME, 4.0)  # no server there
+    backend = EndpointBackend(endpoint)
     with pytest.raises(ValueError, match="decode_tokens=1"):
-        api_phases.endpoint_two_phases(endpoint, [16], decode_tokens=1)
+        backend.probe(64, decode_tokens=1)
     with pytest.raises(ValueError, match=r"share=1\.0"):
         api_prefix_cache.endpoint_hit_rate_point(endpoint, 64, 1.0, 2)
     with pytest.raises(ValueError, match="exceed the course's text"):
-        api.endpoint_request(endpoint, 10**6, 2)
+        backend.request(10**6, 2)
     with pytest.raises(RuntimeError, match="at http://127.0.0.1:9/v1: request 0: ConnectError"):
         api.send_one(endpoint, "text", 2)  # the server named with its error
-    with pytest.raises(KeyError, match="mfu"):
-        api.engine_only("flops")
-    assert "MFU" in api.engine_only("mfu")

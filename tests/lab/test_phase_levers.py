@@ -1,4 +1,4 @@
-"""Notebook 03's prefill experiments on the tiny model: prompts prefilled together in one step
+"""Notebooks 03 and 11's prefill experiments on the tiny model: prompts prefilled together in one step
 (claim S16), and the same engine at two thread counts (claim S17)."""
 
 from __future__ import annotations

@@ -124,3 +124,31 @@ def test_levers_refuse_a_chunk_as_long_as_the_prompt(swept):
         ttft_levers(engine, sweep, chunk_tokens=16, num_decoders=0)
     with pytest.raises(ValueError, match="warmup_runs"):
         ttft_levers(engine, sweep, chunk_tokens=16, warmup_runs=-1)
+
+
+def test_the_sweep_table_reads_an_engines_sweep_with_its_cache_off_point():
+    """``format_hit_rate_sweep`` on ``EngineBackend.hit_rate_sweep``'s result: the cold point is the cache
+    switched off (not prompts that share nothing), and the hit rates are the engine's own record."""
+    from minieng.lab.endpoint_prefix_cache import HIT_RATE_SOURCES, format_hit_rate_sweep
+
+    def point(shared, hit, p50, cache=True):
+        ttft = {"count": 4, "p50": p50, "p99": p50 * 1.1, "max": p50 * 1.2}
+        return {
+            "shared_tokens": shared,
+            "hit_rate": hit,
+            "uncached_tokens": 64 * (1 - hit),
+            "ttft_ms": ttft,
+            "cache": cache,
+        }
+
+    result = {
+        "server": "tiny on cpu",
+        "prompt_tokens": 64,
+        "cold": point(0, 0.0, 40.0, cache=False),
+        "points": [point(32, 0.5, 25.0), point(48, 0.75, 16.0)],
+        "hit_rate_source": "engine",
+    }
+    lines = format_hit_rate_sweep(result)
+    assert lines[0].startswith("measured: tiny on cpu") and "max of 4" in lines[1]
+    assert lines[2].split()[:3] == ["cache", "off", "0.0%"] and lines[-2].endswith("2.50x")
+    assert lines[-1] == f"hit rates: {HIT_RATE_SOURCES['engine']}" and not any("share nothing" in x for x in lines)

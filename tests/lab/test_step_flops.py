@@ -63,3 +63,16 @@ def test_counting_refuses_a_busy_engine():
     engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="idle"):
         counted_steps(engine, [[4, 5]], 2)
+
+
+def test_the_printout_splits_attention_into_causal_masked_and_padding():
+    from minieng.lab.step_flops import counting_engine, format_counted_steps
+
+    engine = tiny_engine()
+    assert counting_engine(engine, 64) is engine  # an eager engine counts itself
+    rows = counted_steps(engine, [list(range(1, 13))], max_tokens=2)
+    lines = format_counted_steps(rows, engine.model_config)
+    assert lines[0] == "prefill of 12 tokens:" and "(equal)" in lines[1]
+    assert "causal" in lines[2] and "masked triangle" in lines[2] and lines[3].startswith("decode after 12 tokens")
+    rows[0]["counted_linear_flops"] += 2
+    assert "(DIFFERENT)" in format_counted_steps(rows, engine.model_config)[1]

@@ -13,23 +13,19 @@ import math
 import pytest
 
 from minieng.config import published_config
-from minieng.measure.napkin import (
-    DATASHEET_MEMORY_GIB,
-    datasheet_devices,
-    measured_device,
-    napkin_estimate,
-    cost_per_mtok,
-)
-from minieng.measure.peaks import DATASHEET, Peak
+from minieng.engine.memory_plan import HEADROOM
+from minieng.measure.napkin import datasheet_devices, measured_device, napkin_estimate, cost_per_mtok
+from minieng.measure.peaks import CUDA_CONTEXT_BYTES, DATASHEET, DEVICE_MEMORY_MIB, MEMORY_UTILIZATION, Peak
 
 GIB = 2**30
+MIB = 2**20
 
 
 def device(name):
     return next(d for d in datasheet_devices() if d.name == name)
 
 
-# -- Llama-3-8B in bf16 on an H100 SXM's datasheet (989 TFLOP/s, 3,350 GB/s, 80 GiB) ------------------
+# -- Llama-3-8B in bf16 on an H100 SXM's datasheet (989 TFLOP/s, 3,350 GB/s; 81,559 MiB to nvidia-smi) ---
 # L = 32 layers, hidden 4,096, intermediate 14,336, 32 heads, 8 KV heads, head_dim 128, vocab 128,256, untied.
 L8_LAYER_MATMUL = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)  # 6,979,321,856
 L8_HEAD = 4096 * 128256  # 525,336,576 (the LM head; the embedding table is as large)
@@ -55,7 +51,10 @@ def test_llama3_8b_bf16_on_h100_sxm():
     assert est.weights_bytes == weights
     assert est.kv_bytes_per_token == 131_072
     assert est.kv_bytes == 131_072 * 1 * 128
-    assert est.kv_capacity_tokens == (85_899_345_920 - 16_060_522_496) // 131_072 == 532_827
+    # The weights and KV get 90% of nvidia-smi's 81,559 MiB less the CUDA context's 512 MiB: 72,942.3 MiB (76.49 GB).
+    budget = 0.9 * (81_559 - 512) * MIB
+    assert est.memory_budget_bytes == pytest.approx(budget) and budget == pytest.approx(76_485_545_164.8)
+    assert est.kv_capacity_tokens == int((76_485_545_164.8 - 16_060_522_496) // 131_072) == 461_006
     assert est.fits
 
     # TTFT: one 512-token prompt, nothing cached, logits for its last position.
@@ -137,7 +136,8 @@ def test_smollm2_135m_fp32_on_this_machine():
     assert est.weights_bytes == weights == 538_060_032
     assert est.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4 == 46_080
     assert est.kv_bytes == 46_080 * 4 * 256
-    assert est.kv_capacity_tokens == (25_769_803_776 - 538_060_032) // 46_080 == 547_563
+    # On a CPU there is no CUDA context: 90% of the 24 GiB of RAM for the weights and KV.
+    assert est.kv_capacity_tokens == int((0.9 * 25_769_803_776 - 538_060_032) // 46_080) == 491_639
 
     # TTFT: four 128-token prompts in one step.
     prefill_flops = 4 * (2 * 106_168_320 * 128 + 69_120 * (128 * 129 // 2) + 2 * 28_311_552)
@@ -171,6 +171,10 @@ def test_weights_that_do_not_fit_are_said_so():
 def test_a_peak_that_is_not_the_dtypes_is_flagged():
     t4 = device("T4")
     assert not t4.covers("bf16") and t4.covers("fp16") and t4.native_dtype() == "fp16"
+    # Weight-only schemes dequantize to the device's own dtype: never flagged, on a T4 or a CPU either.
+    assert t4.covers("int4 weights, bf16 KV") and t4.covers("int8 weights, bf16 KV")
+    est = napkin_estimate(published_config("SmolLM2-135M"), t4, "int4 weights, bf16 KV", 1, 128, 128)
+    assert not [n for n in est.notes if "peak is for" in n]
     assert device("H200").covers("int4 weights, bf16 KV") and not device("H200").covers("fp32")
     est = napkin_estimate(published_config("SmolLM2-135M"), device("H200"), "fp32", 1, 128, 128)
     assert any("peak is for bf16/fp16, not fp32" in n for n in est.notes)
@@ -178,10 +182,60 @@ def test_a_peak_that_is_not_the_dtypes_is_flagged():
     assert not cpu.covers("bf16") and cpu.native_dtype() == "fp32"
 
 
-def test_every_datasheet_device_has_its_memory():
+def test_every_datasheet_device_has_the_memory_a_program_sees():
+    """nvidia-smi's totals, not the product pages' "GB" (a T4 sold as 16 GB shows 15 GiB), where published."""
     assert [d.name for d in datasheet_devices()] == [name for _, name, _, _ in DATASHEET]
-    assert set(DATASHEET_MEMORY_GIB) == {name for _, name, _, _ in DATASHEET}
-    assert device("H200").memory_bytes == 141 * GIB and device("H200").bandwidth_gbps == 4800
+    assert set(DEVICE_MEMORY_MIB) == {name for _, name, _, _ in DATASHEET}
+    assert {src for _, src in DEVICE_MEMORY_MIB.values()} == {"nvidia-smi", "nominal"}
+    assert device("T4").memory_bytes == 15_360 * MIB == 15 * GIB and device("T4").memory_source == "nvidia-smi"
+    assert device("A10").memory_bytes == 23_028 * MIB and device("L4").memory_bytes == 23_034 * MIB
+    assert device("L40S").memory_bytes == 46_068 * MIB and device("A100 40GB").memory_bytes == 40 * GIB
+    assert device("H200").memory_bytes == 143_771 * MIB and device("H200").bandwidth_gbps == 4800
+    for d in datasheet_devices():  # below the product page's figure read as GB, and with the context taken off
+        assert d.context_bytes == CUDA_CONTEXT_BYTES and d.budget_bytes < d.memory_bytes - CUDA_CONTEXT_BYTES
+    assert device("H100 PCIe").memory_source == "nominal"
+    assert MEMORY_UTILIZATION == HEADROOM  # the calculator's budget is the share the engine plans in
+
+
+def test_qwen2_5_7b_fp16_does_not_fit_a_t4():
+    """15.23 GB of weights (7.62B parameters x 2) against what a T4 leaves a program: nvidia-smi's 15,360 MiB
+    less the CUDA context (512 MiB), of which the engine plans the weights and KV in 90%: 13.05 GiB. The
+    datasheet's 16 GiB once said it fit with 33,986 tokens of KV; it ran out of memory."""
+    est = napkin_estimate(published_config("Qwen2.5-7B-Instruct"), device("T4"), "fp16", 1, 512, 1024)
+    assert est.weights_bytes == 15_230_974_976 and est.memory_budget_bytes == pytest.approx(0.9 * 14_848 * MIB)
+    assert not est.fits and est.kv_capacity_tokens == 0
+    assert any("do not fit" in n for n in est.notes)
+    quantized = napkin_estimate(
+        published_config("Qwen2.5-7B-Instruct"), device("T4"), "int4 weights, bf16 KV", 1, 512, 1024
+    )
+    assert quantized.fits  # int4 does: 5.07 GB
+
+
+def test_the_ridge_batch_fits_only_with_the_kv_of_the_whole_batch():
+    """Llama-3-8B fp16 on a T4 at context 128: the ridge batch (263 sequences) would hold 263 x 128 x 128 KiB =
+    4.4 GB of KV, and the weights alone (16.1 GB) already overflow the T4."""
+    est = napkin_estimate(published_config("Llama-3-8B"), device("T4"), "fp16", 1, 512, 128)
+    assert est.decode_ridge_batch == 263 and est.ridge_batch_fits is False
+    assert "does NOT fit" in dict(est.rows())["decode turns compute-bound at"]
+    # Beside weights that fit: Llama-3-8B bf16 on an L4 holds one sequence of 128 tokens, not its ridge batch's.
+    l4 = napkin_estimate(published_config("Llama-3-8B"), device("L4"), "bf16", 1, 512, 128)
+    room = 0.9 * (23_034 - 512) * MIB - 16_060_522_496  # 5.19 GB beside the weights
+    assert l4.fits and l4.decode_ridge_batch * 128 * 131_072 > room and l4.ridge_batch_fits is False
+    h100 = napkin_estimate(published_config("Llama-3-8B"), device("H100 SXM"), "bf16", 1, 512, 128)
+    assert h100.ridge_batch_fits and h100.decode_ridge_batch * 128 * 131_072 <= h100.memory_budget_bytes
+
+
+def test_int4_is_miniengs_scheme_beside_gptq_and_awq():
+    """minieng's int4: groups of 64 with a 16-bit scale and zero, the LM head quantized. GPTQ/AWQ: groups of 128,
+    the LM head in 16 bits. Llama-3-8B: matrices 6,979,321,856 + head 525,336,576 weights."""
+    est = napkin_estimate(published_config("Llama-3-8B"), device("H100 SXM"), "int4 weights, bf16 KV", 1, 512, 128)
+    (note,) = [n for n in est.notes if n.startswith("int4 is minieng's scheme")]
+    ours = (6_979_321_856 + 525_336_576) * (0.5 + 4 / 64) + (525_336_576 + 266_240) * 2  # codes, scale+zero, embedding
+    theirs = 6_979_321_856 * (0.5 + 4 / 128) + 525_336_576 * 2 + (525_336_576 + 266_240) * 2
+    assert est.weights_bytes == int(ours)
+    assert "groups of 64" in note and f"({ours / 1e9:.3g} GB)" in note
+    assert "groups of 128, the LM head in 16 bits" in note and f"holds {theirs / 1e9:.3g} GB" in note
+    assert not [n for n in est.notes if "peak is for" in n]  # weight-only int4 computes in the device's dtype
 
 
 def test_cost_per_mtok():

@@ -56,7 +56,7 @@ def test_S18_on_the_datasheet_table_bigger_gpus_sit_idler():
     """The verdict on the whole table: the ranks come from the datasheets (MBU only scales them)."""
     rows = project_decode_mfu(55.0, 1.0)
     said = verdicts.s18_idler([r["peak_tflops"] for r in rows], [r["mfu_percent"] for r in rows])
-    assert said.startswith("holds")
+    assert said.startswith("computed")
     assert said == verdicts.s18_idler(
         [r["peak_tflops"] for r in rows], [r["mfu_percent"] for r in project_decode_mfu(10.0, 1.0)]
     )

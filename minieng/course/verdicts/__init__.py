@@ -1,7 +1,9 @@
 """One verdict per claim of the source articles (S1-S21): what a notebook's closing table says.
 
 Each function takes the figures a notebook measured and returns the verdict's wording: "holds ...",
-"does not hold here: ...", "not testable here: ..." or, when the machine's timing noise could flip
+"does not hold here: ...", "not testable here: ...", "explained: ..." (S1 as vLLM logs it: the
+article's figure is fixed by the load's token counts), "computed: ..." (S18's ranking, S13's split with
+no phase timed: counts and datasheets decide it) or, when the machine's timing noise could flip
 it, "too noisy to judge here: ..." (``claims.verdict`` tries every figure at either end of its
 noise band). Timings, and figures made of one timing (tok/s, MFU, MBU), are the noisy arguments;
 counts (tokens, FLOPs, bytes, hit rates) are keyword-only and exact. ``noise`` is a
@@ -26,6 +28,7 @@ from minieng.course.verdicts.batching import (
     FLAT_X,
     NEAR_LINEAR,
     NEAR_LINEAR_MIN_BATCH,
+    P99_MIN_REQUESTS,
     SINGLE_DIGITS,
     s6_continuous,
     s6_near_linear,
@@ -37,6 +40,7 @@ from minieng.course.verdicts.batching import (
 from minieng.course.verdicts.caching import (
     CACHE_SAVES_X,
     ON_THE_LINE_X,
+    SAVES_SHARE,
     kv_cache_linear,
     kv_pool_caps,
     s5_hit_rate,
@@ -44,8 +48,11 @@ from minieng.course.verdicts.caching import (
 )
 from minieng.course.verdicts.phases import (
     ATTENTION_SMALL,
+    LINEAR_SLOPE_X,
     LOAD_MOVES_X,
+    LOGGED_IS_LOAD_X,
     OWN_LENGTH_X,
+    QUADRATIC_EXCESS_X,
     QUADRATIC_FOUND,
     REGIME_X,
     ROOFLINE_SHORTFALL_X,
@@ -72,6 +79,7 @@ from minieng.course.verdicts.quantization import (
 from minieng.course.verdicts.roofline import (
     KV_FOLLOWS,
     KV_VISIBLE_X,
+    OWN_FLOOR_SHARE,
     PHASE_GAIN_X,
     kv_joins_weights,
     s3_floor,
@@ -92,6 +100,7 @@ from minieng.course.verdicts.speculative import greedy_lossless, s8_speculative
 from minieng.course.verdicts.utilization import (
     DECODE_MFU_MAX,
     EFFICIENCY_GAP_X,
+    IDLE_MFU_MAX,
     PREFILL_MFU_RANGE,
     SUSPECT,
     UTIL_RANGE,
@@ -101,7 +110,7 @@ from minieng.course.verdicts.utilization import (
     s18_idler,
     s20_efficiency_gap,
 )
-from minieng.course.verdicts.wording import FAILS, HOLDS, finite, not_testable
+from minieng.course.verdicts.wording import COMPUTED, EXPLAINED, FAILS, HOLDS, categorized, finite, not_testable
 
 __all__ = [
     "AMPLIFY_X",
@@ -112,32 +121,42 @@ __all__ = [
     "CACHE_SAVES_X",
     "CLOCKS_AGREE_MS",
     "CLOCKS_AGREE_SHARE",
+    "COMPUTED",
     "DECODE_MFU_MAX",
     "EFFICIENCY_GAP_X",
+    "EXPLAINED",
     "FAILS",
     "FLAT_X",
     "HOLDS",
+    "IDLE_MFU_MAX",
     "KV_FOLLOWS",
     "KV_VISIBLE_X",
+    "LINEAR_SLOPE_X",
     "LOAD_MOVES_X",
+    "LOGGED_IS_LOAD_X",
     "MISREADS_TPOT",
     "MISREADS_TTFT_X",
     "NEAR_LINEAR",
     "NEAR_LINEAR_MIN_BATCH",
     "ON_THE_LINE_X",
+    "OWN_FLOOR_SHARE",
     "OWN_LENGTH_X",
+    "P99_MIN_REQUESTS",
     "PHASE_GAIN_X",
     "PREFILL_MFU_RANGE",
+    "QUADRATIC_EXCESS_X",
     "QUADRATIC_FOUND",
     "QUANT_ASYMMETRY_X",
     "REGIME_X",
     "ROOFLINE_SHORTFALL_X",
+    "SAVES_SHARE",
     "SINGLE_DIGITS",
     "SUSPECT",
     "TARGET_AGREEMENT",
     "TARGET_TPOT_X",
     "UTIL_RANGE",
     "amplifies_float_noise",
+    "categorized",
     "clocks_agree",
     "finite",
     "greedy_lossless",

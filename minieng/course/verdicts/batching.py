@@ -74,28 +74,64 @@ def s7_chunked(reading: dict, gap_off_s: float, gap_on_s: float, ttft_off_s: flo
     return verdict(judge, noise, gap_off_s=gap_off_s, gap_on_s=gap_on_s, ttft_off_s=ttft_off_s, ttft_on_s=ttft_on_s)
 
 
-def s10_goodput_cap(tok_s: list[float], goodput_req_s: list[float], *, caps: list[int], noise) -> str:
+# S10: a P99 means something from this many requests a point (``metrics.percentile_label``).
+P99_MIN_REQUESTS = 100
+
+
+def s10_goodput_cap(
+    tok_s: list[float],
+    goodput_req_s: list[float],
+    *,
+    caps: list[int],
+    noise,
+    p99_s: list[float] | None = None,
+    requests: int | list[int] | None = None,
+    latency: str = "E2EL",
+) -> str:
     """S10: over a batch-cap sweep (``caps``: ``max_num_seqs`` values), the cap with the most raw
     output tok/s and the cap with the most goodput under the SLO (requests meeting it per second).
-    Holds when they differ: raw throughput picks a different batch than the SLO does. A tie in
-    goodput goes to the cap with more tok/s (as ``lab.batch_cap_sweep`` marks it), so caps that
-    serve every request within the SLO do not make the claim hold; with no goodput at any cap the
-    SLO decides nothing: not testable. At most six caps are judged (12 noisy figures)."""
+    The goodput term holds when they differ: raw throughput picks a different batch than the SLO
+    does. A tie in goodput goes to the cap with more tok/s (as ``lab.batch_cap_sweep`` marks it), so
+    caps that serve every request within the SLO do not make the claim hold; a cap with no goodput
+    among others is judged like any; with no goodput at any cap the SLO decides nothing: not testable.
+
+    The P99 term (``p99_s``: each cap's P99 of ``latency`` in seconds; ``requests``: the requests a
+    point, one count or one per cap): the most-tok/s cap bought its throughput with the tail, a P99
+    worse than the most-goodput cap's; fails when it is not. A P99 needs ``P99_MIN_REQUESTS``
+    requests a point: with fewer (or no ``requests``) the P99 term is not judged, and the verdict
+    says so. At most six caps are judged (12 noisy figures), four with the P99 term."""
     if not len(caps) == len(tok_s) == len(goodput_req_s) or len(caps) < 2:
         raise ValueError("s10_goodput_cap: one tok/s and one goodput per cap, two caps at least")
     if len(caps) > 6:
         raise ValueError("s10_goodput_cap: at most six caps (each adds two noisy figures)")
     if not any(g > 0 for g in goodput_req_s):
         return not_testable("no request met the SLO under any cap: the objectives are out of this device's reach")
+    counts = [requests] * len(caps) if requests is None or isinstance(requests, int) else list(requests)
+    fewest = None if None in counts else min(counts)
+    judged = p99_s is not None and fewest is not None and fewest >= P99_MIN_REQUESTS
+    if judged and (len(p99_s) != len(caps) or len(caps) > 4):
+        raise ValueError("s10_goodput_cap: one P99 per cap, and at most four caps with the P99 term")
+    unjudged = ""
+    if p99_s is not None and not judged:
+        few = "the requests a point not given" if fewest is None else f"{fewest} requests a point"
+        unjudged = f"; P99 not judged: {few}, a P99 needs {P99_MIN_REQUESTS}"
 
-    def judge(tok_s, goodput_req_s):
-        most_tok_s = caps[int(np.argmax(tok_s))]
-        most_good = caps[max(range(len(caps)), key=lambda i: (goodput_req_s[i], tok_s[i]))]
-        if most_tok_s == most_good:
-            return f"{FAILS}: cap {most_tok_s} gives both the most tok/s and the most goodput"
-        return f"{HOLDS}: the most tok/s at cap {most_tok_s}, the most goodput at cap {most_good}"
+    def judge(tok_s, goodput_req_s, p99_s):
+        i_tok = int(np.argmax(tok_s))
+        i_good = max(range(len(caps)), key=lambda i: (goodput_req_s[i], tok_s[i]))
+        if i_tok == i_good:
+            return f"{FAILS}: cap {caps[i_tok]} gives both the most tok/s and the most goodput{unjudged}"
+        said = f"the most tok/s at cap {caps[i_tok]}, the most goodput at cap {caps[i_good]}"
+        if p99_s is None:
+            return f"{HOLDS}: {said}{unjudged}"
+        tail = f"P99 {latency} {p99_s[i_tok]:.2f} s against {p99_s[i_good]:.2f} s"
+        if p99_s[i_tok] <= p99_s[i_good]:
+            return f"{FAILS}: {said}, but {tail}: the tail did not pay for the throughput"
+        return f"{HOLDS}: {said}, {tail}"
 
-    return verdict(judge, noise, tok_s=list(tok_s), goodput_req_s=list(goodput_req_s))
+    return verdict(
+        judge, noise, tok_s=list(tok_s), goodput_req_s=list(goodput_req_s), p99_s=list(p99_s) if judged else None
+    )
 
 
 # S16: past the ridge, more prompts in one step may lift prefill tok/s by at most this factor.

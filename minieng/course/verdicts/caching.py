@@ -46,25 +46,53 @@ def s5_hit_rate(
     return verdict(judge, noise, ttft_near_s=ttft_near_s, ttft_high_s=ttft_high_s, ttft_cold_s=ttft_cold_s)
 
 
-def s19_cheapest(ttft_s: dict[str, tuple[float, float]], *, extra_flops: dict[str, float], noise) -> str:
-    """S19: prefix caching is the cheapest lever on TTFT. ``ttft_s``: per lever (key "prefix caching"
-    required), ``(TTFT without it, TTFT with it)`` in seconds on the same prompt (``lab.ttft_levers``):
-    the two timings, not their difference, so that each gets its noise (a small saving is the
-    difference of two large timings). ``extra_flops``: the FLOPs it adds to that request's first
-    token (counted; prefix caching's is negative, it skips work). Holds when prefix caching saves the
-    most TTFT of them and adds no FLOPs. At most six levers (12 timings)."""
+# S19: prefix caching must save at least this share of its TTFT without it to be a lever at all.
+SAVES_SHARE = 0.10
+
+
+def s19_cheapest(
+    ttft_s: dict[str, tuple[float, float]],
+    *,
+    extra_flops: dict[str, float],
+    noise,
+    costs: dict[str, dict[str, float]] | None = None,
+) -> str:
+    """S19: prefix caching is the cheapest lever on TTFT, judged as cost per millisecond of TTFT saved.
+
+    ``ttft_s``: per lever the course measures (key "prefix caching" required; chunked prefill,
+    batching, threads, quantization...), ``(TTFT without it, TTFT with it)`` in seconds on the same
+    prompt: the two timings, not their difference, so each gets its noise. Costs, counted: per
+    resource, per lever, what the lever adds (negative: what it saves): ``extra_flops`` (FLOPs to that
+    request's first token; prefix caching skips work) and ``costs`` (more resources by name, e.g.
+    ``{"memory bytes": {"prefix caching": kv_bytes_held, "quantization": -weight_bytes_saved},
+    "cores": {"threads": 1}}``); a lever missing from a resource adds none of it.
+
+    Terms, each able to fail: prefix caching must save at least ``SAVES_SHARE`` of its TTFT (1 ms of
+    200 is no lever); a rival that saved TTFT must not be cheaper per ms saved in every resource and
+    strictly in one (a lever that adds TTFT, as chunked prefill and batching do by design, is no
+    rival on TTFT). Prefix caching that adds FLOPs fails outright. At most six levers (12 timings)."""
     if "prefix caching" not in ttft_s or len(ttft_s) < 2:
         raise ValueError('s19_cheapest: give "prefix caching" and at least one other lever')
     names = list(ttft_s)
+    resources = {"FLOPs": extra_flops} | (costs or {})
+
+    def per_ms(name, saved_s):
+        return [resources[r].get(name, 0.0) / (saved_s * 1e3) for r in resources]
 
     def judge(without, with_):
-        by_lever = {n: w - t for n, w, t in zip(names, without, with_)}
-        best = max(by_lever, key=by_lever.get)
+        saved = {n: w - t for n, w, t in zip(names, without, with_)}
+        mine, base = saved["prefix caching"], without[names.index("prefix caching")]
         if extra_flops.get("prefix caching", 0) > 0:
             return f"{FAILS}: prefix caching added compute here"
-        if best != "prefix caching":
-            return f"{FAILS}: {best} saved more TTFT ({by_lever[best] * 1e3:.0f} ms)"
-        return f"{HOLDS}: it saved {by_lever[best] * 1e3:.0f} ms of TTFT while computing less"
+        if mine < SAVES_SHARE * base:
+            return f"{FAILS}: prefix caching saved {mine * 1e3:.0f} ms of {base * 1e3:.0f} ms: no lever here"
+        rivals = [n for n in names if n != "prefix caching" and saved[n] > 0]
+        own = per_ms("prefix caching", mine)
+        for n in rivals:
+            theirs = per_ms(n, saved[n])
+            if all(t <= o for t, o in zip(theirs, own)) and theirs != own:
+                return f"{FAILS}: {n} saved {saved[n] * 1e3:.0f} ms for less of every resource per ms"
+        return f"{HOLDS}: it saved {mine * 1e3:.0f} ms of {base * 1e3:.0f} ms; no lever cheaper per ms saved"
 
     return verdict(judge, noise, without=[ttft_s[n][0] for n in names], with_=[ttft_s[n][1] for n in names])
 

@@ -6,7 +6,8 @@ FLOP/s speeds prefill, not decode).
 from __future__ import annotations
 
 from minieng.course.claims import verdict
-from minieng.course.verdicts.wording import FAILS, HOLDS
+from minieng.course.verdicts.wording import COMPUTED, FAILS, HOLDS, not_testable
+from minieng.measure.roofline import OVERHEAD_BOUND_BELOW
 
 
 def s3_floor(tpot_s: float, *, floor_s: float, noise, note: str = "") -> str:
@@ -50,32 +51,80 @@ def kv_joins_weights(
     return verdict(judge, noise, tpot_first_s=tpot_first_s, tpot_last_s=tpot_last_s)
 
 
-def s4_tensor_parallel(speedup_x: float, *, two_devices: bool, noise) -> str:
+def s4_tensor_parallel(speedup_x: float, *, two_devices: bool | None = None, noise, devices: int | None = None) -> str:
     """S4: two ranks' batch-1 step against one rank's (``speedup_x`` = one rank's time / two's).
-    Holds when faster, and less than 2x (the link costs). ``two_devices``: two GPUs; else two
-    processes on one CPU, which share one memory bus."""
+    Holds on two devices when faster, and less than 2x (the link costs); fails at 1x or less (the
+    all-reduces cost more than the split saves) and at 2x or more (more than two devices' bandwidth:
+    check the timing). ``devices``: the devices the two ranks ran on (``two_devices``, the old flag:
+    True for 2, False for 1). On one device (a CPU's two processes, or two on one GPU) the ranks share
+    one memory bus: nothing adds bandwidth, so the claim is not testable there, whatever the speedup."""
+    devices = devices if devices is not None else (2 if two_devices else 1)
+    if devices < 2:
+        return not_testable(
+            f"both ranks ran on one device and share its memory bus, so no bandwidth can add "
+            f"(measured {speedup_x:.2f}x: the split's work and its all-reduces on one bus)"
+        )
 
     def judge(speedup_x):
         if speedup_x >= 2:
             return f"{FAILS}: {speedup_x:.2f}x, more than two devices' bandwidth (check the timing)"
         if speedup_x > 1:
             return f"{HOLDS}: {speedup_x:.2f}x, less than 2x"
-        why = "the all-reduces cost more than the split saves" if two_devices else "the ranks share one memory bus"
-        return f"{FAILS}: {speedup_x:.2f}x, {why}"
+        return f"{FAILS}: {speedup_x:.2f}x, the all-reduces cost more than the split saves"
 
     return verdict(judge, noise, speedup_x=speedup_x)
 
 
-def s13_roofline_split(*, prefill_intensity: float, decode_intensity: float, ridge: float, noise) -> str:
-    """S13 on the roofline: prefill's arithmetic intensity (FLOP/byte, counted) right of the ridge
-    (the measured peak / bandwidth: noisy), batch-1 decode's left of it."""
+# S13 on the roofline: a phase is bound by its own resource when that resource's floor explains at least
+# this share of its measured time (``measure.roofline.OVERHEAD_BOUND_BELOW``, as notebook 02's ``bound``).
+OWN_FLOOR_SHARE = OVERHEAD_BOUND_BELOW
 
-    def judge(ridge):
-        if prefill_intensity > ridge > decode_intensity:
-            return f"{HOLDS}: prefill {prefill_intensity:.0f}, decode {decode_intensity:.2f}, ridge {ridge:.1f} FLOP/B"
-        return f"{FAILS}: ridge {ridge:.1f} FLOP/B does not split prefill ({prefill_intensity:.0f}) from decode"
 
-    return verdict(judge, noise, ridge=ridge)
+def s13_roofline_split(
+    *,
+    prefill_intensity: float,
+    decode_intensity: float,
+    ridge: float,
+    noise,
+    prefill_explained_percent: float | None = None,
+    decode_explained_percent: float | None = None,
+) -> str:
+    """S13 on the roofline: prefill compute-bound, batch-1 decode memory-bound.
+
+    On paper: prefill's arithmetic intensity (FLOP/byte, counted) right of the ridge (the measured
+    peak / bandwidth: noisy), batch-1 decode's left of it; a ridge that does not split them fails.
+    Measured: ``prefill_explained_percent`` and ``decode_explained_percent``, the share of each
+    phase's timed steps its own floor explains (``phase_utilization(...)[peak]["explained_percent"]``
+    with the peak the ridge is made of: FLOPs / peak for prefill, bytes / bandwidth for decode). A
+    phase under ``OWN_FLOOR_SHARE`` is bound by overhead, not by its resource: fails. Without both,
+    no phase was timed and the split on paper reads "computed" (any ridge between the two
+    intensities passes), not "holds"."""
+    timed = None not in (prefill_explained_percent, decode_explained_percent)
+
+    def judge(ridge, prefill_explained_percent, decode_explained_percent):
+        said = f"prefill {prefill_intensity:.0f}, decode {decode_intensity:.2f}, ridge {ridge:.1f} FLOP/B"
+        if not prefill_intensity > ridge > decode_intensity:
+            return f"{FAILS}: ridge {ridge:.1f} FLOP/B does not split prefill ({prefill_intensity:.0f}) from decode"
+        if not timed:
+            return f"{COMPUTED}: {said} (counted intensities; no phase timed here)"
+        for phase, share, resource in (
+            ("prefill", prefill_explained_percent, "FLOPs at the peak"),
+            ("decode", decode_explained_percent, "bytes at the bandwidth"),
+        ):
+            if share < 100 * OWN_FLOOR_SHARE:
+                return f"{FAILS}: {phase}'s {resource} explain only {share:.0f}% of its time: bound by overhead"
+        return (
+            f"{HOLDS}: {said}; the FLOPs explain {prefill_explained_percent:.0f}% of prefill's time, "
+            f"the bytes {decode_explained_percent:.0f}% of decode's"
+        )
+
+    return verdict(
+        judge,
+        noise,
+        ridge=ridge,
+        prefill_explained_percent=prefill_explained_percent,
+        decode_explained_percent=decode_explained_percent,
+    )
 
 
 # S17: prefill must gain this many times more than decode from the extra FLOP/s.

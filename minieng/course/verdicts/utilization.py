@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from minieng.course.claims import verdict
-from minieng.course.verdicts.wording import FAILS, HOLDS
+from minieng.course.verdicts.wording import COMPUTED, FAILS, HOLDS, categorized
 
 # S11: the article's ranges, against datasheet peaks.
 PREFILL_MFU_RANGE = (40.0, 60.0)
@@ -34,7 +34,8 @@ def s11_prefill_mfu(
     suspect: bool = False,
     limit: str | None = None,
 ) -> str:
-    """S11, prefill: MFU in the article's 40-60%. Judged against the datasheet peak where the device
+    """S11, prefill: MFU in the article's 40-60%, or above it ("holds (above the range)": a prefill
+    that uses more of the peak than the article's devices did still makes its point). Judged against the datasheet peak where the device
     has one (the article's MFU is against datasheet peaks), else against the measured matmul
     ceiling, and said so. Pass MFUs in percent. ``suspect``: the MFU is above 100% of the peak it is
     judged on (``phase_utilization``'s flag for that peak): no verdict. ``limit``: what bounds the step
@@ -42,21 +43,23 @@ def s11_prefill_mfu(
     range says so."""
     if suspect:
         return SUSPECT
+    low, high = PREFILL_MFU_RANGE
 
-    def judge(mfu_datasheet_percent, mfu_measured_percent):
+    def category(mfu_datasheet_percent, mfu_measured_percent):
+        return HOLDS if _against(mfu_datasheet_percent, mfu_measured_percent)[0] >= low else FAILS
+
+    def wording(mfu_datasheet_percent, mfu_measured_percent):
         mfu, peak = _against(mfu_datasheet_percent, mfu_measured_percent)
-        low, high = PREFILL_MFU_RANGE
-        if low <= mfu <= high:
+        if mfu > high:
+            return f"{HOLDS} (above the range): {mfu:.0f}% of the {peak}, above the article's {low:.0f}-{high:.0f}%"
+        if mfu >= low:
             return f"{HOLDS}: {mfu:.0f}% of the {peak}"
-        side = "above" if mfu > high else "below"
-        why = (
-            "; limited by overhead: this model is too small to fill this device"
-            if side == "below" and limit == "overhead"
-            else ""
-        )
-        return f"{FAILS}: {mfu:.0f}% of the {peak}, {side} the article's {low:.0f}-{high:.0f}%{why}"
+        why = "; limited by overhead: this model is too small to fill this device" if limit == "overhead" else ""
+        return f"{FAILS}: {mfu:.0f}% of the {peak}, below the article's {low:.0f}-{high:.0f}%{why}"
 
-    return verdict(judge, noise, mfu_datasheet_percent=mfu_datasheet_percent, mfu_measured_percent=mfu_measured_percent)
+    return categorized(
+        category, wording, noise, mfu_datasheet_percent=mfu_datasheet_percent, mfu_measured_percent=mfu_measured_percent
+    )
 
 
 def s11_decode_mfu(
@@ -91,16 +94,46 @@ def s12_utilization(util_gpu_percent: float | None, *, mfu_percent: float | None
     return f"{FAILS}: util.gpu {util_gpu_percent:.0f}% counts busy time{mfu}: the low figure is MFU"
 
 
-def s18_idler(peak_tflops: list[float], decode_mfu_percent: list[float]) -> str:
-    """S18: across devices, batch-1 decode MFU against peak FLOP/s (projected from the reader's
-    measured MBU onto datasheets: computed, not timed). Holds when the rank correlation is negative:
-    the more FLOP/s a device has, the smaller the share batch-1 decode uses."""
+# S18: the article's "more than 90% idle": batch-1 decode's MFU on the reader's device below this.
+IDLE_MFU_MAX = 10.0
+
+
+def s18_idler(
+    peak_tflops: list[float],
+    decode_mfu_percent: list[float],
+    *,
+    measured_mfu_percent: float | None = None,
+    measured_mbu_percent: float | None = None,
+    noise=None,
+) -> str:
+    """S18: bigger GPUs sit idler in decode. Two terms.
+
+    The ranking across devices is computed, not measured: ``decode_mfu_percent`` is projected from the
+    reader's MBU onto the datasheets (``project_decode_mfu``: MBU x bandwidth x intensity / peak), so
+    its ranks are the datasheets' ridges whatever the reader measured. Its rank correlation with
+    ``peak_tflops`` reads "computed" when negative, "does not hold" when not.
+
+    The article's figure, "more than 90% idle", is checked on the reader's own device when given:
+    ``measured_mfu_percent``, batch-1 decode's MFU timed here (against the datasheet peak where the
+    device has one), under ``IDLE_MFU_MAX`` holds, else fails; ``measured_mbu_percent`` is quoted
+    beside it (the bandwidth that keeps the step busy). The MFU is one timing: judged within ``noise``."""
     if len(peak_tflops) != len(decode_mfu_percent) or len(peak_tflops) < 3:
         raise ValueError("s18_idler: one decode MFU per device, three devices at least")
     rho = _spearman(peak_tflops, decode_mfu_percent)
-    if rho < 0:
-        return f"{HOLDS}: rank correlation {rho:.2f} between peak FLOP/s and batch-1 decode MFU"
-    return f"{FAILS}: rank correlation {rho:+.2f}: decode MFU does not fall with peak FLOP/s"
+    if rho >= 0:
+        return f"{FAILS}: rank correlation {rho:+.2f}: decode MFU does not fall with peak FLOP/s"
+    ranking = f"rank correlation {rho:.2f} between peak FLOP/s and batch-1 decode MFU on the datasheets"
+    if measured_mfu_percent is None:
+        return f"{COMPUTED}: {ranking} (projected from the MBU measured here)"
+    mbu = "" if measured_mbu_percent is None else f", the bandwidth {measured_mbu_percent:.0f}% busy"
+
+    def judge(measured_mfu_percent):
+        idle = f"{100 - measured_mfu_percent:.0f}% of this device's FLOP/s idle in batch-1 decode{mbu}"
+        if measured_mfu_percent < IDLE_MFU_MAX:
+            return f"{HOLDS}: {idle}; computed: {ranking}"
+        return f"{FAILS}: only {idle}, not the article's more than 90%"
+
+    return verdict(judge, noise, measured_mfu_percent=measured_mfu_percent)
 
 
 def _spearman(x: list[float], y: list[float]) -> float:
