@@ -165,7 +165,7 @@ from minieng.lab.speculative import (
     draft_alone_engine,
     format_speculative,
     k_sweep,
-    resident_bytes,
+    step_weight_bytes,
     run_k,
     speculative_batch_sweep,
 )
@@ -263,7 +263,7 @@ __all__ = [
     "break_even_acceptance",
     "draft_alone_engine",
     "format_speculative",
-    "resident_bytes",
+    "step_weight_bytes",
     "budget_for",
     "budget_line",
     "LongPromptPlan",

@@ -34,10 +34,12 @@ class LessonWorkload:
     def median_prompt_tokens(self) -> int:
         return int(statistics.median(s.prompt_tokens for s in self.specs))
 
-    @property
-    def duration_s(self) -> float:
-        """Rough seconds of a run: the last arrival, then twice the longest request alone."""
-        return self.specs[-1].arrival_s + 2 * max(self.alone_s)
+    def replay_s(self, max_num_seqs: int | None = None) -> float:
+        """Rough seconds of a run: the arrivals' span, or where longer the requests' times alone shared
+        ``max_num_seqs`` at a time (a cap of 1 serves them one after the other: a queue), then twice the
+        longest request alone."""
+        busy = sum(self.alone_s) / max_num_seqs if max_num_seqs else 0.0
+        return max(self.specs[-1].arrival_s, busy) + 2 * max(self.alone_s)
 
     def line(self) -> str:
         return (

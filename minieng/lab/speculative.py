@@ -22,13 +22,19 @@ from dataclasses import replace
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.model.loader import LoadedModel
+from minieng.model.quantization import DEFAULT_GROUP_SIZE, matmul_bytes, model_quantization
 from minieng.measure.metrics import acceptance_metrics, request_metrics
 from minieng.measure.workloads import text_prompts
 
 
-def resident_bytes(model) -> int:
-    """What a batch-1 decode step of ``model`` reads, to first order: every weight and buffer once."""
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+def step_weight_bytes(model) -> float:
+    """The weight bytes a batch-1 decode step of ``model`` reads: every matrix once (the decoder
+    layers' and the LM head's; integer codes and scales for a quantized model, ``matmul_bytes``),
+    the embedding lookup one row, nothing."""
+    scheme, group_size = model_quantization(model) or (None, None)
+    dtype_bytes = model.embed_tokens.weight.element_size()
+    read = matmul_bytes(model.config, scheme, group_size or DEFAULT_GROUP_SIZE, dtype_bytes)
+    return read.layers + read.lm_head
 
 
 def draft_alone_engine(engine: LLMEngine, kv_cache_memory_gib: float = 0.5) -> LLMEngine:

@@ -33,7 +33,10 @@ def test_the_workload_arrives_load_times_as_fast_as_one_request_alone_is_served(
     mean_alone = sum(work.alone_s) / 40
     assert work.rate_req_s == pytest.approx(2.0 / mean_alone)
     assert work.specs[-1].arrival_s == pytest.approx(40 / work.rate_req_s)  # arrivals stretched to that rate
-    assert work.duration_s == pytest.approx(work.specs[-1].arrival_s + 2 * max(work.alone_s))
+    assert work.replay_s() == pytest.approx(work.specs[-1].arrival_s + 2 * max(work.alone_s))
+    # One request at a time: the requests' times alone, end to end (load 2: twice the arrivals' span).
+    assert work.replay_s(1) == pytest.approx(sum(work.alone_s) + 2 * max(work.alone_s))
+    assert work.replay_s(8) == pytest.approx(work.replay_s())
     assert "40 requests" in work.line() and "2.0x" in work.line()
     again = lesson_workload(40, "", 0.25, 4.0, estimate_s, max_prompt_tokens=512, max_output_tokens=64)
     assert again.rate_req_s == pytest.approx(2 * work.rate_req_s)  # twice the load: twice the rate

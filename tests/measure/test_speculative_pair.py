@@ -2,7 +2,7 @@
 napkin model predicts several times cheaper per step (c < 0.3) wherever memory allows a pair at all.
 
 The profiles are the datasheet table (``peaks.DATASHEET``: dense peak and bandwidth) with each device's
-memory (``napkin.DATASHEET_MEMORY_GIB``), in the dtype the engine picks there (fp16 on a T4, bf16 on the
+memory (``peaks.DEVICE_MEMORY_MIB``), in the dtype the engine picks there (fp16 on a T4, bf16 on the
 others). The per-layer fixed costs are the stated assumptions of ``test_model_choice``: ``GRAPHED`` about
 twelve kernels a layer replayed from a CUDA graph at ~1.5 us each, and ``H200_GRAPHED`` the 135M model's
 batch-1 step replayed from CUDA graphs on an H200 (2.2 ms for 30 layers, docs/measurements.md).
