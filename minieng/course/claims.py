@@ -68,7 +68,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "tensor parallelism over two devices adds their bandwidth, minus the link's cost",
         ("000",),
         "~66 tok/s on two RTX 3060, less in practice",
-        ("03",),
+        ("11",),
     ),
     "S5": Claim(
         "the prefix-cache hit rate drives TTFT",
@@ -128,9 +128,9 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "more FLOP/s speeds prefill, more bandwidth speeds decode",
         ("003",),
         "(qualitative)",
-        ("03",),
+        ("11",),
     ),
-    "S18": Claim("bigger GPUs sit idler in decode", ("003",), "more than 90% idle", ("03",)),
+    "S18": Claim("bigger GPUs sit idler in decode", ("003",), "more than 90% idle", ("11",)),
     "S19": Claim("prefix caching is the cheapest lever", ("000",), "(qualitative)", ("07",)),
     "S20": Claim(
         "the same GPU is about 10x more efficient in one phase than the other",

@@ -251,10 +251,12 @@ def entry_cells(entry: dict) -> tuple[str, str, str, str]:
         verdict = f"{verdict}; {napkin_verdict}" if verdict else napkin_verdict
     else:
         ratio, napkin_ratio = entry.get("ratio"), entry.get("napkin_ratio")
-        verdict = "; ".join(
-            [f"measured / prediction {ratio:.3g}x ({closeness(ratio)})"] * (ratio is not None)
-            + [f"measured / napkin {napkin_ratio:.3g}x ({closeness(napkin_ratio)})"] * (napkin_ratio is not None)
-        )
+        parts = []  # a ratio is None where a value is zero or not a number: no ratio to print
+        if ratio is not None:
+            parts.append(f"measured / prediction {ratio:.3g}x ({closeness(ratio)})")
+        if napkin_ratio is not None:
+            parts.append(f"measured / napkin {napkin_ratio:.3g}x ({closeness(napkin_ratio)})")
+        verdict = "; ".join(parts)
     return prediction, format_value(measured, unit), format_value(entry.get("napkin"), unit), verdict
 
 

@@ -4,7 +4,7 @@ What a participant sees, checked the way they would see it: JupyterLab started o
 free port, a token), each notebook opened in Chromium, every cell run in smoke mode, then: the
 sliders are rendered as widgets (not their ``IntSlider(...)`` text fallback) with a usable track,
 at least one figure is an image, no output holds a traceback, and moving a slider then pressing
-Run changes the panel's output; notebook 03's napkin-math calculator shows the measured point
+Run changes the panel's output; notebook 11's napkin-math calculator shows the measured point
 beside its floors and redraws when a slider moves; the primer's two diagrams (notebook 00) render as
 images of the size drawn. Screenshots land in ``test-results/browser/`` (CI artifacts).
 
@@ -47,7 +47,7 @@ NOTEBOOKS = {
     "07_prefix_caching.ipynb": ("0 shared tokens: hit rate 0.0%", 1),
 }
 # The napkin-math calculator's notebook: its panel redraws on every change, with no Run button.
-NAPKIN_NOTEBOOK = "03_decode_memory_bound.ipynb"
+NAPKIN_NOTEBOOK = "11_napkin_and_scaling_out.ipynb"
 # The primer and the ids of the cells that draw its two diagrams (minieng.viz.primer: 12 x 5.2 and
 # 12 x 5.6 inches, shown at 100 dpi).
 PRIMER_NOTEBOOK = "00_primer.ipynb"
@@ -299,7 +299,7 @@ def test_notebook_runs_in_jupyterlab_with_live_widgets(lab, browser, name):
 
 
 def test_napkin_calculator_shows_the_readers_measured_point_and_redraws_live(lab, browser):
-    """Notebook 03's calculator: its table holds the floors and, from the notebook's own run, the
+    """Notebook 11's calculator: its table holds the floors and, from the notebook's own run, the
     measured TPOT beside them (its own, or 01's at the same context); moving the batch slider redraws
     it at once (no Run button)."""
     base, token = lab
