@@ -80,7 +80,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "continuous batching multiplies decode throughput almost linearly, TPOT rising far less",
         ("000", "003"),
         "'almost linear'",
-        ("05",),
+        ("05", "12"),
     ),
     "S7": Claim(
         "chunked prefill protects running decodes' inter-token gaps at a small TTFT price",
