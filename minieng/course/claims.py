@@ -37,12 +37,15 @@ ARTICLES: dict[str, str] = {
 class Claim:
     """One claim of the source articles: a short paraphrase (``title``), the articles that make it
     (keys of ``ARTICLES``), the figure they state (quoted figures, never their sentences), and the
-    notebooks that measure it."""
+    notebooks that measure it, and how its verdict is reached (``judged``): "measured" (timed on this
+    machine), or where part of it is not, "computed" (counts and datasheets decide it) or "explained"
+    (the article's figure follows from the load's parameters), with what each part is."""
 
     title: str
     articles: tuple[str, ...]
     figure: str
     notebooks: tuple[str, ...]
+    judged: str = "measured"
 
 
 ARTICLE_CLAIMS: dict[str, Claim] = {
@@ -51,6 +54,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         ("000",),
         "vLLM panel: 12,968.6 vs 95 tok/s (136x)",
         ("01",),
+        judged="measured (the physics, 01); explained (vLLM's logged ratio follows the load)",
     ),
     "S2": Claim(
         "prefill costs ~2 FLOPs per parameter per token, attention's n^2 term wins only at long context",
@@ -69,6 +73,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         ("000",),
         "~66 tok/s on two RTX 3060, less in practice",
         ("11",),
+        judged="measured on two devices; not testable on one (two ranks share one memory bus)",
     ),
     "S5": Claim(
         "the prefix-cache hit rate drives TTFT",
@@ -108,6 +113,7 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         ("003",),
         "(qualitative)",
         ("00", "08"),
+        judged="measured (08); computed in 00 (the ridge against the counted intensities)",
     ),
     "S14": Claim(
         "prefill cost follows the prompt's length, decode cost the answer's", ("003",), "(qualitative)", ("01",)
@@ -130,7 +136,13 @@ ARTICLE_CLAIMS: dict[str, Claim] = {
         "(qualitative)",
         ("11",),
     ),
-    "S18": Claim("bigger GPUs sit idler in decode", ("003",), "more than 90% idle", ("11",)),
+    "S18": Claim(
+        "bigger GPUs sit idler in decode",
+        ("003",),
+        "more than 90% idle",
+        ("11",),
+        judged="computed (the ranking across the datasheet table); measured (the idle share on this device)",
+    ),
     "S19": Claim("prefix caching is the cheapest lever", ("000",), "(qualitative)", ("07",)),
     "S20": Claim(
         "the same GPU is about 10x more efficient in one phase than the other",
@@ -249,6 +261,7 @@ def index_entries(last: dict[str, dict]) -> list[dict]:
                 source=source_of(cid),
                 figure=claim.figure,
                 notebooks=", ".join(claim.notebooks),
+                judged=claim.judged,
                 verdicts=sorted(got, key=lambda r: r.get("notebook", "")),
             )
         )
@@ -256,19 +269,19 @@ def index_entries(last: dict[str, dict]) -> list[dict]:
 
 
 def format_index(entries: list[dict], with_verdicts: bool = True) -> str:
-    """``index_entries`` as a Markdown table: claim, article, its figure, notebook(s), and (with
+    """``index_entries`` as a Markdown table: claim, article, its figure, notebook(s), how it is judged, and (with
     ``with_verdicts``) the last run's verdict per notebook, or "not measured yet"."""
 
     def cell(text: str) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
-    head = "| id | claim | article | the article's figure | notebook |"
-    rule = "| --- | --- | --- | --- | --- |"
+    head = "| id | claim | article | the article's figure | notebook | judged |"
+    rule = "| --- | --- | --- | --- | --- | --- |"
     if with_verdicts:
         head, rule = head + " last verdict here |", rule + " --- |"
     lines = [head, rule]
     for e in entries:
-        row = f"| {e['id']} | {cell(e['title'])} | {cell(e['source'])} | {cell(e['figure'])} | {e['notebooks']} |"
+        row = f"| {e['id']} | {cell(e['title'])} | {cell(e['source'])} | {cell(e['figure'])} | {e['notebooks']} | {cell(e['judged'])} |"
         if with_verdicts:
             said = "; ".join(f"{v['notebook']}: {v['holds']}" for v in e["verdicts"]) or "not measured yet"
             row += f" {cell(said)} |"
