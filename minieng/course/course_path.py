@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from minieng.course.predictions import read_entries, write_entries
 from minieng.course.session import results_dir, running_notebook
 from minieng.package_data import notebooks_path
 
@@ -107,7 +107,7 @@ def record_run_times(runs: list[dict], mode: str, machine: str, directory: Path)
     ``directory`` (the runner's results folder), each with the mode, this host, the machine in words
     and the time: what ``lesson_header`` reads back. Returns the file."""
     path = Path(directory) / RUN_TIMES_FILE
-    kept = _read_times(path)
+    kept = read_entries(path)
     at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     for r in runs:
         kept[r["name"]] = {
@@ -118,19 +118,8 @@ def record_run_times(runs: list[dict], mode: str, machine: str, directory: Path)
             "machine": machine,
             "measured_at": at,
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
+    write_entries(path, kept)
     return path
-
-
-def _read_times(path: Path) -> dict:
-    try:
-        kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return kept if isinstance(kept, dict) else {}
 
 
 def run_time_folders(directory: Path | None = None) -> list[Path]:
@@ -145,7 +134,7 @@ def measured_run(notebook: str, directory: Path | None = None) -> dict | None:
     stored it ({wall_s, mode, host, machine, measured_at}); None when no run was recorded."""
     name = Path(notebook).stem
     for folder in run_time_folders(directory):
-        run = _read_times(folder / RUN_TIMES_FILE).get(name)
+        run = read_entries(folder / RUN_TIMES_FILE).get(name)
         if isinstance(run, dict) and run.get("mode") == "full" and run.get("status") == "ok":
             if run.get("host") == this_host() and isinstance(run.get("wall_s"), (int, float)):
                 return run

@@ -1,11 +1,11 @@
-"""Notebooks 02, 03 and 11's measurements, announced with their estimated time and kept in the
+"""Notebooks 02, 03, 05 and 11's measurements, announced with their estimated time and kept in the
 results folder (``kit.cached``): a re-run with the same parameters on the same machine reads them
 back, and notebook 11 reads 03's batch-1 decode instead of measuring it again.
 
 Each function takes the engine and the lesson's parameters, builds the cache key (the parameters,
 the model, device and dtype) and returns the ``CachedResult`` (``.noise``: the run that measured it).
 The cache names and keys are those ``measured_points.READERS`` reads ("roofline", "decode_b1",
-"kv_context", "prefill_batch").
+"kv_context", "prefill_batch", "batch_sweep").
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import asdict
 import torch
 
 from minieng.course.kit import announce, cached
-from minieng.lab import decode_floor, phase_levers, roofline_sweep
+from minieng.lab import batching, decode_floor, kv_cache, phase_levers, roofline_sweep, token_cost
+from minieng.lab.lesson_setup import result_key
 from minieng.lab.tensor_parallel import TensorParallelRun, measure_tensor_parallel
 from minieng.measure.sweep_plan import predict_ttft_s
 
@@ -96,6 +97,65 @@ def prefill_batch_run(engine, model: str, probe: dict, *, prompt_tokens: int, ba
         "prefill_batch",
         params,
         lambda: {"rows": phase_levers.prefill_batch_sweep(engine, prompt_tokens, batches, peaks=peaks, warmup=gpu)},
+        noise=noise,
+    )
+
+
+def recompute_run(engine, model: str, probe: dict, prompt: list[int], answer_tokens: int, *, noise=None):
+    """Notebook 05's answer generated with the KV cache and recomputed without it
+    (``kv_cache.recompute_vs_cache``)."""
+    announce(
+        f"a {answer_tokens}-token answer generated twice",
+        kv_cache.recompute_estimate_s(probe, len(prompt), answer_tokens),
+    )
+    params = result_key(engine, model, prompt_tokens=len(prompt), answer_tokens=answer_tokens)
+    return cached(
+        "kv_recompute", params, lambda: kv_cache.recompute_vs_cache(engine, prompt, answer_tokens), noise=noise
+    )
+
+
+def batch_sweep_run(
+    engine, model: str, *, max_batch: int, prompt_tokens: int, output_tokens: int, budget_s: float, peaks, noise=None
+):
+    """Notebook 05's decode batch sweep (``batching.batch_sweep``): batch 1, 2, 4, ... until tok/s stops
+    growing, ``max_batch`` or ``budget_s``."""
+    announce(f"a decode batch sweep, batch 1 up to at most {max_batch}", budget_s)
+    params = result_key(
+        engine,
+        model,
+        max_batch=max_batch,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        budget_s=budget_s,
+        peaks=[p.to_dict() for p in peaks],
+    )
+    return cached(
+        "batch_sweep",
+        params,
+        lambda: batching.batch_sweep(engine, max_batch, prompt_tokens, output_tokens, peaks, budget_s),
+        noise=noise,
+    )
+
+
+def token_cost_run(
+    engine, model: str, *, batches, prompt_tokens: int, output_tokens: int, interval_s: float, noise=None
+) -> dict:
+    """Notebook 05's energy and price per token, prefill and decode at each of ``batches``
+    (``token_cost.measure_token_cost``; at least 4 output tokens, as it needs). ``interval_s``: each
+    measured interval's least length, and the meter's idle window."""
+    params = result_key(engine, model, batches=list(batches), output_tokens=output_tokens)
+    return cached(
+        "token_cost_batches",
+        params,
+        lambda: token_cost.measure_token_cost(
+            engine,
+            prompt_tokens=prompt_tokens,
+            decode_batches=tuple(batches),
+            output_tokens=max(4, output_tokens),
+            decode_prompt_tokens=prompt_tokens,
+            min_interval_s=interval_s,
+            idle_s=interval_s,
+        ),
         noise=noise,
     )
 

@@ -68,7 +68,8 @@ def predictions_path(notebook: str | None = None, directory: Path | None = None)
 
 
 def read_entries(path: Path) -> dict:
-    """A predictions file's entries by key; {} for a missing or unreadable file (never fatal)."""
+    """A JSON object file's entries by key (a predictions file; ``course_path``'s run times); {} for a
+    missing or unreadable file, or one that holds no object (never fatal)."""
     try:
         kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError):
@@ -77,6 +78,8 @@ def read_entries(path: Path) -> dict:
 
 
 def write_entries(path: Path, entries: dict) -> None:
+    """Write ``entries`` to ``path`` as JSON at once (a temporary file renamed over it), so a reader
+    never sees half a file; its folder is made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(entries, indent=1, ensure_ascii=False), encoding="utf-8")

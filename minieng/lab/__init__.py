@@ -183,14 +183,18 @@ from minieng.lab.lesson_setup import device_peaks, format_peaks, format_probe, r
 from minieng.lab.work_tables import format_kv_bytes, format_prefill_work, format_step_work, kv_shapes, kv_weights_answer
 from minieng.lab.model_for_device import (
     CourseModel,
+    LessonShape,
     SpeculativePair,
     course_model,
     course_speculative_pair,
     downloads_allowed,
     fetch_checkpoint,
+    lesson_shape,
 )
 
 __all__ = [
+    "LessonShape",
+    "lesson_shape",
     "format_layer_times",
     "format_reply",
     "levels_why",

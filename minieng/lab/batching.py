@@ -17,41 +17,57 @@ same arrivals, prompts and output lengths against both and keeps what the metric
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.kv_cache import sequences_that_fit
 from minieng.lab.probes import minieng_decode, warm_up
 from minieng.lab.replay import run_workload
 from minieng.measure.flops_bytes import decode_ridge_batch, step_work
+from minieng.measure.peaks import Peak
 from minieng.measure.metrics import common_tail, request_metrics, serving_metrics
 from minieng.measure.roofline import format_percent, phase_utilization
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths
 from minieng.measure.workloads import RequestSpec, text_prompts
 
 
-def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, output_tokens: int, peaks) -> dict:
-    """``batch_size`` sequences of ``prompt_tokens``-token prompts decoding ``output_tokens``
-    tokens together (``probes.minieng_decode``): median TPOT (s), aggregate tok/s (batch / TPOT),
-    and of the decode-only steps MFU, MBU (against ``peaks[0]``), FLOP per byte and the share of
-    the bytes that is K/V (``flops_bytes.step_work``); ``wall_s``, the point's own run time;
-    ``mfu_percent_by_peak``: MFU against every peak given, by its source ("measured", "datasheet")."""
+def utilization_row(engine: LLMEngine, steps, peaks: Sequence[Peak], **row) -> dict:
+    """``row`` plus the steps' time per step, intensity, FLOP/s and, per peak (by its source),
+    ``phase_utilization`` (MFU, MBU, what bounds the step)."""
+    u = phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)
+    return row | {
+        "seconds_per_step": u["seconds"] / u["num_steps"],
+        "intensity": u["arithmetic_intensity_flop_per_byte"],
+        "flop_s": u["achieved_tflops"] * 1e12,
+        "by_peak": {p.source: u[p.source] for p in peaks},
+    }
+
+
+def decode_point(
+    engine: LLMEngine, batch_size: int, prompt_tokens: int, *, output_tokens: int, peaks: Sequence[Peak]
+) -> dict:
+    """``batch_size`` sequences of ``prompt_tokens``-token prompts, each generating ``output_tokens``
+    tokens (``output_tokens - 1`` decode steps after the prefill) together (``probes.minieng_decode``).
+
+    Returns ``utilization_row`` of the decode-only steps (``seconds_per_step``, ``intensity``,
+    ``flop_s``, ``by_peak``) with: median TPOT (s), aggregate tok/s (batch / TPOT), MFU and MBU
+    against ``peaks[0]``, the FLOP per byte and the share of the bytes that is K/V
+    (``flops_bytes.step_work``); ``wall_s``, the point's own run time; ``mfu_percent_by_peak``: MFU
+    against every peak given, by its source ("measured", "datasheet")."""
     start = time.perf_counter()
     tpot, steps = minieng_decode(engine, text_prompts(engine.tokenizer, prompt_tokens, batch_size), output_tokens)
     wall = time.perf_counter() - start
-    dtype_bytes = engine.dtype.itemsize
-    u = phase_utilization(engine.model_config, dtype_bytes, steps, peaks)
-    work = sum(step_work(engine.model_config, s.chunks, dtype_bytes) for s in steps)
-    first = u[peaks[0].source]
-    return {
-        "batch_size": batch_size,
+    row = utilization_row(engine, steps, peaks, batch_size=batch_size)
+    work = sum(step_work(engine.model_config, s.chunks, engine.dtype.itemsize) for s in steps)
+    first = row["by_peak"][peaks[0].source]
+    return row | {
         "tpot_s": tpot,
         "tok_s": batch_size / tpot,
         "wall_s": wall,
-        "step_s": u["seconds"] / u["num_steps"],
         "mfu_percent": first["mfu_percent"],
         "mbu_percent": first["mbu_percent"],
         "suspect": first["suspect"],
-        "mfu_percent_by_peak": {p.source: u[p.source]["mfu_percent"] for p in peaks},
+        "mfu_percent_by_peak": {source: u["mfu_percent"] for source, u in row["by_peak"].items()},
         "intensity_flop_per_byte": work.arithmetic_intensity_flop_per_byte,
         "kv_bytes_share": (work.kv_read_bytes + work.kv_write_bytes) / work.total_bytes,
     }
@@ -79,7 +95,7 @@ def batch_sweep(
             break
         if progress:
             progress(f"decode at batch {b}")
-        rows.append(decode_point(engine, b, prompt_tokens, output_tokens, peaks))
+        rows.append(decode_point(engine, b, prompt_tokens, output_tokens=output_tokens, peaks=peaks))
         spent += rows[-1]["wall_s"]
         knee = prefill_knee([(r["batch_size"], r["tpot_s"]) for r in rows])
         if knee["knee_reached"] and sum(r["batch_size"] > knee["knee_tokens"] for r in rows) >= 2:

@@ -1,7 +1,6 @@
 """Notebook 03's decode floor (TPOT_min = bytes per step / bandwidth) and notebook 11's napkin for
 other models and devices: the measurements and the tables they print.
 
-- ``device_peaks``: the measured ceilings, and the datasheet where the GPU has one.
 - ``decode_b1``: a batch-1 decode's steps, their FLOPs and bytes over their time (MFU, MBU).
 - ``kv_point``: a batch decoding at one context: what a step read (weights, KV) and its median time.
 - ``floor_pairs``: the TPOT floor of published shapes on datasheet GPUs (computed, not measured).
@@ -13,8 +12,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-
-import torch
 
 from minieng.config import published_config
 from minieng.engine.llm_engine import LLMEngine
@@ -37,25 +34,6 @@ FLOOR_PAIRS = [
     ("Llama-3-8B", 2, "H100 SXM"),
     ("Llama-3-70B", 0.5, "H200"),
 ]
-
-
-def device_peaks(engine: LLMEngine, measured: Peak) -> list[Peak]:
-    """``measured`` (the machine's ceilings), then the datasheet peak of the engine's GPU where
-    ``peaks.DATASHEET`` knows it."""
-    sheet = datasheet_peak(torch.cuda.get_device_name(engine.device)) if engine.device.type == "cuda" else None
-    return [measured] + ([sheet] if sheet else [])
-
-
-def format_peaks(peaks: Sequence[Peak]) -> list[str]:
-    """One line per peak: its FLOP/s, bandwidth and ridge point; a note when no datasheet is known."""
-    lines = [
-        f"{p.source:<9} peak {p.peak_tflops:.3g} TFLOP/s, {p.bandwidth_gbps:.3g} GB/s: "
-        f"ridge {p.ridge_flop_per_byte:.3g} FLOP/byte ({p.name})"
-        for p in peaks
-    ]
-    if len(peaks) == 1:
-        lines.append("no datasheet for this device: MFU and MBU are against the measured ceilings only")
-    return lines
 
 
 def decode_b1(engine: LLMEngine, prompt_tokens: int, steps: int, peaks: Sequence[Peak]) -> dict:

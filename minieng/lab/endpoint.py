@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minieng.lab.probes import estimate_s as probe_estimate_s
 from minieng.measure.loadgen import LoadRequest, run_load, served_models
 from minieng.measure.metrics import RequestMetrics
 from minieng.measure.workloads import DEFAULT_TEXT
@@ -102,15 +103,10 @@ class Backend:
         return self.ceilings.noise if self.ceilings is not None else None
 
     def estimate_s(self, prefill_tokens: int = 0, decode_steps: int = 0, prefills: int = 0) -> float:
-        """Rough seconds of a run (``probes.estimate_s``'s formula) from this backend's ``probe``."""
+        """Rough seconds of a run: ``probes.estimate_s`` of this backend's ``probe``."""
         if self.speed is None:
             raise RuntimeError("estimate_s: call probe() first")
-        s = self.speed
-        return (
-            prefills * s.get("overhead_s", 0.0)
-            + prefill_tokens / s["prefill_tok_s"]
-            + decode_steps * s["decode_step_s"]
-        )
+        return probe_estimate_s(self.speed, prefill_tokens, decode_steps, prefills)
 
     def needs_engine(self, what: str) -> bool:
         """True where this backend has the engine's step records for ``what`` (a key of ``ENGINE_ONLY``);

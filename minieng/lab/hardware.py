@@ -15,12 +15,6 @@ AVX2_FP32_FLOP_PER_CYCLE = 32
 ASSUMED_CLOCK_HZ = 3e9  # the pencil problem's CPU clock: an assumption, said as one
 # What one DDR4-3200 channel moves at most (64 bits x 3.2 GT/s); DDR5-4800 moves 38.4 GB/s.
 DDR4_CHANNEL_GBPS = 25.6
-PHASE_BOUNDS = [
-    "prefill compute, decode memory",
-    "prefill compute, decode compute",
-    "prefill memory, decode memory",
-    "prefill memory, decode compute",
-]  # the choices of 00's prediction: which limit binds each phase
 
 
 def against_datasheet(peak: Peak, datasheet: Peak | None) -> list[str]:
@@ -42,8 +36,35 @@ def bound(work: StepWork, ridge: float) -> str:
 
 
 def phase_bounds(prefill: StepWork, decode: StepWork, ridge: float) -> str:
-    """Which limit binds each phase, as one of ``PHASE_BOUNDS``."""
+    """Which limit binds each phase: "prefill compute, decode memory" and the like."""
     return f"prefill {bound(prefill, ridge)}, decode {bound(decode, ridge)}"
+
+
+def phase_bounds_answer(prefill: StepWork, decode: StepWork, ridge: float) -> str:
+    """The worked answer of 00's pencil problem on the phases (Markdown): each step's FLOPs over its
+    bytes (its arithmetic intensity) set against the measured ridge (FLOP/byte)."""
+    lines = []
+    for what, w in (("the prefill", prefill), ("the decode step", decode)):
+        lines.append(
+            f"- {what}: {w.total_flops / 1e9:.3g} GFLOP / {w.total_bytes / 1e6:.3g} MB = "
+            f"**{w.arithmetic_intensity_flop_per_byte:.3g} FLOP/byte**, {_side(w, ridge)} of the ridge: "
+            f"{bound(w, ridge)}-bound"
+        )
+    return "\n".join(
+        [
+            f"Each step's FLOPs over the bytes it must move (weights, K and V), against this machine's measured "
+            f"ridge of **{ridge:.3g} FLOP/byte**:",
+            "",
+            *lines,
+            "",
+            f"So **{phase_bounds(prefill, decode, ridge)}**. Prefill's intensity grows with the prompt (each "
+            "weight read serves every prompt token); a batch-1 decode step's stays near 2 FLOP per weight / its bytes per weight (1 in bf16, 0.5 in fp32).",
+        ]
+    )
+
+
+def _side(work: StepWork, ridge: float) -> str:
+    return "right" if work.arithmetic_intensity_flop_per_byte > ridge else "left"
 
 
 def step_table(steps: Sequence[tuple[str, StepWork]], ridge: float) -> str:

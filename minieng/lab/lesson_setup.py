@@ -1,12 +1,14 @@
-"""What notebooks 04, 05, 08 and 12 print after building their engine, and the keys of their cached results.
+"""What notebooks 02 to 05, 08, 11 and 12 print after building their engine, and the keys of their cached results.
 
 ``device_peaks``: the measured ceilings and, on a GPU the datasheet knows, its datasheet peak (the
-articles' MFU is against the datasheet). ``format_probe``: ``probes.probe_speed``'s result in one
+articles' MFU is against the datasheet); ``format_peaks`` prints them. ``format_probe``: ``probes.probe_speed``'s result in one
 line. ``result_key``: the parameters a ``course.cached`` result is stored under, with the model,
 device and dtype that make it this run's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -15,21 +17,22 @@ from minieng.measure.peaks import Peak, datasheet_peak
 
 
 def device_peaks(engine: LLMEngine, measured: Peak) -> list[Peak]:
-    """``[measured]``, plus the datasheet peak of the engine's GPU where ``peaks.datasheet_peak``
-    knows it (none on a CPU)."""
-    if engine.device.type != "cuda":
-        return [measured]
-    sheet = datasheet_peak(torch.cuda.get_device_name(engine.device))
+    """``[measured]`` (the machine's ceilings), plus the datasheet peak of the engine's GPU where
+    ``peaks.datasheet_peak`` knows it (none on a CPU)."""
+    sheet = datasheet_peak(torch.cuda.get_device_name(engine.device)) if engine.device.type == "cuda" else None
     return [measured] + ([sheet] if sheet else [])
 
 
-def format_peaks(peaks: list[Peak]) -> list[str]:
-    """One line per peak: its source, TFLOP/s, GB/s and ridge point."""
-    return [
-        f"{p.source} peak: {p.peak_tflops:.3g} TFLOP/s, {p.bandwidth_gbps:.3g} GB/s, ridge {p.ridge_flop_per_byte:.3g} "
-        "FLOP/byte"
+def format_peaks(peaks: Sequence[Peak]) -> list[str]:
+    """One line per peak: its FLOP/s, bandwidth and ridge point; a note when no datasheet is known."""
+    lines = [
+        f"{p.source:<9} peak {p.peak_tflops:.3g} TFLOP/s, {p.bandwidth_gbps:.3g} GB/s: "
+        f"ridge {p.ridge_flop_per_byte:.3g} FLOP/byte ({p.name})"
         for p in peaks
     ]
+    if len(peaks) == 1:
+        lines.append("no datasheet for this device: MFU and MBU are against the measured ceilings only")
+    return lines
 
 
 def format_probe(probe: dict) -> str:

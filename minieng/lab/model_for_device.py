@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES
+from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, ModelConfig, published_config
 from minieng.device import dtype_choice, select_device
 from minieng.engine.llm_engine import LLMEngine
 from minieng.lab.probes import minieng_decode, warm_up
@@ -45,7 +45,7 @@ from minieng.measure.napkin import TORCH_DTYPE_NAMES, measured_device
 from minieng.measure.peaks import Peak, device_free_bytes
 from minieng.measure.speculative_pair import MAX_COST_RATIO, SPECULATIVE_PAIRS, PairChoice, choose_pair
 from minieng.measure.workloads import text_prompts
-from minieng.model.loader import resolve_model_dir
+from minieng.model.loader import load_config, resolve_model_dir
 
 MODEL_ENV = "MINIENG_MODEL"  # names the course's model when a notebook's MODEL is None (CI, a workshop)
 PROBE_KV_GIB = 0.25  # the probe engine's KV pool: one short sequence
@@ -137,6 +137,45 @@ def course_model(model: str | None = None, bandwidth_gbps: float | None = None, 
     chosen = _named(choice.name, choice.reason())
     chosen.choice, chosen.probe_engine = choice, probe
     return chosen
+
+
+@dataclass(frozen=True)
+class LessonShape:
+    """The shape of the model the lessons measure on this device, as far as it is known without weights
+    (``lesson_shape``): ``name``, its ``config`` (a ``ModelConfig``) and ``why`` this one, in a sentence."""
+
+    name: str
+    config: ModelConfig
+    why: str
+
+
+def lesson_shape(model: str | None = None, device: str = "auto") -> LessonShape:
+    """The shape ``course_model(model)`` would measure on ``device``, read from a config only (no weights,
+    no timing): what the primer (notebook 00) draws.
+
+    The model named by ``model`` or ``$MINIENG_MODEL`` when its shape is known without its weights (a
+    published shape, its checkpoint's Hub id, or a local folder); else, on a CPU, the embedded default
+    that ``course_model`` measures there. On a GPU with nothing named, ``course_model`` chooses from the
+    measured ceilings and a decode step it times on the device: no config can say which before that, so
+    the embedded default's shape stands in, and ``why`` says so.
+    """
+    named = model or os.environ.get(MODEL_ENV) or None
+    shape = {hub_id: name for name, hub_id in PUBLISHED_CHECKPOINTS.items()}.get(named, named)
+    if shape in PUBLISHED_SHAPES:
+        return LessonShape(named, published_config(shape), f"the model the lessons measure ({named}), from its shape")
+    if named and Path(named).is_dir():
+        return LessonShape(named, load_config(named)[2], f"the model the lessons measure ({named}), from its config")
+    config = load_config(None)[2]
+    if named:
+        why = f"the embedded {DEFAULT_MODEL_NAME}'s shape: {named}'s needs its checkpoint, which the lessons load"
+    elif _is_cuda(device):
+        why = (
+            f"the embedded {DEFAULT_MODEL_NAME}'s shape: on this GPU each lesson chooses a larger model from the "
+            "ceilings measured in part 2 and a timed decode step, and prints it; the formulas are the same"
+        )
+    else:
+        why = f"the model the lessons measure on a CPU, the embedded {DEFAULT_MODEL_NAME}"
+    return LessonShape(DEFAULT_MODEL_NAME, config, why)
 
 
 def _is_cuda(device: str) -> bool:

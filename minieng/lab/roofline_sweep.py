@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from minieng.engine.llm_engine import LLMEngine
-from minieng.lab.gpu_utilization import decode_for
+from minieng.lab.batching import decode_point, utilization_row
 from minieng.lab.probes import minieng_prefill
 from minieng.measure.flops_bytes import attention_crossover_tokens, decode_ridge_batch, prefill_work
-from minieng.measure.roofline import format_percent, phase_utilization
+from minieng.measure.roofline import format_percent
 from minieng.measure.sweep_plan import (
     decode_sweep_batches,
     predict_decode_step_s,
@@ -108,27 +108,10 @@ def attention_shares(shapes: dict, grid: Sequence[int]) -> dict[str, list[float]
     }
 
 
-def utilization_row(engine: LLMEngine, steps, peaks: Sequence, **row) -> dict:
-    """``row`` plus the steps' time per step, intensity, FLOP/s and, per peak, ``phase_utilization``."""
-    u = phase_utilization(engine.model_config, engine.dtype.itemsize, steps, peaks)
-    return row | {
-        "seconds_per_step": u["seconds"] / u["num_steps"],
-        "intensity": u["arithmetic_intensity_flop_per_byte"],
-        "flop_s": u["achieved_tflops"] * 1e12,
-        "by_peak": {p.source: u[p.source] for p in peaks},
-    }
-
-
 def prefill_point(engine: LLMEngine, prompt_tokens: int, repeats: int, peaks: Sequence) -> dict:
     """``repeats`` prompts of ``prompt_tokens``, each prefilled in one step, their steps pooled."""
     steps = minieng_prefill(engine, text_prompts(engine.tokenizer, prompt_tokens, repeats))[1]
     return utilization_row(engine, steps, peaks, prompt_tokens=prompt_tokens)
-
-
-def decode_point(engine: LLMEngine, batch_size: int, prompt_tokens: int, steps: int, peaks: Sequence) -> dict:
-    """``batch_size`` sequences of ``prompt_tokens`` decoding together for ``steps`` kept steps."""
-    records = decode_for(engine, text_prompts(engine.tokenizer, prompt_tokens, batch_size), 0, min_steps=steps)
-    return utilization_row(engine, records, peaks, batch_size=batch_size)
 
 
 def roofline_sweep(
@@ -141,10 +124,14 @@ def roofline_sweep(
     decode_prompt_tokens: int,
     peaks: Sequence,
 ) -> dict:
-    """The prefill sweep (``prefill_point`` per length) and the decode sweep (``decode_point`` per batch)."""
+    """The prefill sweep (``prefill_point`` per length) and the decode sweep (``batching.decode_point``
+    per batch: ``decode_prompt_tokens``-token prompts each generating ``decode_tokens`` tokens)."""
     return {
         "prefill": [prefill_point(engine, n, repeats, peaks) for n in prompt_tokens],
-        "decode": [decode_point(engine, b, decode_prompt_tokens, decode_tokens, peaks) for b in decode_batches],
+        "decode": [
+            decode_point(engine, b, decode_prompt_tokens, output_tokens=decode_tokens, peaks=peaks)
+            for b in decode_batches
+        ],
     }
 
 

@@ -80,6 +80,15 @@ class StepWork:
         return self if other == 0 else self.__add__(other)  # so that sum(works) starts from 0
 
 
+def prefill_params_per_token(model_config: ModelConfig) -> int:
+    """The matmul parameters each prompt token of a prefill runs through: the decoder layers'
+    (``ModelConfig.num_matmul_params`` less the LM head). The LM head runs only for the rows whose
+    logits are needed, in a prefill the last position alone, so it is no per-token cost of the
+    prompt: a prefill's linear FLOPs are 2 x this per token, plus 2 x hidden x vocab once."""
+    cfg = model_config
+    return cfg.num_matmul_params - cfg.hidden_size * cfg.vocab_size
+
+
 def step_work(
     model_config: ModelConfig,
     chunks: Iterable[tuple[int, int, int]],
@@ -108,7 +117,7 @@ def step_work(
     if dtype_bytes <= 0 or kv_dtype_bytes <= 0:
         raise ValueError(f"dtype_bytes={dtype_bytes}, kv_dtype_bytes={kv_dtype_bytes}: both must be > 0")
     head_params = cfg.hidden_size * cfg.vocab_size
-    layer_params = cfg.num_matmul_params - head_params  # every decoder layer's matmul weights
+    layer_params = prefill_params_per_token(cfg)  # every decoder layer's matmul weights
     kv_per_token = cfg.kv_bytes_per_token(kv_dtype_bytes)  # 2 * layers * num_kv_heads * head_dim * bytes
     attn_per_key = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
     new_tokens = logits_rows = context_keys = attended_keys = 0
@@ -197,7 +206,7 @@ def attention_crossover_tokens(model_config: ModelConfig) -> int:
     53,000, past its 8,192-token context.
     """
     cfg = model_config
-    layer_params = cfg.num_matmul_params - cfg.hidden_size * cfg.vocab_size
+    layer_params = prefill_params_per_token(cfg)
     per_key = cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
     return max(1, math.ceil(layer_params / per_key - 1))
 

@@ -4,12 +4,14 @@ notebook measured: every row present, and each verdict able to come out against 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minieng.config import published_config
-from minieng.course.closing import decode_memory, roofline, scaling_out
+from minieng.course.closing import decode_memory, roofline, scaling_out, two_phases
 from minieng.course.kit import CLAIMS_MIMETYPE, CachedResult
 from minieng.lab.tensor_parallel import ModelledStep, SplitStep, TensorParallelRun
 from minieng.lab.tp_paper import article_cases
+from minieng.measure.flops_bytes import prefill_params_per_token
 from minieng.measure.peaks import Peak
 from minieng.measure.tp_estimate import LINKS, tensor_parallel_decode
 
@@ -67,6 +69,20 @@ def test_roofline_table_judges_s11_and_s20_on_the_sweep():
     # A fit that bends up only with a negative cost cannot judge S2.
     said = rows(roofline.table(res=_sweep(50.0, 2.0), **kw | {"fit": fit | {"physical": False, "reason": "a < 0"}}))
     assert said["S2"].startswith("too noisy")
+
+
+def test_s2_floor_is_the_same_in_notebooks_01_and_02():
+    """Both judge the fitted cost per prompt token against 2 x the layers' parameters / peak (the LM
+    head runs for the last position only): a fit at twice that floor reads 2.0x in either table."""
+    cfg = published_config("SmolLM2-135M")
+    b = 2 * (2 * prefill_params_per_token(cfg) / (PEAK.peak_tflops * 1e12))
+    fit = {"quadratic_share": None, "significant": False, "physical": True, "reason": "flat", "b_s_per_token": b}
+    kw = dict(counts=[], model_config=cfg, model_name="m", count_tokens=32, dtype_bytes=4, measured=PEAK)
+    in_02 = rows(roofline.table(res=_sweep(50.0, 2.0), fit=fit, **kw))["S2"]
+    engine = type("E", (), {"model_config": cfg, "dtype": torch.float32})()
+    backend = type("B", (), {"has_steps": True, "engine": engine, "ceilings": type("C", (), {"peak": PEAK})()})()
+    _, in_01 = two_phases._s2(backend, CachedResult({"prefill": [{"prompt_tokens": 512}]}, noise=QUIET), fit)
+    assert in_01 == in_02 and in_01.startswith("holds") and "2.0x 2·P / peak" in in_01
 
 
 def _tp_run(two_ranks_s: float) -> TensorParallelRun:

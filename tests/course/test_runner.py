@@ -445,3 +445,20 @@ def test_the_core_path_sums_reading_and_running_and_says_whether_it_fits_three_h
     assert times["fits"] is fits  # 3 h = 10,800 s: 3,600 s of reading + 6,000 s fits, + 7,800 s does not
     verdict = core_path_lines(times)[-1]
     assert ("which fits within 3 h 00 min" in verdict) is fits and ("does NOT fit" in verdict) is not fits
+
+
+def test_a_run_that_read_cached_results_is_not_a_learners_time():
+    """The runner records a notebook's wall time for lesson_header only when the notebook measured afresh:
+    kit.cached's note in any output marks a result read back (and a rerun of make course reads them all)."""
+    import nbformat
+
+    from minieng.course.runner import reused_results
+
+    fresh = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    fresh.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="TTFT 120 ms\n")]
+    assert not reused_results(fresh)
+    reread = nbformat.from_dict(json.loads(json.dumps(fresh)))
+    reread.cells[0].outputs.append(
+        nbformat.v4.new_output("stream", name="stdout", text="(cached result, measured 2026-12-07 22:00 UTC on cpu)\n")
+    )
+    assert reused_results(reread)

@@ -20,6 +20,7 @@ import gc
 import inspect
 import json
 import re
+import sys
 import weakref
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +32,8 @@ from helpers import make_engine, random_prompts
 import minieng.lab
 from minieng import LLMEngine
 from minieng.config import EngineConfig, published_config
-from minieng.lab import batch_cap_sweep, compare_disaggregation
+from minieng.lab import batch_cap_sweep, compare_disaggregation, draft_alone_engine
+from minieng.lab.backend import EngineBackend
 from minieng.lab.disaggregation import engines_at_once
 from minieng.lab.model_for_device import PROBE_KV_GIB
 from minieng.measure.model_choice import choose_model
@@ -49,11 +51,12 @@ T4_TOTAL = peaks.DEVICE_MEMORY_MIB["T4"][0] * 1024**2  # 15,360 MiB: what nvidia
 CUDA_CONTEXT = peaks.CUDA_CONTEXT_BYTES  # what a program's tensors never get of it (the context, the driver's share)
 FP16 = torch.float16
 BLOCK = 16
-# Engines a notebook's package calls build beside its own, from its engine's config (so with its
-# budget): 08's run_quantization, one per scheme a T4 runs (int8, int4, w8a8 at most). Notebook 10's
-# (its sweep's and its disaggregation comparison's) are counted from the code, phase by phase, by
-# test_notebook_10_fits_a_t4_phase_by_phase.
-HIDDEN_ENGINES = {"08": 3}
+# Engines a notebook's package calls build beside its own: 08's run_quantization, one per scheme a T4
+# runs (int8, int4, w8a8 at most), from its engine's config (so with its budget); 09's
+# draft_alone_engine, the draft's weights (shared) with a pool of its own (``hidden_kv_gib``).
+# Notebook 10's (its sweep's and its disaggregation comparison's) are counted from the code, phase by
+# phase, by test_notebook_10_fits_a_t4_phase_by_phase.
+HIDDEN_ENGINES = {"08": 3, "09": 1}
 # The model course_model picks for a T4 (datasheet 320 GB/s, a graph replay's ~20 us per layer):
 # the engines built from ``**lesson_model.engine_args`` load it; beside them, the embedded model's
 # probe engine (``PROBE_KV_GIB``) serves real text (``talker``).
@@ -88,6 +91,40 @@ def argument(args: str, name: str, namespace: dict):
     return eval(m.group(1), dict(namespace)) if m else None  # noqa: S307 (the notebook's own expression)
 
 
+def built_engines(source: str) -> list[tuple[int, str, bool]]:
+    """(position, argument text, whether it loads the lesson's model) of every engine the notebook's own
+    code builds, in order: its ``LLMEngine(...)`` calls, and its ``lesson_backend(...)`` calls, whose
+    ``EngineBackend`` builds ``LLMEngine(**lesson_model.engine_args, **engine_args)`` with the call's
+    keywords (checked below)."""
+    own = [(at, args, "lesson_model.engine_args" in args) for at, args in engine_calls(source)]
+    return sorted(own + [(at, args, True) for at, args in engine_calls(source, "lesson_backend")])
+
+
+def longest_prompt(source: str, params: dict) -> int | None:
+    """The longest prompt the notebook asks of its engines in full mode: the largest of its
+    ``max_prompt_tokens=`` arguments (its probe's, its workloads') and of ``backend.probe``'s first
+    when positional; None where it names none."""
+    asked = [eval(m.group(1), dict(params)) for m in re.finditer(r"\bmax_prompt_tokens=([^,)\n]+)", source)]  # noqa: S307
+    for _, args in engine_calls(source, r"backend\.probe"):
+        first = args.split(",")[0]
+        if "=" not in first:
+            asked.append(eval(first, dict(params)))  # noqa: S307 (the notebook's own expression)
+    return max(asked, default=None)
+
+
+def hidden_kv_gib(name: str, source: str, params: dict, main_gib: float) -> float:
+    """The KV budget of each of a notebook's hidden engines: 08's inherit its engine's (``main_gib``);
+    09's ``draft_alone_engine`` takes its own ``kv_cache_memory_gib``, as the notebook passes it or
+    by default."""
+    if name != "09":
+        return main_gib
+    ((_, args),) = engine_calls(source, "draft_alone_engine")
+    given = argument(args, "kv_cache_memory_gib", params)
+    return (
+        given if given is not None else inspect.signature(draft_alone_engine).parameters["kv_cache_memory_gib"].default
+    )
+
+
 @pytest.fixture
 def t4(monkeypatch):
     """torch.cuda as a T4 with nothing allocated reports it."""
@@ -115,6 +152,22 @@ def test_the_lesson_backend_reads_the_ceilings_before_it_builds_its_engine():
     assert -1 < init.find("machine_ceilings(") < init.find("LLMEngine(")
 
 
+def test_the_lesson_backend_builds_the_lesson_model_with_the_notebooks_arguments():
+    """What ``built_engines`` counts a ``lesson_backend(...)`` call as: one engine of ``course_model``'s
+    choice (whose probe engine it keeps), built with the call's keywords."""
+    init = inspect.getsource(EngineBackend.__init__)
+    assert "course_model(" in init and init.count("LLMEngine(") == 1
+    assert "LLMEngine(**self.model.engine_args, **engine_args)" in init
+    assert "EngineBackend(model, cache, **engine_args)" in inspect.getsource(minieng.lab.lesson_backend)
+
+
+def test_draft_alone_engine_builds_one_engine_of_the_drafts_shared_weights_with_its_own_pool():
+    """What ``HIDDEN_ENGINES["09"]`` and ``hidden_kv_gib`` count: one engine, no weights of its own."""
+    code = inspect.getsource(draft_alone_engine)
+    assert code.count("LLMEngine(") == 1 and "engine.drafter.model" in code
+    assert "LLMEngine(loaded=draft, enable_prefix_caching=False, kv_cache_memory_gib=kv_cache_memory_gib)" in code
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_notebook_reads_its_ceilings_before_any_engine_takes_the_gpu(path):
     _, source = code_of(path)
@@ -128,24 +181,29 @@ def test_every_notebook_reads_its_ceilings_before_any_engine_takes_the_gpu(path)
         )
 
 
-@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if "LLMEngine(" in p.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [p for p in NOTEBOOKS if "LLMEngine(" in (t := p.read_text()) or "lesson_backend(" in t],
+    ids=lambda p: p.name,
+)
 def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, shapes):
     params, source = code_of(path)
-    calls = engine_calls(source)
+    calls = built_engines(source)
     main_gib, total_kv, weights, longest = None, 0, 0, []
-    if "course_model(" in source:  # on a GPU it times the embedded model first, and keeps that engine
+    # course_model (lesson_backend's too) on a GPU times the embedded model first, and keeps that engine
+    if "course_model(" in source or "lesson_backend(" in source:
         small = shapes["SmolLM2-135M"]
         weights += small.num_params * FP16.itemsize
         total_kv += num_blocks_for_budget(small, FP16, BLOCK, PROBE_KV_GIB) * BLOCK * small.kv_bytes_per_token(2)
-    for _, args in calls:
+    for _, args, of_lesson in calls:
         inherits = args.startswith(("replace(engine.config", "replace(talker.config"))
         gib = argument(args, "kv_cache_memory_gib", params)
         blocks = argument(args, "num_kv_blocks", params)
         assert inherits or gib is not None or blocks is not None, (
-            f"{path.name}: LLMEngine({args[:60]}...) has no KV budget: on a GPU it takes 90% of the device"
+            f"{path.name}: an engine of ({args[:60]}...) has no KV budget: on a GPU it takes 90% of the device"
         )
         gpu_pair = "GPU_TARGET" in args
-        lesson = "lesson_model.engine_args" in args or ("loaded=engine.loaded" in args and "lesson_model" in source)
+        lesson = of_lesson or ("loaded=engine.loaded" in args and "lesson_model" in source)
         models = (
             [shapes["SmolLM2-1.7B"], shapes["SmolLM2-135M"]]
             if gpu_pair
@@ -163,16 +221,21 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
             max_model_len = argument(args, "max_model_len", params) or models[0].max_position_embeddings
             longest.append((blocks * BLOCK, max_model_len, models[0] is shapes[T4_CHOICE] and not gpu_pair))
         total_kv += blocks * BLOCK * sum(m.kv_bytes_per_token(FP16.itemsize) for m in models)
-    hidden = shapes[T4_CHOICE] if "lesson_model" in source else shapes["SmolLM2-135M"]
+    hidden = shapes[T4_CHOICE] if "lesson_model" in source or "lesson_backend(" in source else shapes["SmolLM2-135M"]
     num_hidden = HIDDEN_ENGINES.get(path.name[:2], 0)
-    total_kv += num_hidden * num_blocks_for_budget(hidden, FP16, BLOCK, main_gib) * BLOCK * hidden.kv_bytes_per_token(2)
+    hidden_gib = hidden_kv_gib(path.name[:2], source, params, main_gib) if num_hidden else main_gib
+    total_kv += (
+        num_hidden * num_blocks_for_budget(hidden, FP16, BLOCK, hidden_gib) * BLOCK * hidden.kv_bytes_per_token(2)
+    )
 
     # Each pool holds a whole sequence of its engine's max_model_len: no capping, no refusal. The
     # T4's chosen model (the 1.7B, full multi-head KV: 192 KiB a token) holds fewer in the same
     # budget: its engine caps max_model_len to the pool, with a warning, and the probes and sweeps
-    # stop there; the pool must still hold the longest prompt a lesson asks of it (4,096 tokens).
+    # stop there; the pool must still hold the longest prompt the lesson asks of it (its probe's
+    # and workloads' ``max_prompt_tokens``, and its answer's token), and 4,096 tokens where it asks more.
+    asked = longest_prompt(source, params)
     for tokens, max_model_len, capped in longest:
-        need = min(max_model_len, 4096) if capped else max_model_len
+        need = min(max_model_len, 4096, asked + 1 if asked else 4096) if capped else max_model_len
         assert tokens >= need, f"{path.name}: a pool of {tokens} tokens for max_model_len={max_model_len}"
     # The ceilings' buffers, sized on the empty T4 (the notebook reads them before any engine).
     n, copy_bytes = peaks.ceiling_sizes(t4, FP16)
@@ -186,12 +249,12 @@ def test_every_engine_of_a_notebook_has_a_kv_budget_and_all_fit_a_t4(path, t4, s
         f"scratch {scratch / GIB:.2f} + ceilings {ceilings / GIB:.2f} GiB exceed a T4"
     )
     # The engine's own check agrees for the first engine (plan_memory reads get_device_properties).
-    first = calls[0][1]
+    _, first, first_of_lesson = calls[0]
     model = (
         shapes["SmolLM2-1.7B"]
         if "GPU_TARGET" in first
         else shapes[T4_CHOICE]
-        if "lesson_model" in first
+        if first_of_lesson or "lesson_model" in first
         else shapes["SmolLM2-135M"]
     )
     plan = plan_memory(model, FP16, num_blocks_for_budget(model, FP16, BLOCK, main_gib), BLOCK, t4)
@@ -221,10 +284,36 @@ MARGIN = GIB // 2
 # A 2-byte model's load holds at most this many bytes a parameter at its peak: built on the meta
 # device in its dtype, no float32 copy first (issue 33, section 1, whose test bounds it so).
 LOAD_BYTES_PER_PARAM = 2.05
-# The lab functions of notebook 10 that build engines, by how they are counted here: the probe
-# engine that course_model keeps (``lesson_model.probe_engine``), and the calls the dry run counts.
-PROBE_BUILDER = "course_model"
+# The lab functions of notebook 10 that build engines, by how they are counted here: the served
+# engine that lesson_backend builds (``EngineBackend``, beside the probe engine its course_model keeps:
+# ``backend.model.probe_engine``), and the calls the dry run counts.
+SERVED_BUILDER = "lesson_backend"
 DRY_RUN_BUILDERS = ("batch_cap_sweep", "compare_disaggregation")
+
+
+def builds_engines(obj, seen: set | None = None) -> bool:
+    """Whether ``obj`` (a function, or a class by its ``__init__``) builds an ``LLMEngine``: in its own
+    code, or in that of a minieng function or class it calls by name (``lesson_backend`` builds its
+    engine in ``EngineBackend``)."""
+    seen = set() if seen is None else seen
+    if obj in seen:
+        return False
+    seen.add(obj)
+    code_obj = vars(obj).get("__init__") if inspect.isclass(obj) else obj
+    try:
+        code = inspect.getsource(code_obj)
+    except (OSError, TypeError):  # no source: a generated or inherited __init__
+        return False
+    if "LLMEngine(" in code:
+        return True
+    names = vars(sys.modules[obj.__module__])
+    return any(
+        (inspect.isfunction(callee) or inspect.isclass(callee))
+        and callee.__module__.startswith("minieng.")
+        and builds_engines(callee, seen)
+        for name in set(re.findall(r"\b([A-Za-z_]\w*)\(", code))
+        if (callee := names.get(name)) is not None
+    )
 
 
 def engine_holds(m, num_blocks: int, max_num_seqs: int) -> int:
@@ -300,13 +389,10 @@ def test_notebook_10_builds_engines_only_where_counted():
         for m in re.finditer(r"from minieng\.lab import ([^\n#]+)", source)
         for name in m.group(1).split(",")
     }
-    builders = {
-        name
-        for name in imported
-        if inspect.isfunction(obj := getattr(minieng.lab, name)) and "LLMEngine(" in inspect.getsource(obj)
-    }
-    assert builders == {PROBE_BUILDER, *DRY_RUN_BUILDERS}
-    assert len(engine_calls(source)) == 1, "notebook 10 builds engines of its own beside the served one: count them"
+    builders = {name for name in imported if builds_engines(getattr(minieng.lab, name))}
+    assert builders == {SERVED_BUILDER, *DRY_RUN_BUILDERS}
+    assert not engine_calls(source), "notebook 10 builds engines of its own beside the served one: count them"
+    assert len(engine_calls(source, SERVED_BUILDER)) == 1, "notebook 10 builds more than one served engine: count them"
 
 
 def test_notebook_10_fits_a_t4_phase_by_phase(t4, shapes, notebook_10_dry_run, capsys):
@@ -317,10 +403,13 @@ def test_notebook_10_fits_a_t4_phase_by_phase(t4, shapes, notebook_10_dry_run, c
     # The comparison holds what disaggregation.engines_at_once says (its own test checks the code).
     assert held["compare_disaggregation"] == engines_at_once(kwargs.get("num_prefill", 1), kwargs.get("num_decode", 1))
     params, source = code_of(NOTEBOOK_10)
-    ((_, served_args),) = engine_calls(source)
-    assert "lesson_model.engine_args" in served_args
+    # The served engine: lesson_backend's, of the lesson's model with the call's keywords (checked above).
+    ((_, served_args),) = engine_calls(source, SERVED_BUILDER)
     model, small, defaults = shapes[T4_CHOICE], shapes["SmolLM2-135M"], EngineConfig()
-    blocks = num_blocks_for_budget(model, FP16, BLOCK, argument(served_args, "kv_cache_memory_gib", params))
+    served_gib = argument(served_args, "kv_cache_memory_gib", params)
+    assert served_gib is not None, "notebook 10's served engine has no KV budget: on a GPU it takes 90% of the device"
+    assert argument(served_args, "max_num_seqs", params) is None, "the served engine's max_num_seqs: count it below"
+    blocks = num_blocks_for_budget(model, FP16, BLOCK, served_gib)
     max_model_len = min(model.max_position_embeddings, blocks * BLOCK)  # the served engine's, capped to its pool
     probe = small.num_params * FP16.itemsize + engine_holds(
         small, num_blocks_for_budget(small, FP16, BLOCK, PROBE_KV_GIB), defaults.max_num_seqs

@@ -162,7 +162,7 @@ def test_the_percentile_rule_has_no_exception():
 
 
 def test_verdict_kinds_name_the_explained_and_computed_verdicts():
-    said = v.s1_logged_ratio([4.0, 132.0], noise=None, load_ratios=[4.0, 132.0])
+    said = v.s1_logged_ratio([4.0, 132.0], load_ratios=[4.0, 132.0])
     assert verdict_kind(said) == "explained"
     assert verdict_kind(v.s18_idler([65, 312, 989], [3.0, 2.0, 1.2])) == "computed"
     assert verdict_kind(v.s4_tensor_parallel(1.4, devices=1, noise=None)) == "not testable here"

@@ -10,15 +10,14 @@ from minieng.config import published_config
 from minieng.lab.decode_floor import (
     decode_b1,
     decode_projection,
-    device_peaks,
     floor_pairs,
     format_floor_pairs,
     format_kv_rows,
-    format_peaks,
     format_thread_knob,
     kv_growth_words,
     kv_point,
 )
+from minieng.lab.lesson_setup import device_peaks, format_peaks
 from minieng.measure.flops_bytes import decode_work
 from minieng.measure.peaks import Peak
 

@@ -56,8 +56,9 @@ def test_s1_logged_ratio_moves_with_the_hit_share_not_with_the_running_count(swe
     for one, many in ((alone, alone_many), (shared, shared_many)):
         assert many["whole"]["prompt_to_generation_ratio"] == pytest.approx(one["whole"]["prompt_to_generation_ratio"])
         assert (one["mean_running"], many["mean_running"]) == pytest.approx((1.0, RUNNING))
-    # The course's verdict on these ratios: the ratio followed the load.
-    assert s1_logged_ratio(logged_ratios(result), noise=None).startswith("holds")
+    # The course's verdict on these ratios: each is its load's prompt tokens per output token.
+    loads = [load["load_ratio"] for load in result["loads"]]
+    assert s1_logged_ratio(logged_ratios(result), load_ratios=loads).startswith("explained")
 
 
 def test_lines_split_the_run_and_print_vllms_wording(sweep):

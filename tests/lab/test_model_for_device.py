@@ -186,3 +186,17 @@ def test_the_pair_times_the_fixed_cost_on_the_device_when_not_given(monkeypatch,
     pair = cm.course_speculative_pair(T4, device="cpu")
     assert pair.prediction.fixed_cost_per_layer_s > 0 and cm.PROBE_NOTE in pair.why
     assert not pair.prediction.pays and "can gain little" in "\n".join(pair.lines())
+
+
+def test_the_primer_draws_the_lesson_models_shape_from_a_config_alone(monkeypatch):
+    cpu = cm.lesson_shape(device="cpu")  # the embedded default: what a CPU's lessons measure
+    assert cpu.name == DEFAULT_MODEL_NAME and cpu.config.num_hidden_layers == 30 and "CPU" in cpu.why
+    named = cm.lesson_shape("Llama-3-8B", device="cuda")  # a published shape: its config, no weights
+    assert named.name == "Llama-3-8B" and named.config.num_hidden_layers == 32 and "lessons measure" in named.why
+    monkeypatch.setenv(cm.MODEL_ENV, "meta-llama/Meta-Llama-3-8B-Instruct")  # its checkpoint's Hub id
+    assert cm.lesson_shape(device="cuda").config.num_key_value_heads == 8
+    monkeypatch.delenv(cm.MODEL_ENV)
+    gpu = cm.lesson_shape(device="cuda")  # chosen from a timed step on a GPU: no config says which
+    assert gpu.name == DEFAULT_MODEL_NAME and "chooses a larger model" in gpu.why
+    unknown = cm.lesson_shape("someone/some-model", device="cpu")
+    assert unknown.name == DEFAULT_MODEL_NAME and "someone/some-model's needs its checkpoint" in unknown.why

@@ -118,6 +118,18 @@ def test_smollm2_135m_per_token():
     assert prefill.attention_flops == 4 * 30 * 9 * 64 * 1000 * 1001 // 2
 
 
+def test_a_prefill_token_runs_the_layers_not_the_lm_head():
+    """DESIGN.md section 5: the LM head runs for the last position only, so a prompt token's linear
+    cost is the layers' parameters: 106.2M of the 135M's 134.5M matmul parameters (the head is 27% more)."""
+    cfg = SMOLLM2_135M
+    per_token = flops_bytes.prefill_params_per_token(cfg)
+    assert per_token == cfg.num_matmul_params - 576 * 49152 == 106_168_320
+    assert cfg.num_matmul_params / per_token == pytest.approx(1.27, abs=0.01)
+    w = prefill_work(cfg, 1000, 4)
+    assert w.matmul_flops == 2 * per_token * 1000 and w.lm_head_flops == 2 * 576 * 49152
+    assert flops_bytes.prefill_params_per_token(model_config()) == 120  # the hand-checked layer above
+
+
 def test_prefix_hit_and_decode_helpers_agree_with_step_work():
     cfg = SMOLLM2_135M
     assert prefill_work(cfg, 100, 2, num_cached_tokens=64) == step_work(cfg, [(36, 64, True)], 2)

@@ -7,7 +7,7 @@ from minieng.config import published_config
 from minieng.course import verdicts
 from minieng.course.kit import claims_table
 from minieng.lab.roofline_sweep import best_and_b1
-from minieng.measure.flops_bytes import attention_crossover_tokens, prefill_work
+from minieng.measure.flops_bytes import attention_crossover_tokens, prefill_params_per_token, prefill_work
 from minieng.measure.roofline import format_percent
 
 
@@ -44,7 +44,6 @@ def table(
     judged = "datasheet" if "datasheet" in best["by_peak"] else "measured"  # the article's MFUs are against datasheets
     mfu_p = {s: u["mfu_percent"] for s, u in best["by_peak"].items()}
     mfu_d = {s: u["mfu_percent"] for s, u in b1["by_peak"].items()}
-    layers = model_config.num_matmul_params - model_config.hidden_size * model_config.vocab_size  # a token's matmuls
     here, llama = attention_crossover_tokens(model_config), attention_crossover_tokens(published_config("Llama-3-8B"))
     return claims_table(
         [
@@ -62,7 +61,7 @@ def table(
                     noise=noise,
                     unphysical_fit=None if fit["physical"] is not False else fit["reason"],
                     linear_s_per_token=fit["b_s_per_token"],
-                    params=layers,
+                    params=prefill_params_per_token(model_config),
                     peak_flops=measured.peak_tflops * 1e12,
                 ),
             ),

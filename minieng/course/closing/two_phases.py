@@ -9,7 +9,7 @@ from __future__ import annotations
 from minieng.course import verdicts
 from minieng.course.kit import claims_table
 from minieng.lab.logged_ratio import logged_ratios
-from minieng.measure.flops_bytes import prefill_work
+from minieng.measure.flops_bytes import prefill_params_per_token, prefill_work
 from minieng.measure.roofline import format_percent, phase_ratio_floor, tpot_floor_s
 
 NOT_MEASURED = "not measured through the API"
@@ -35,9 +35,7 @@ def _s1_logged(backend, logged: dict | None) -> tuple[str, str]:
         return NOT_MEASURED, verdicts.not_testable(backend.why_not("logged_ratio"))
     ratios = logged_ratios(logged)
     said = f"logged {min(ratios):.0f}x to {max(ratios):.0f}x across {len(ratios)} loads of one engine"
-    return said, verdicts.s1_logged_ratio(
-        ratios, noise=None, load_ratios=[load["load_ratio"] for load in logged["loads"]]
-    )
+    return said, verdicts.s1_logged_ratio(ratios, load_ratios=[load["load_ratio"] for load in logged["loads"]])
 
 
 def _s2(backend, res: dict, fit: dict) -> tuple[str, str]:
@@ -57,7 +55,7 @@ def _s2(backend, res: dict, fit: dict) -> tuple[str, str]:
         noise=res.noise,
         unphysical_fit=None if fit["physical"] is not False else fit["reason"],
         linear_s_per_token=fit.get("b_s_per_token"),
-        params=config.num_matmul_params,
+        params=prefill_params_per_token(config),
         peak_flops=backend.ceilings.peak.peak_tflops * 1e12,
     )
 

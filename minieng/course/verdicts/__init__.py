@@ -49,7 +49,6 @@ from minieng.course.verdicts.caching import (
 from minieng.course.verdicts.phases import (
     ATTENTION_SMALL,
     LINEAR_SLOPE_X,
-    LOAD_MOVES_X,
     LOGGED_IS_LOAD_X,
     OWN_LENGTH_X,
     QUADRATIC_EXCESS_X,
@@ -132,7 +131,6 @@ __all__ = [
     "KV_FOLLOWS",
     "KV_VISIBLE_X",
     "LINEAR_SLOPE_X",
-    "LOAD_MOVES_X",
     "LOGGED_IS_LOAD_X",
     "MISREADS_TPOT",
     "MISREADS_TTFT_X",

@@ -5,7 +5,7 @@ the cheapest lever on TTFT), the KV cache's linear work and the KV pool's cap on
 from __future__ import annotations
 
 from minieng.course.claims import verdict
-from minieng.course.verdicts.wording import FAILS, HOLDS
+from minieng.course.verdicts.wording import FAILS, HOLDS, not_testable
 
 # S5: TTFT at the middle hit rate must sit on the line the uncached tokens draw within this factor.
 ON_THE_LINE_X = 1.5
@@ -56,28 +56,43 @@ def s19_cheapest(
     extra_flops: dict[str, float],
     noise,
     costs: dict[str, dict[str, float]] | None = None,
+    capacity: dict[str, float] | None = None,
+    unmeasured: str | None = None,
 ) -> str:
     """S19: prefix caching is the cheapest lever on TTFT, judged as cost per millisecond of TTFT saved.
 
     ``ttft_s``: per lever the course measures (key "prefix caching" required; chunked prefill,
     batching, threads, quantization...), ``(TTFT without it, TTFT with it)`` in seconds on the same
     prompt: the two timings, not their difference, so each gets its noise. Costs, counted: per
-    resource, per lever, what the lever adds (negative: what it saves): ``extra_flops`` (FLOPs to that
-    request's first token; prefix caching skips work) and ``costs`` (more resources by name, e.g.
-    ``{"memory bytes": {"prefix caching": kv_bytes_held, "quantization": -weight_bytes_saved},
-    "cores": {"threads": 1}}``); a lever missing from a resource adds none of it.
+    resource, per lever, what the lever adds (negative: what it frees): ``extra_flops`` (FLOPs to that
+    request's first token) and ``costs`` (more resources by name, e.g. ``{"memory bytes":
+    {"prefix caching": kv_bytes_held, "quantization": -weight_bytes_freed}, "cores": {"threads": 7},
+    "tokens changed": {"quantization": 0.02}}``); a lever missing from a resource adds none of it.
+    A lever spends what it adds: one that frees a resource (the cache's skipped FLOPs, quantization's
+    smaller weights) spends none of it, and that is no credit against another resource.
+    ``capacity``: what the machine has of some resources (``{"memory bytes": ..., "cores": ...}``):
+    those are pooled into one cost, the share of the machine a lever holds (a core and a byte compare
+    through the machine); the others (FLOPs, tokens changed) are compared each on its own.
 
     Terms, each able to fail: prefix caching must save at least ``SAVES_SHARE`` of its TTFT (1 ms of
-    200 is no lever); a rival that saved TTFT must not be cheaper per ms saved in every resource and
-    strictly in one (a lever that adds TTFT, as chunked prefill and batching do by design, is no
-    rival on TTFT). Prefix caching that adds FLOPs fails outright. At most six levers (12 timings)."""
+    200 is no lever); no other lever that saved TTFT may be cheaper: spend no more per ms saved than
+    prefix caching in every cost, and less in one. A lever that adds TTFT (chunked prefill and batching,
+    by design) is no rival on TTFT, and with no rival that saved TTFT the claim is not testable here
+    (``unmeasured``: what would measure more levers, said in parentheses). Prefix caching that adds
+    FLOPs fails outright. At most six levers (12 timings)."""
     if "prefix caching" not in ttft_s or len(ttft_s) < 2:
         raise ValueError('s19_cheapest: give "prefix caching" and at least one other lever')
     names = list(ttft_s)
     resources = {"FLOPs": extra_flops} | (costs or {})
+    pooled = {r: c for r, c in (capacity or {}).items() if r in resources}
+    spent = {}  # lever -> its costs, each spent (0 when it frees the resource)
+    for n in names:
+        spend = {r: max(0.0, resources[r].get(n, 0.0)) for r in resources}
+        machine = [spend.pop(r) / c for r, c in pooled.items()]
+        spent[n] = ({"share of the machine": sum(machine)} if pooled else {}) | spend
 
     def per_ms(name, saved_s):
-        return [resources[r].get(name, 0.0) / (saved_s * 1e3) for r in resources]
+        return [v / (saved_s * 1e3) for v in spent[name].values()]
 
     def judge(without, with_):
         saved = {n: w - t for n, w, t in zip(names, without, with_)}
@@ -87,12 +102,17 @@ def s19_cheapest(
         if mine < SAVES_SHARE * base:
             return f"{FAILS}: prefix caching saved {mine * 1e3:.0f} ms of {base * 1e3:.0f} ms: no lever here"
         rivals = [n for n in names if n != "prefix caching" and saved[n] > 0]
+        if not rivals:
+            why = "no other lever measured on this machine saved TTFT"
+            return not_testable(why + (f" ({unmeasured})" if unmeasured else ""))
         own = per_ms("prefix caching", mine)
         for n in rivals:
             theirs = per_ms(n, saved[n])
             if all(t <= o for t, o in zip(theirs, own)) and theirs != own:
-                return f"{FAILS}: {n} saved {saved[n] * 1e3:.0f} ms for less of every resource per ms"
-        return f"{HOLDS}: it saved {mine * 1e3:.0f} ms of {base * 1e3:.0f} ms; no lever cheaper per ms saved"
+                return f"{FAILS}: {n} saved {saved[n] * 1e3:.0f} ms for less of every cost per ms"
+        return (
+            f"{HOLDS}: it saved {mine * 1e3:.0f} ms of {base * 1e3:.0f} ms; no lever that saved TTFT is cheaper per ms"
+        )
 
     return verdict(judge, noise, without=[ttft_s[n][0] for n in names], with_=[ttft_s[n][1] for n in names])
 

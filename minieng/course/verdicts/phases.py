@@ -33,50 +33,33 @@ def s1_physics(prefill_tok_s: float, decode_tok_s: float, *, predicted_ratio: fl
     return verdict(judge, noise, prefill_tok_s=prefill_tok_s, decode_tok_s=decode_tok_s)
 
 
-# S1 as vLLM logs it: without the loads' own token ratios, a logged ratio that moves by at least this
-# factor with the load is a property of it; with them, each logged ratio must lie within LOGGED_IS_LOAD_X
-# of its load's prompt tokens per output token.
-LOAD_MOVES_X = 2.0
+# S1 as vLLM logs it: each logged ratio must lie within this factor of its load's prompt tokens per output token.
 LOGGED_IS_LOAD_X = 1.05
 
 
-def s1_logged_ratio(logged_ratios: list[float], *, noise, load_ratios: list[float] | None = None) -> str:
+def s1_logged_ratio(logged_ratios: list[float], *, load_ratios: list[float]) -> str:
     """S1 as vLLM's log reads it: ``logged_ratios`` are the logged prompt / generation throughput of
     the same engine under different loads (``lab.logged_ratio.logged_ratios``: one interval over each
-    whole run).
+    whole run); ``load_ratios`` (counted) each load's prompt tokens per output token (``run_load``'s
+    ``load_ratio``), in the same order.
 
-    The verdict is "explained", never "holds" (the choice issue 39 offered): over a whole run the
-    logged prompt tok/s and generation tok/s share one interval, so their ratio is the load's prompt
-    tokens per output token, set by its parameters (4x to 132x on any machine) whatever either
-    phase's speed. The article's 136x is its load's (97% of long prompts cached, short answers);
-    ``s1_physics`` judges the speeds. ``load_ratios`` (counted: each load's prompt tokens per output
-    token, ``run_load``'s ``load_ratio``): explained when every logged ratio lies within
-    ``LOGGED_IS_LOAD_X`` of its load's; else the load does not explain the log ("does not hold here":
-    it counted other tokens than the load's, as an interval that cuts requests does). Without them
-    (the old call): explained when the ratio moves ``LOAD_MOVES_X`` or more across the loads, and
-    does not hold when it stays put (the load did not move it). Counts over one interval carry no
-    timing; ``noise`` is applied only to the old call's judgement."""
-    if load_ratios is not None:
-        if len(load_ratios) != len(logged_ratios) or not logged_ratios:
-            raise ValueError("s1_logged_ratio: one load ratio per logged ratio, one load at least")
-        off = max(max(g / w, w / g) for g, w in zip(logged_ratios, load_ratios))
-        low, high = min(logged_ratios), max(logged_ratios)
-        if off > LOGGED_IS_LOAD_X:
-            return f"{FAILS}: a logged ratio is {off:.2f}x off its load's prompt tokens per output token"
-        return (
-            f"{EXPLAINED}: the log read {low:.0f}x to {high:.0f}x, each load's own prompt tokens per output "
-            "token: fixed by the load, not by either phase's speed"
-        )
-    if len(logged_ratios) < 2:
-        raise ValueError("s1_logged_ratio: give the logged ratio of at least two loads")
-
-    def judge(logged_ratios):
-        low, high = min(logged_ratios), max(logged_ratios)
-        if high < LOAD_MOVES_X * low:
-            return f"{FAILS}: the logged ratio stayed within {high / low:.1f}x across the loads"
-        return f"{EXPLAINED}: the same engine logged {low:.0f}x to {high:.0f}x: the ratio follows the load"
-
-    return verdict(judge, noise, logged_ratios=list(logged_ratios)[:12])
+    The verdict is "explained", never "holds": over a whole run the logged prompt tok/s and
+    generation tok/s share one interval, so their ratio is the load's prompt tokens per output token,
+    set by its parameters (4x to 132x on any machine) whatever either phase's speed; the article's
+    136x is its load's (97% of long prompts cached, short answers), and ``s1_physics`` judges the
+    speeds. Explained when every logged ratio lies within ``LOGGED_IS_LOAD_X`` of its load's; else
+    the load does not explain the log ("does not hold here": it counted other tokens than the
+    load's, as an interval that cuts requests does). Counts over one interval: no timing, no noise."""
+    if len(load_ratios) != len(logged_ratios) or not logged_ratios:
+        raise ValueError("s1_logged_ratio: one load ratio per logged ratio, one load at least")
+    off = max(max(g / w, w / g) for g, w in zip(logged_ratios, load_ratios))
+    low, high = min(logged_ratios), max(logged_ratios)
+    if off > LOGGED_IS_LOAD_X:
+        return f"{FAILS}: a logged ratio is {off:.2f}x off its load's prompt tokens per output token"
+    return (
+        f"{EXPLAINED}: the log read {low:.0f}x to {high:.0f}x, each load's own prompt tokens per output "
+        "token: fixed by the load, not by either phase's speed"
+    )
 
 
 # S2: a significant n^2 share of TTFT must lie between QUADRATIC_FOUND and QUADRATIC_EXCESS_X times
@@ -95,10 +78,10 @@ def s2_quadratic(
     attention_share: float,
     prompt_tokens: int,
     noise,
+    linear_s_per_token: float | None,
+    params: float,
+    peak_flops: float,
     unphysical_fit: str | None = None,
-    linear_s_per_token: float | None = None,
-    params: float | None = None,
-    peak_flops: float | None = None,
 ) -> str:
     """S2: the fitted n² share of TTFT at the longest prompt (``fit_ttft``'s ``quadratic_share``; None
     or 0 when the fit found no significant n² term) against attention's share of that prefill's
@@ -109,15 +92,16 @@ def s2_quadratic(
     more than its FLOPs: it held even at 90% of TTFT with attention at 3% before). A fit with no
     significant n² term reads "too noisy" where attention takes ``ATTENTION_SMALL`` or more of the
     FLOPs (the timings cannot see the term), and holds below (the linear regime). The linear term
-    (with ``linear_s_per_token``: ``fit_ttft``'s ``b_s_per_token``; ``params``: the parameters a
-    token's matmuls use; ``peak_flops``: FLOP/s, the measured matmul ceiling): the fitted cost per
-    token against 2 x params / peak fails below it (fewer FLOPs than 2 a parameter, or a ceiling
-    measured low) and above ``LINEAR_SLOPE_X`` times it. ``unphysical_fit``: ``fit_ttft``'s reason
+    (``linear_s_per_token``: ``fit_ttft``'s ``b_s_per_token``, None where it fitted none; ``params``:
+    the parameters each prompt token's matmuls use, ``flops_bytes.prefill_params_per_token``;
+    ``peak_flops``: FLOP/s, the measured matmul ceiling): the fitted cost per token against
+    2 x params / peak fails below it (fewer FLOPs than 2 a parameter, or a ceiling measured low) and
+    above ``LINEAR_SLOPE_X`` times it. ``unphysical_fit``: ``fit_ttft``'s reason
     when its fit bent up only with a negative cost (``physical`` False): too noisy."""
     if unphysical_fit:
         return f"{TOO_NOISY}: {unphysical_fit}"
-    floor = 2 * params / peak_flops if None not in (linear_s_per_token, params, peak_flops) else None
-    share = quadratic_share or None  # 0 reads as "no significant n² term", as the old callers passed it
+    floor = None if linear_s_per_token is None else 2 * params / peak_flops
+    share = quadratic_share or None  # 0 reads as "no significant n² term"
     attention, at = f"{100 * attention_share:.0f}%", f"{prompt_tokens:,} tokens"
 
     def judge(quadratic_share, linear_s_per_token):

@@ -51,14 +51,13 @@ def kv_joins_weights(
     return verdict(judge, noise, tpot_first_s=tpot_first_s, tpot_last_s=tpot_last_s)
 
 
-def s4_tensor_parallel(speedup_x: float, *, two_devices: bool | None = None, noise, devices: int | None = None) -> str:
+def s4_tensor_parallel(speedup_x: float, *, devices: int, noise) -> str:
     """S4: two ranks' batch-1 step against one rank's (``speedup_x`` = one rank's time / two's).
     Holds on two devices when faster, and less than 2x (the link costs); fails at 1x or less (the
     all-reduces cost more than the split saves) and at 2x or more (more than two devices' bandwidth:
-    check the timing). ``devices``: the devices the two ranks ran on (``two_devices``, the old flag:
-    True for 2, False for 1). On one device (a CPU's two processes, or two on one GPU) the ranks share
-    one memory bus: nothing adds bandwidth, so the claim is not testable there, whatever the speedup."""
-    devices = devices if devices is not None else (2 if two_devices else 1)
+    check the timing). ``devices``: the devices the two ranks ran on. On one device (a CPU's two
+    processes, or two on one GPU) the ranks share one memory bus: nothing adds bandwidth, so the
+    claim is not testable there, whatever the speedup."""
     if devices < 2:
         return not_testable(
             f"both ranks ran on one device and share its memory bus, so no bandwidth can add "
