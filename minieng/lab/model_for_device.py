@@ -167,14 +167,14 @@ def lesson_shape(model: str | None = None, device: str = "auto") -> LessonShape:
         return LessonShape(named, load_config(named)[2], f"the model the lessons measure ({named}), from its config")
     config = load_config(None)[2]
     if named:
-        why = f"the embedded {DEFAULT_MODEL_NAME}'s shape: {named}'s needs its checkpoint, which the lessons load"
+        why = f"the embedded default's shape: {named}'s needs its checkpoint, which the lessons load"
     elif _is_cuda(device):
         why = (
-            f"the embedded {DEFAULT_MODEL_NAME}'s shape: on this GPU each lesson chooses a larger model from the "
+            "the embedded default's shape: on this GPU each lesson chooses a larger model from the "
             "ceilings measured in part 2 and a timed decode step, and prints it; the formulas are the same"
         )
     else:
-        why = f"the model the lessons measure on a CPU, the embedded {DEFAULT_MODEL_NAME}"
+        why = "the model every lesson measures on a CPU (the embedded default)"
     return LessonShape(DEFAULT_MODEL_NAME, config, why)
 
 

@@ -136,7 +136,7 @@ def kv_cache_linear(recompute_s: float, cache_s: float, *, work_x: float, answer
 
 
 def kv_pool_caps(peak_running: int, *, cap_at_prompt: int, num_preemptions: int) -> str:
-    """Beyond the articles (notebook 05): the KV pool caps how many sequences run at once. Counts
+    """Beyond the articles (notebook 12): the KV pool caps how many sequences run at once. Counts
     of one run (``lab.concurrency_run``), exact: holds when no step ran more sequences than the
     pool holds at prompt length and the growing answers ran the pool dry (a preemption); fails when
     more ran than fit (a block count is wrong) or the pool never filled (it capped nothing)."""
