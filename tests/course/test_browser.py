@@ -48,10 +48,10 @@ NOTEBOOKS = {
 }
 # The napkin-math calculator's notebook: its panel redraws on every change, with no Run button.
 NAPKIN_NOTEBOOK = "11_napkin_and_scaling_out.ipynb"
-# The primer and the ids of the cells that draw its two diagrams (minieng.viz.primer: 12 x 5.2 and
-# 12 x 5.6 inches, shown at 100 dpi).
+# The primer and the calls that draw its two diagrams (minieng.viz.primer: 12 x 5.2 and 12 x 5.6 inches,
+# shown at 100 dpi). Cells are found by their source: nbstripout renumbers cell ids as notebooks are staged.
 PRIMER_NOTEBOOK = "00_primer.ipynb"
-PRIMER_FIGURES = ("primer-forward-figure", "primer-phases-figure")
+PRIMER_FIGURES = ("forward_pass_diagram(", "two_phases_diagram(")
 MIN_DIAGRAM_PX = (1000, 400)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -193,9 +193,9 @@ SLIDERS = """() => Array.from(document.querySelectorAll(".widget-slider")).map(s
             track_px: track ? track.getBoundingClientRect().width : 0,
             label_clipped: !!label && label.scrollWidth > label.clientWidth + 1};
 })"""
-CELL_IMAGE = f"""id => {{
+CELL_IMAGE = f"""call => {{
     const cells = Array.from({CURRENT}.content.widgets);
-    const index = cells.findIndex(cell => cell.model.id === id);
+    const index = cells.findIndex(cell => cell.model.type === "code" && cell.model.sharedModel.getSource().includes(call));
     const img = index < 0 ? null : cells[index].node.querySelector(".jp-OutputArea-output img");
     const drawn = !!img && img.complete;
     return {{index: index, width: drawn ? img.naturalWidth : 0, height: drawn ? img.naturalHeight : 0}};
@@ -334,7 +334,7 @@ def test_napkin_calculator_shows_the_readers_measured_point_and_redraws_live(lab
 
 def test_primer_diagrams_render(lab, browser):
     """Notebook 00's two diagrams (the forward pass, the two phases) are drawn by their cells and
-    displayed as images of the size drawn; each is screenshotted (``00_primer-<cell id>.png``)."""
+    displayed as images of the size drawn; each is screenshotted (``00_primer-<the drawing function>.png``)."""
     base, token = lab
     stem = Path(PRIMER_NOTEBOOK).stem
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -342,10 +342,11 @@ def test_primer_diagrams_render(lab, browser):
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         run_all(page, base, token, PRIMER_NOTEBOOK)
-        for cell_id in PRIMER_FIGURES:
-            found = page.evaluate(CELL_IMAGE, cell_id)
+        for call in PRIMER_FIGURES:
+            found = page.evaluate(CELL_IMAGE, call)
+            cell_id = call.rstrip("(")
             print(f"{PRIMER_NOTEBOOK}: {cell_id} {found}")
-            assert found["index"] >= 0, f"no cell with id {cell_id!r} in {PRIMER_NOTEBOOK}"
+            assert found["index"] >= 0, f"no code cell calls {call!r} in {PRIMER_NOTEBOOK}"
             assert found["width"] >= MIN_DIAGRAM_PX[0] and found["height"] >= MIN_DIAGRAM_PX[1], (
                 f"{cell_id}: the diagram is not displayed as an image of its size: {found}"
             )
