@@ -6,11 +6,11 @@ each shape's prefill and decode (graphs and eager), the decode paths, the prefix
 speculative decoding, NVML during decode, quantization, tensor parallelism, the GPU path's
 targets as PASS or MISS, and issue 33's predictions, one line each: ``PRED <id> CONFIRMED|REFUTED
 <figure> <unit> (<= bound)``, or ``PRED <id> UNTESTED (why)`` where this device cannot decide
-(``minieng.lab.gpu_check.predictions``, their table in ``gpu_check.verdicts``; ``--sections pred``
-runs them alone, about 3 minutes on an H200). The checks live in ``minieng.lab.gpu_check`` (its
-docstring lists them); ``--notebooks`` adds notebooks 00-04 run on the device by the course runner. ``--smoke`` runs every section on
-tiny shapes (CPU tests use it: ``--smoke --device cpu``); its figures mean nothing, but the
-predictions a CPU can decide are decided.
+(``gpu_checks.predictions``, their table in ``gpu_checks.verdicts``; ``--sections pred`` runs them
+alone, about 3 minutes on an H200). The checks live beside this script in ``benchmarks/gpu_checks/``
+(its docstring lists them); ``--notebooks`` adds notebooks 00-04 run on the device by the course
+runner. ``--smoke`` runs every section on tiny shapes (CPU tests use it: ``--smoke --device cpu``);
+its figures mean nothing, but the predictions a CPU can decide are decided.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from minieng.lab.gpu_check import SECTIONS, pick_device, run_gpu_check, summary_lines
+from gpu_checks import SECTIONS, pick_device, run_gpu_check, summary_lines  # benchmarks/gpu_checks/
 
 COURSE_ON_DEVICE = ["00", "01", "02", "03", "04"]  # the notebooks --notebooks runs: hardware to utilization
 

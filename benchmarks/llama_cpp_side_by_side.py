@@ -90,7 +90,7 @@ class Minieng:
             enable_prefix_caching=False,
         )
         self.name = f"minieng {quantization or 'float32'}{', compiled' if compile else ''}"
-        self.compile_s = self.engine.runner.compile_s
+        self.compile_s = self.engine.runner.fast.compile_s
 
     def decode_tpot_s(self, prompt: list[int], output_tokens: int) -> float:
         from minieng.lab.probes import minieng_decode

@@ -6,7 +6,7 @@ Nothing is loaded or probed at import; ``LLMEngine()`` loads the embedded defaul
 from minieng._version import __version__
 from minieng.config import EngineConfig, ModelConfig, SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import Logprob, RequestOutput, StepRecord
+from minieng.core.outputs import Logprob, RequestOutput, StepRecord
 from minieng.package_data import data_path
 
 __all__ = [

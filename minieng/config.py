@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
-QUANTIZATION_SCHEMES = ("int8", "int4", "w8a8")  # what each is and runs on: model/quantization.py
+QUANTIZATION_SCHEMES = ("int8", "int4", "w8a8")  # what each is and runs on: wings/quantization/quantization.py
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what tinygemm's int4 kernels accept
 GREEDY_TEMPERATURE = 1e-5
 
@@ -210,7 +210,7 @@ class EngineConfig:
         batching: ``"continuous"`` (default: requests join and leave the running batch between
             steps) or ``"static"``: a batch of up to ``max_num_seqs`` requests is admitted only
             when no batch runs, and runs until its longest request finishes; no request joins it
-            mid-way (the baseline continuous batching replaced; ``engine/scheduler.py``).
+            mid-way (the baseline continuous batching replaced; ``core/scheduler.py``).
         batch_timeout_s: static batching only: how long (s) the oldest waiting request waits for
             a full batch before a partial one starts (TF Serving's ``batch_timeout_micros``). 0
             (default) starts a batch with whatever waits; ``math.inf`` waits for a full batch.
@@ -222,7 +222,7 @@ class EngineConfig:
         quantization: None (the model's dtype), "int8" (weight-only, per output channel), "int4"
             (weight-only, groups of ``quantization_group_size`` inputs) or "w8a8" (int8 weights
             and per-token int8 activations), on every linear layer and the LM head; the KV cache
-            stays in the model's dtype. Which scheme runs on which device: ``model/quantization.py``;
+            stays in the model's dtype. Which scheme runs on which device: ``wings/quantization/quantization.py``;
             an unsupported pair is refused before the weights load.
         quantization_group_size: inputs per scale and zero for "int4"; it must divide every
             layer's inputs (64, the default, divides the SmolLM2 models').
@@ -393,7 +393,7 @@ class SamplingParams:
         temperature: 0 (or anything below 1e-5) is greedy; higher flattens the distribution.
         top_k: keep the k most likely tokens; 0 keeps all.
         top_p: keep the smallest set whose probability reaches top_p; 1.0 keeps all.
-        seed: seeds this request's random draws, each keyed by output position (``engine/sampling.py``):
+        seed: seeds this request's random draws, each keyed by output position (``core/sampling.py``):
             the same tokens whatever the batch, pool, preemption or speculation. None derives one
             from the engine seed and the request id.
         max_tokens: most output tokens.

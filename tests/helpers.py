@@ -14,7 +14,7 @@ import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, SamplingParams
 from minieng.engine.chat_template import chat_token_ids
-from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.core.sequence import Sequence, SequenceStatus
 from minieng.model.loader import LoadedModel, build_model
 
 # -- tiny random models ---------------------------------------------------------------------------

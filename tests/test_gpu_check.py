@@ -1,7 +1,7 @@
 """``benchmarks/gpu_check.py`` in smoke mode on the CPU (``make gpu-check GPU_CHECK_ARGS="--smoke
 --device cpu"``): every section runs and its JSON holds the figures the GPU run reports (their
 values mean nothing on tiny shapes), and every prediction of issue 33 prints its ``PRED`` line. The
-checks' parts, one by one: tests/lab/test_gpu_check_sections.py."""
+checks' parts, one by one: tests/test_gpu_check_sections.py."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
         )
         assert all(r["tpot_ms"] > 0 for r in shape["decode_graphs"])
     rows = result["paths"]["rows"]
-    from minieng.engine.compilation import compiler_missing
+    from minieng.wings.fast_paths.compilation import compiler_missing
 
     compiled = "eager, compiled" if compiler_missing(torch.device("cpu")) is None else "eager, gather"
     assert rows["eager"]["ran"] == "eager, gather + SDPA" and rows["compiled"]["ran"].startswith(compiled)
@@ -78,9 +78,9 @@ def check_predictions(section: dict, stdout: str) -> None:
     """Issue 33's predictions in a CPU smoke run: one record and one ``PRED`` line each, in the
     table's order; those a CPU can decide are decided (CONFIRMED or REFUTED, as their figure reads
     against their bound); the others say why not."""
-    from minieng.engine.compilation import compiler_missing
-    from minieng.lab.gpu_check.verdicts import PREDICTIONS
-    from minieng.model import triton_attention
+    from minieng.wings.fast_paths.compilation import compiler_missing
+    from gpu_checks.verdicts import PREDICTIONS
+    from minieng.wings.fast_paths import triton_attention
 
     records = {r["id"]: r for r in section["records"]}
     assert list(records) == list(PREDICTIONS)

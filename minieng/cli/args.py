@@ -66,8 +66,8 @@ def engine_from_args(args, **overrides):
             **overrides,
         )
     )
-    if engine.runner.compile_s is not None:
-        print(f"--compile: compiled in {engine.runner.compile_s:.1f} s", file=sys.stderr)
+    if engine.runner.fast.compile_s is not None:
+        print(f"--compile: compiled in {engine.runner.fast.compile_s:.1f} s", file=sys.stderr)
     return engine
 
 

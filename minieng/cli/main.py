@@ -22,7 +22,7 @@ import sys
 from minieng.cli.args import cli_wording, engine_args, engine_from_args, slo_from_args, workload_args, workload_specs
 from minieng.cli.bench import add_bench_parser
 from minieng.config import DEFAULT_MODEL_NAME, EngineConfig, SamplingParams
-from minieng.engine.chat_template import EMPTY_PROMPT
+from minieng.core.outputs import EMPTY_PROMPT
 from minieng.lab.report import format_serving
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.measure.metrics import request_metrics

@@ -9,22 +9,9 @@ special tokens, and the engine receives token ids, which it never tokenizes agai
 
 from __future__ import annotations
 
+from minieng.core.outputs import EMPTY_PROMPT, check_text
+
 Message = dict[str, str]  # {"role": "user", "content": "..."}
-Prompt = str | list[int]  # text, tokenized as is, or token ids
-
-EMPTY_PROMPT = "prompt is empty (0 tokens): give at least one token"
-
-
-def check_text(text: str, what: str) -> None:
-    """Raise ``ValueError`` if ``text`` is not valid Unicode: a lone surrogate (U+D800..U+DFFF,
-    which JSON's ``"\\ud800"`` escape can carry) has no UTF-8 encoding, and tokenizers fail on it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(
-            f"{what} holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
-            "which is not valid Unicode text: send the character's surrogate pair, or remove it"
-        ) from None
 
 
 def chat_token_ids(tokenizer, messages: str | list[Message]) -> list[int]:

@@ -4,7 +4,7 @@ Each check raises ``ValueError`` naming the field and the way out; ``check_engin
 need only the config and the model's published shape, before any weight is read: the context
 asked, what tensor parallelism does not run with and the devices it needs, then whether the model
 and its KV pool fit the memory. What the model itself cannot run (its attention kernel, its split,
-its schemes) is ``model/checks.py``'s, checked before these.
+its schemes) is ``check_model``'s, checked before these.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from __future__ import annotations
 import torch
 
 from minieng.config import EngineConfig, ModelConfig
-from minieng.engine.kv_sizing import check_fits_before_loading
-from minieng.engine.workers import rank_devices
 from minieng.model.loader import LoadedModel
+from minieng.wings.fast_paths.forward_paths import check_attention_backend
+from minieng.wings.gpu_memory.kv_sizing import check_fits_before_loading
+from minieng.wings.parallel.tensor_parallel import check_tensor_parallel
+from minieng.wings.parallel.workers import rank_devices
+from minieng.wings.quantization.quantization import check_quantization
 
 
 def check_engine(
@@ -73,3 +76,26 @@ def check_tensor_parallel_engine(config: EngineConfig, device: torch.device, loa
             f"tensor_parallel_size={size} on CUDA needs the KV pool's size (kv_cache_memory_gib per rank, or "
             "num_kv_blocks): sizing it from a profiled forward of one rank alone is not supported"
         )
+
+
+def check_model(
+    config: EngineConfig, model_config: ModelConfig, device: torch.device, dtype: torch.dtype, draft: bool = False
+) -> None:
+    """Refuse what ``model_config`` cannot run as ``config`` asks on ``device`` in ``dtype``
+    (``ValueError`` naming the field and the way out): a head_dim the attention kernel does not
+    take (``attention.check_attention_backend``), more tensor-parallel ranks than KV heads
+    (``parallel.check_tensor_parallel``), a scheme the device does not run or an int4 group size
+    that does not divide the layers (``quantization.check_quantization``).
+
+    The schemes are ``quantization`` and, when the draft runs these same weights, ``draft_quantization``;
+    ``draft=True`` checks a separately loaded draft model: its kernel and ``draft_quantization``.
+    """
+    check_attention_backend(config.attention_backend, model_config.head_dim, device)
+    if draft:
+        schemes = [config.draft_quantization]
+    else:
+        check_tensor_parallel(model_config, config.tensor_parallel_size)
+        shared = config.speculative_method == "draft" and config.num_speculative_tokens and config.draft_model is None
+        schemes = [config.quantization, config.draft_quantization if shared else None]
+    for scheme in schemes:
+        check_quantization(scheme, config.quantization_group_size, model_config, device, dtype)

@@ -2,9 +2,11 @@
 draft model of speculative decoding, each checked before any weight loads.
 
 ``load_engine_models`` is the order an engine needs: refuse what the model cannot run
-(``model/checks.py``), then what the engine cannot run or the machine cannot hold
-(``config_checks``); load this rank's model while the workers load theirs, load the draft
-(``model/draft.py``), then quantize (``quantization.apply_quantization``).
+(``config_checks.check_model``), then what the engine cannot run or the machine cannot hold
+(``config_checks.check_engine``); load this rank's model while the workers load theirs, load the
+draft (``load_draft``: a smaller model of the same family, or the target's own weights, quantized
+with ``draft_quantization``, checked against the target's tokenizer), then quantize
+(``quantization.apply_quantization``).
 """
 
 from __future__ import annotations
@@ -15,13 +17,11 @@ import torch
 
 from minieng.config import EngineConfig
 from minieng.device import select_device, select_dtype
-from minieng.engine.config_checks import check_engine
-from minieng.engine.workers import Workers, closing_on_error
-from minieng.model.checks import check_model
-from minieng.model.draft import load_draft, resolve_draft
-from minieng.model.llama import LlamaForCausalLM
-from minieng.model.loader import LoadedModel, load_config, load_model
-from minieng.model.quantization import apply_quantization, matmul_bytes
+from minieng.engine.config_checks import check_engine, check_model
+from minieng.wings.parallel.workers import Workers, closing_on_error
+from minieng.core.llama import LlamaForCausalLM
+from minieng.model.loader import LoadedModel, check_same_tokenizer, load_config, load_model
+from minieng.wings.quantization.quantization import apply_quantization, matmul_bytes, quantize_model
 from minieng.model.weight_bytes import MatmulBytes
 
 
@@ -100,3 +100,39 @@ def load_ranks(
         if workers:
             workers.wait_loaded()
     return loaded, workers
+
+
+def resolve_draft(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> tuple | None:
+    """A separate draft model's ``(directory, transformers config, ModelConfig)``
+    (``loader.load_config``), refused from its config alone (``config_checks.check_model``, ``draft=True``:
+    ``ValueError``), so an engine refuses it before any weight loads, its target's included. None
+    without a separate draft."""
+    if config.speculative_method != "draft" or not config.num_speculative_tokens or config.draft_model is None:
+        return None
+    resolved = load_config(config.draft_model)
+    check_model(config, resolved[2], device, dtype, draft=True)
+    return resolved
+
+
+def load_draft(
+    config: EngineConfig, target: LoadedModel, max_position: int, resolved: tuple | None = None
+) -> LlamaForCausalLM | None:
+    """The draft model ``config`` asks for, or None (prompt lookup, or no speculative tokens).
+
+    ``target``: the target as loaded (its device, dtype and tokenizer); ``max_position``: the
+    RoPE table's length (the engine's ``max_model_len``); ``resolved``: ``resolve_draft``'s, or
+    None to resolve (and check) it here. Raises ``ValueError`` for a draft whose head_dim
+    ``attention_backend`` does not take, a scheme the device does not run, or a vocabulary or
+    tokenizer that differs from the target's.
+    """
+    if config.speculative_method != "draft" or not config.num_speculative_tokens:
+        return None
+    draft = target
+    if config.draft_model is not None:
+        param = next(target.model.parameters())
+        resolved = resolved or resolve_draft(config, param.device, param.dtype)
+        draft = load_model(replace(config, model=config.draft_model), param.device, param.dtype, max_position, resolved)
+        check_same_tokenizer(target, draft)
+    if config.draft_quantization is not None:
+        return quantize_model(draft.model, config.draft_quantization, config.quantization_group_size)
+    return draft.model

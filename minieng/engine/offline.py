@@ -16,8 +16,8 @@ from collections.abc import Sequence as Seq
 from tqdm.auto import tqdm
 
 from minieng.config import SamplingParams
-from minieng.engine.chat_template import Prompt
-from minieng.engine.outputs import RequestOutput
+from minieng.core.outputs import Prompt
+from minieng.core.outputs import RequestOutput
 
 
 def generate(

@@ -237,7 +237,7 @@ def bench_environment(engine: LLMEngine) -> dict:
     """The harness fingerprint (device, versions, dtype, threads, GPU clocks) plus the model."""
     import transformers  # lazy: transformers takes seconds to import; `import minieng` does not pay it
 
-    graphs = engine.runner.graphs
+    graphs = engine.runner.fast.graphs
     return fingerprint(engine.device, engine.dtype) | {
         "transformers_version": transformers.__version__,
         "model": str(engine.config.model or f"{DEFAULT_MODEL_NAME} (embedded default)"),
@@ -246,6 +246,6 @@ def bench_environment(engine: LLMEngine) -> dict:
         "max_model_len": engine.max_model_len,
         "cuda_graphs": graphs.num_graphs if graphs else 0,  # decode buckets captured (0: eager)
         "cuda_graph_capture_s": graphs.capture_s if graphs else None,
-        "compile_s": engine.runner.compile_s,  # compile=True's start-up compilation (None: eager)
-        "dropped_paths": dict(engine.runner.dropped_paths),  # fast paths that failed to build: why
+        "compile_s": engine.runner.fast.compile_s,  # compile=True's start-up compilation (None: eager)
+        "dropped_paths": dict(engine.runner.fast.dropped_paths),  # fast paths that failed to build: why
     }

@@ -8,7 +8,7 @@ The experiments themselves are ``kv_cache.live_block_tables``, ``kv_cache.concur
 from __future__ import annotations
 
 from minieng.config import ModelConfig, published_config
-from minieng.engine.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
+from minieng.wings.gpu_memory.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
 from minieng.lab.batching import sustainable_rate
 from minieng.lab.kv_cache import sequences_that_fit
 from minieng.measure.metrics import common_tail

@@ -93,12 +93,12 @@ def engine_modes(engine: LLMEngine, kv_cache_memory_gib: float) -> tuple[dict[st
     eager = LLMEngine(loaded=engine.loaded, enforce_eager=True, kv_cache_memory_gib=kv_cache_memory_gib)
     compiled = LLMEngine(loaded=engine.loaded, compile=True, kv_cache_memory_gib=kv_cache_memory_gib)
     runner = compiled.runner
-    label = "compile=True" if runner.regions is not None else "compile=True (no compiler: eager)"
-    if runner.compile_s is None:
+    label = "compile=True" if runner.fast.regions is not None else "compile=True (no compiler: eager)"
+    if runner.fast.compile_s is None:
         line = "compile=True: no compiler here, the engine runs eager"
     else:
-        whole = " and the whole decode step" if runner.compiled_decode is not None else ""
-        line = f"compile=True compiled the layers' dense parts{whole} in {runner.compile_s:.1f} s at start-up"
+        whole = " and the whole decode step" if runner.fast.compiled_decode is not None else ""
+        line = f"compile=True compiled the layers' dense parts{whole} in {runner.fast.compile_s:.1f} s at start-up"
     return {"enforce_eager=True": eager, "default (graphs on CUDA)": engine, label: compiled}, line
 
 

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from minieng.config import SamplingParams
-from minieng.engine.kv_transfer import KVHandoff, admit_prefilled, can_admit, export_prefilled
+from minieng.wings.parallel.kv_transfer import KVHandoff, admit_prefilled, can_admit, export_prefilled
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 from minieng.measure.metrics import SLO, ServingMetrics, serving_metrics, summarize_ms
 from minieng.measure.workloads import RequestSpec, workload_prompts
 
@@ -195,54 +195,6 @@ def default_params(spec: RequestSpec) -> SamplingParams:
     return SamplingParams.fixed_length(spec.output_tokens)
 
 
-def replay_colocated(
-    engines: list[LLMEngine],
-    specs: list[RequestSpec],
-    prompts: list[list[int]] | None = None,
-    params: Callable[[RequestSpec], SamplingParams] | None = None,
-    name: str = "colocated",
-) -> ClusterRun:
-    """Replay ``specs`` in the simulation on ``engines`` as colocated replicas (each prefills and decodes
-    its requests; arrivals round-robin). One engine is the simulation's twin of ``run_workload``.
-
-    Args, Returns and Raises: as ``replay_disaggregated``.
-    """
-    return interleave([colocated_replay(engines, specs, prompts, params, name)])[0]
-
-
-def replay_disaggregated(
-    prefill_engines: list[LLMEngine],
-    decode_engines: list[LLMEngine],
-    specs: list[RequestSpec],
-    prompts: list[list[int]] | None = None,
-    params: Callable[[RequestSpec], SamplingParams] | None = None,
-    link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
-    name: str = "disaggregated",
-) -> ClusterRun:
-    """Replay ``specs`` in the simulation: prefill engines take the arrivals (round-robin), compute the
-    prompt and the first token, and hand each request with its KV to a decode engine
-    (round-robin) over their link; the decode engines generate the rest.
-
-    Args:
-        prefill_engines, decode_engines: engines of one model (e.g. ``LLMEngine(config,
-            loaded=engine.loaded)``), the same ``block_size`` and dtype, no speculative decoding,
-            and no request of their own in flight; each is one device of the simulation.
-        specs: arrivals (s from the start) and sizes.
-        prompts: token ids per spec (default: real text of each spec's length).
-        params: ``SamplingParams`` per spec (default ``default_params``: greedy, ``output_tokens``).
-        link_bandwidth_gbps: GB/s (1e9 bytes/s) of each prefill engine's link: an assumption.
-    Returns:
-        a ``ClusterRun`` (outputs in spec order, steps, transfers), times in simulated seconds.
-    Raises:
-        ValueError: no engine of a role, a bandwidth <= 0, an engine with requests in flight, or a
-            request an engine refuses (``add_request``, ``kv_transfer.admit_prefilled``).
-        RuntimeError: an engine whose KV pool cannot hold a request even when idle.
-    """
-    return interleave(
-        [disaggregated_replay(prefill_engines, decode_engines, specs, prompts, params, link_bandwidth_gbps, name)]
-    )[0]
-
-
 def colocated_replay(
     engines: list[LLMEngine],
     specs: list[RequestSpec],
@@ -250,7 +202,9 @@ def colocated_replay(
     params: Callable[[RequestSpec], SamplingParams] | None = None,
     name: str = "colocated",
 ) -> Iterator[None]:
-    """``replay_colocated`` a step at a time: an iterator to give ``interleave``."""
+    """Replay ``specs`` in the simulation on ``engines`` as colocated replicas (each prefills and decodes
+    its requests; arrivals round-robin), a step at a time: an iterator to give ``interleave``. One
+    engine is the simulation's twin of ``run_workload``. Args and Raises: as ``disaggregated_replay``."""
     return _replay(name, [_Engine(COLOCATED, e) for e in engines], specs, prompts, params, None)
 
 
@@ -263,8 +217,28 @@ def disaggregated_replay(
     link_bandwidth_gbps: float = DEFAULT_LINK_BANDWIDTH_GBPS,
     name: str = "disaggregated",
 ) -> Iterator[None]:
-    """``replay_disaggregated`` a step at a time: an iterator to give ``interleave``. Raises its
-    ``ValueError`` for the roles and the bandwidth at once, the rest when driven."""
+    """Replay ``specs`` in the simulation, a step at a time: an iterator to give ``interleave``. Prefill
+    engines take the arrivals (round-robin), compute the prompt and the first token, and hand each
+    request with its KV to a decode engine (round-robin) over their link; the decode engines
+    generate the rest.
+
+    Args:
+        prefill_engines, decode_engines: engines of one model (e.g. ``LLMEngine(config,
+            loaded=engine.loaded)``), the same ``block_size`` and dtype, no speculative decoding,
+            and no request of their own in flight; each is one device of the simulation.
+        specs: arrivals (s from the start) and sizes.
+        prompts: token ids per spec (default: real text of each spec's length).
+        params: ``SamplingParams`` per spec (default ``default_params``: greedy, ``output_tokens``).
+        link_bandwidth_gbps: GB/s (1e9 bytes/s) of each prefill engine's link: an assumption.
+    Returns:
+        the replay; ``interleave`` drives it to a ``ClusterRun`` (outputs in spec order, steps,
+        transfers), times in simulated seconds.
+    Raises:
+        ValueError: no engine of a role or a bandwidth <= 0 (at once); when driven, an engine with
+            requests in flight, or a request an engine refuses (``add_request``,
+            ``kv_transfer.admit_prefilled``).
+        RuntimeError: when driven, an engine whose KV pool cannot hold a request even when idle.
+    """
     if not prefill_engines or not decode_engines:
         raise ValueError("disaggregated serving needs at least one prefill and one decode engine")
     if not link_bandwidth_gbps > 0:

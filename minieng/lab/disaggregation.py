@@ -19,7 +19,7 @@ from dataclasses import asdict, replace
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 from minieng.lab.disagg_simulation import (
     COLOCATED,
     DECODE,
@@ -79,13 +79,13 @@ def compare_disaggregation(
     Args:
         engine: supplies the weights and the configuration of every engine.
         slo: goodput is counted against it (DistServe's definition, ``metrics.SLO``).
-        prompts, params: as ``disagg_simulation.replay_disaggregated``.
+        prompts, params: as ``disagg_simulation.disaggregated_replay``.
         link_bandwidth_gbps: the assumed link, GB/s (``DEFAULT_LINK_BANDWIDTH_GBPS``).
         prefill_overrides, decode_overrides: ``EngineConfig`` fields for the prefill or decode
             engines (e.g. ``{"max_num_batched_tokens": 2048}``), the phase specialization; a
-            ``num_kv_blocks`` there studies a smaller pool. On a GPU, ``engines_at_once`` engines
-            (2 N + 1, N = ``num_prefill + num_decode``) hold their pools and CUDA graphs at once,
-            beside ``engine``: the simulated runs' (``simulated_runs``). The warm-up's engine is
+            ``num_kv_blocks`` there studies a smaller pool. On a GPU, 2 N + 1 engines (N =
+            ``num_prefill + num_decode``: every engine of ``simulated_runs``) hold their pools and
+            CUDA graphs at once, beside ``engine``, each with ``comparison_pool``'s pool at most. The warm-up's engine is
             released before them, and they before the real-time baseline's.
         progress: called with a line before each run.
     Returns:
@@ -100,7 +100,7 @@ def compare_disaggregation(
         how many requests produced the same tokens colocated and disaggregated (all, for greedy
         requests, up to fp near-ties); ``wall_s`` what the comparison took on this machine.
     Raises:
-        ValueError: counts below 1, a bandwidth <= 0, or as ``replay_disaggregated``.
+        ValueError: counts below 1, a bandwidth <= 0, or as ``disaggregated_replay``.
     """
     if num_prefill < 1 or num_decode < 1:
         raise ValueError(f"num_prefill={num_prefill} and num_decode={num_decode} must be >= 1")
@@ -205,18 +205,6 @@ def simulated_runs(num_prefill: int = 1, num_decode: int = 1) -> dict[str, list[
         f"colocated_x{n}": [COLOCATED] * n,
         "disaggregated": [PREFILL] * num_prefill + [DECODE] * num_decode,
     }
-
-
-def engines_at_once(num_prefill: int = 1, num_decode: int = 1) -> int:
-    """The most engines ``compare_disaggregation`` holds at once beside the ``engine`` it is given:
-    every simulated run's (``simulated_runs``), 2 (``num_prefill + num_decode``) + 1. Each shares
-    that engine's weights and holds its own KV pool (``comparison_pool``: never more blocks than the
-    given engine's, unless the overrides set ``num_kv_blocks``) and, on CUDA, its own graphs and
-    gather scratch: on a GPU the comparison needs up to this many times the given engine's pool and
-    scratch beyond what that engine holds (``tests/course/test_t4_memory.py`` counts it for notebook
-    10 on a T4). The warm-up's engine and the real-time baseline's each live alone, before and
-    after the runs'."""
-    return sum(len(roles) for roles in simulated_runs(num_prefill, num_decode).values())
 
 
 def comparison_pool(engine: LLMEngine, specs: list[RequestSpec]) -> dict:

@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.measure.nvml import VALUE_FIELDS, TelemetrySampler, summarize
 from minieng.measure.op_count import OpCounter, count_layer_ops
 from minieng.measure.roofline import format_percent, phase_utilization

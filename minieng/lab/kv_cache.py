@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.measure.flops_bytes import step_work
 from minieng.measure.metrics import request_metrics
 from minieng.measure.sweep_plan import predict_ttft_s

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.lab.probes import estimate_s, warm_up
 from minieng.measure.logged_throughput import LoggedStats, logged_intervals
 from minieng.measure.workloads import text_prompts

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.measure.flops_bytes import prefill_work, step_work
 from minieng.measure.metrics import request_metrics, summarize_ms
 from minieng.measure.workloads import text_prompts

@@ -16,7 +16,7 @@ import statistics
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.measure.metrics import request_metrics
 from minieng.measure.sweep_plan import prefill_knee, probe_lengths, scan_prefill
 from minieng.measure.workloads import text_prompts

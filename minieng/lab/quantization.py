@@ -37,7 +37,14 @@ from minieng.measure.harness import measure
 from minieng.measure.peaks import Peak
 from minieng.measure.roofline import phase_utilization, tpot_floor_s
 from minieng.measure.workloads import text_prompts
-from minieng.model.quantization import KERNELS, SCHEMES, check_supported, make_linear, matmul_bytes, quantize_model
+from minieng.wings.quantization.quantization import (
+    KERNELS,
+    SCHEMES,
+    check_supported,
+    make_linear,
+    matmul_bytes,
+    quantize_model,
+)
 
 
 @dataclass

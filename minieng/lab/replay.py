@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 from minieng.measure.metrics import serving_metrics
 from minieng.measure.nvml import TelemetrySampler, summarize
 from minieng.measure.roofline import phase_utilization

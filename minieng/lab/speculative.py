@@ -22,7 +22,7 @@ from dataclasses import replace
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
 from minieng.model.loader import LoadedModel
-from minieng.model.quantization import DEFAULT_GROUP_SIZE, matmul_bytes, model_quantization
+from minieng.wings.quantization.quantization import DEFAULT_GROUP_SIZE, matmul_bytes, model_quantization
 from minieng.measure.metrics import acceptance_metrics, request_metrics
 from minieng.measure.workloads import text_prompts
 

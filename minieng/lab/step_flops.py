@@ -37,7 +37,7 @@ def counted_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_token
     Raises ``ValueError`` for an engine that replays CUDA graphs (FlopCounterMode sees none of
     a graph's ops) or when requests are already running (their steps would mix in).
     """
-    if engine.runner.graphs is not None:
+    if engine.runner.fast.graphs is not None:
         raise ValueError(
             "this engine replays CUDA graphs, whose ops FlopCounterMode cannot see: count on "
             "LLMEngine(loaded=engine.loaded, enforce_eager=True, ...)"
@@ -69,7 +69,7 @@ def counted_steps(engine: LLMEngine, prompts: Sequence[Sequence[int]], max_token
 def counting_engine(engine: LLMEngine, max_num_batched_tokens: int) -> LLMEngine:
     """``engine`` itself when it runs eagerly; else an eager engine sharing its weights (a CUDA
     graph's replay dispatches no op for FlopCounterMode to see)."""
-    if engine.runner.graphs is None:
+    if engine.runner.fast.graphs is None:
         return engine
     return LLMEngine(
         loaded=engine.loaded,

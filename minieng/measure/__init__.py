@@ -12,7 +12,7 @@ from minieng.measure.flops_bytes import (
     prefill_work,
     step_work,
 )
-from minieng.measure.energy import EnergyMeter, EnergyReading, energy_source, measure_energy
+from minieng.measure.energy import EnergyMeter, EnergyReading, energy_source
 from minieng.measure.harness import smoke_mode
 from minieng.measure.logged_throughput import LoggedStats, logged_intervals
 from minieng.measure.metrics import (
@@ -90,7 +90,6 @@ __all__ = [
     "logged_intervals",
     "LoggedStats",
     "machine_ceilings",
-    "measure_energy",
     "ModelChoice",
     "napkin_estimate",
     "NapkinEstimate",

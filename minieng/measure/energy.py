@@ -364,11 +364,3 @@ def energy_source(device: torch.device | str = "cpu", nvml=None, powercap: Path 
     without reading the idle power."""
     with EnergyMeter(device, idle_s=0, nvml=nvml, powercap=powercap) as meter:
         return meter.source, meter.describe()
-
-
-def measure_energy(
-    fn: Callable[..., Any], *args, device: torch.device | str = "cpu", idle_s: float = DEFAULT_IDLE_S, **kwargs
-) -> tuple[Any, EnergyReading]:
-    """One interval: open a meter on ``device`` (idle read first), run ``fn(*args, **kwargs)``, close it."""
-    with EnergyMeter(device, idle_s=idle_s) as meter:
-        return meter.measure(fn, *args, **kwargs)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula, sdpa_flop_count
 
-from minieng.model.llama import ONEDNN_LINEAR
+from minieng.core.llama import ONEDNN_LINEAR
 
 # FlopCounterMode's op names (``str(op)`` of its OpOverloadPackets).
 LINEAR_OPS = ("aten.mm", "aten.addmm", "mkldnn._linear_pointwise")

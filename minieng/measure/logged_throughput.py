@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 
 DEFAULT_LOG_INTERVAL_S = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL default
 MAX_RECENT_REQUESTS = 1000  # the requests vLLM's CachingMetrics window keeps for the hit rate

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from minieng.engine.outputs import RequestOutput
+    from minieng.core.outputs import RequestOutput
 
 PERCENTILES = (50, 90, 95, 99)
 COMPLETED_REASONS = ("stop", "length")  # finish reasons of a request that ran to its end
@@ -347,7 +347,7 @@ def acceptance_metrics(num_accepted: Sequence[int], num_proposed: int | Sequence
     Per-position rates divide by the drafts that proposed that position; with a fixed k this is
     vLLM's accepted-per-position / num_drafts. Empty input gives ``None`` rates. The engine's
     ``spec_records`` count over the tokens a request emits: a draft past its stop is neither
-    proposed nor accepted (``LLMEngine._count_emitted_drafts`` says why).
+    proposed nor accepted (``Speculator.release`` says why).
     Raises:
         ValueError: mismatched lengths, or an accepted count outside [0, proposed].
     """

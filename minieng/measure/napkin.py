@@ -40,7 +40,7 @@ from minieng.measure.peaks import (
 )
 from minieng.measure.roofline import prefill_floor_s, tpot_floor_s
 from minieng.measure.token_cost import cost_per_million_tokens
-from minieng.model.quantization import DEFAULT_GROUP_SIZE, matmul_bytes
+from minieng.wings.quantization.quantization import DEFAULT_GROUP_SIZE, matmul_bytes
 from minieng.model.weight_bytes import MatmulBytes, weight_bytes
 from minieng.units import GIB
 

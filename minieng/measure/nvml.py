@@ -2,7 +2,7 @@
 
 A ``TelemetrySampler`` thread reads NVML (nvidia-ml-py, imported lazily as ``pynvml``) every
 ``interval_s`` and keeps ``Sample``s stamped with ``time.perf_counter()``, the clock of the
-engine's ``StepRecord``s, so ``samples_per_step`` can line them up with steps.
+engine's ``StepRecord``s, so they line up with its steps.
 
 Read util.gpu with care. ``nvmlDeviceGetUtilizationRates(h).gpu`` is the percent of the last
 sample period (1/6 s to 1 s by product) during which at least one kernel ran. It is neither SM
@@ -22,7 +22,6 @@ fingerprints of measurements. This module plots nothing and knows of the engine 
 
 from __future__ import annotations
 
-import bisect
 import functools
 import operator
 import statistics
@@ -354,29 +353,6 @@ class TelemetrySampler:
             if metric.nvmlReturn != nvml.NVML_SUCCESS:  # each metric has its own status
                 self.na_reasons.setdefault(name, f"nvmlGpmMetricsGet: NVML error {metric.nvmlReturn}")
         return tuple(None if name in self.na_reasons else float(metric.value) for name, metric in metrics)
-
-
-def samples_per_step(samples: list[Sample], steps, nearest_within_s: float | None = 0.2) -> list[list[Sample]]:
-    """For each step, the samples taken during it (``start_s <= time_s <= start_s + duration_s``).
-
-    A step shorter than the sampling interval (a decode step can take ~10 ms) usually holds no
-    sample: it then gets the one nearest sample, if at most ``nearest_within_s`` from the step
-    (None: never). A sample's util describes NVML's period *before* it: per-step values are
-    context, not a measurement of that step.
-    """
-    samples = sorted(samples, key=lambda s: s.time_s)
-    times = [s.time_s for s in samples]
-    out = []
-    for step in steps:
-        lo, hi = step.start_s, step.start_s + step.duration_s
-        i, j = bisect.bisect_left(times, lo), bisect.bisect_right(times, hi)
-        inside = samples[i:j]
-        if not inside and samples and nearest_within_s is not None:
-            gaps = {k: max(lo - times[k], times[k] - hi) for k in (i - 1, i) if 0 <= k < len(samples)}
-            k = min(gaps, key=gaps.get)
-            inside = [samples[k]] if gaps[k] <= nearest_within_s else []
-        out.append(inside)
-    return out
 
 
 def summarize(samples: list[Sample]) -> dict:

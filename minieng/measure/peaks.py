@@ -28,7 +28,7 @@ from minieng.device import cpu_name, dtype_choice, has_native_bf16, host_memory_
 from minieng.measure.harness import Measurement, measure
 from minieng.measure.nvml import nvml_status
 from minieng.measure.roofline import ridge_point
-from minieng.model.llama import linear
+from minieng.core.llama import linear
 from minieng.units import GIB
 
 # Dense bf16/fp16 tensor peak (TFLOP/s) and memory bandwidth (GB/s), from vendor datasheets.

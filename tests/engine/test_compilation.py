@@ -10,9 +10,9 @@ import torch
 from helpers import make_engine, random_prompts
 from torch._dynamo.utils import counters
 
-import minieng.engine.compilation as compilation
-import minieng.engine.model_runner as model_runner
-from minieng.engine.forward_paths import FastPathFailed
+import minieng.wings.fast_paths.compilation as compilation
+import minieng.wings.fast_paths.strategy as strategy
+from minieng.wings.fast_paths.forward_paths import FastPathFailed
 from minieng import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def compiled(tiny_llama):
     engine = make_engine(tiny_llama[1], compile=True, max_num_seqs=8, max_num_batched_tokens=64)
-    assert engine.runner.regions is not None and engine.runner.compiled_decode is not None
-    assert engine.runner.compile_s > 0
+    assert engine.runner.fast.regions is not None and engine.runner.fast.compiled_decode is not None
+    assert engine.runner.fast.compile_s > 0
     return engine
 
 
@@ -38,7 +38,7 @@ def decode_steps(monkeypatch):
         batches.append(input_ids.shape[0])
         return run(decode_fn, model, kv_cache, input_ids, positions, meta)
 
-    monkeypatch.setattr(model_runner, "run_decode", counted)
+    monkeypatch.setattr(strategy, "run_decode", counted)
     return batches
 
 
@@ -71,7 +71,7 @@ def test_compiled_w8a8_gives_the_eager_w8a8_tokens(tiny_llama, compiled, decode_
     kw = dict(max_num_seqs=8, max_num_batched_tokens=64)
     eager = make_engine(tiny_llama[1], quantization="w8a8", **kw).generate(prompts, GREEDY)
     engine = make_engine(tiny_llama[1], compile=True, quantization="w8a8", **kw)
-    assert engine.runner.compiled_decode is not None
+    assert engine.runner.fast.compiled_decode is not None
     float_eager = make_engine(tiny_llama[1], **kw).generate(prompts, GREEDY)
     for _ in range(2):  # the two engines' steps interleaved
         assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == [o.token_ids for o in eager]
@@ -94,8 +94,8 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     monkeypatch.setattr(compilation, "compiler_missing", lambda device: "no C++ compiler on PATH")
     with pytest.warns(UserWarning, match="no C.. compiler on PATH; the engine runs eagerly"):
         engine = make_engine(tiny_llama[1], compile=True)
-    assert engine.runner.regions is None and engine.runner.compiled_decode is None and engine.runner.compile_s is None
-    assert engine.runner.dropped_paths == {"compile": "no C++ compiler on PATH"}
+    assert engine.runner.fast.regions is None and engine.runner.fast.compiled_decode is None and engine.runner.fast.compile_s is None
+    assert engine.runner.fast.dropped_paths == {"compile": "no C++ compiler on PATH"}
     with pytest.raises(FastPathFailed, match="no C.. compiler on PATH"):  # gpu-check's strict mode
         make_engine(tiny_llama[1], compile=True, strict_forward_paths=True)
 
@@ -110,9 +110,9 @@ def test_five_compiled_engines_in_one_process_each_compile_regions_of_their_own(
     for kind in ("llama", "qwen2", "mistral", "llama_tied", "llama_bias_head_dim"):
         before = counters["stats"]["unique_graphs"]
         engine = make_engine(tiny_pair(tiny_hf_config(kind), seed=0)[1], compile=True, max_num_seqs=4)
-        assert engine.runner.dropped_paths == {} and engine.runner.regions is not None
+        assert engine.runner.fast.dropped_paths == {} and engine.runner.fast.regions is not None
         assert counters["stats"]["unique_graphs"] - before >= 4, kind  # its regions compiled here, not reused
         engines.append(engine)
     # distinct objects (equal code compares equal): Dynamo's cache lives on each object
-    codes = {id(fn._torchdynamo_orig_callable.__code__) for e in engines for fn in e.runner.regions}
+    codes = {id(fn._torchdynamo_orig_callable.__code__) for e in engines for fn in e.runner.fast.regions}
     assert len(codes) == 2 * len(engines)

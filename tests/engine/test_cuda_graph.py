@@ -16,10 +16,10 @@ import torch
 from helpers import make_engine, random_prompts
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.engine.cuda_graph import DecodeGraphs, capture_batch_sizes, capture_widths, smallest_at_least
-from minieng.engine.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
-from minieng.engine.model_runner import NonFiniteLogitsError
-from minieng.model import attention
+from minieng.wings.fast_paths.cuda_graph import DecodeGraphs, capture_batch_sizes, capture_widths, smallest_at_least
+from minieng.wings.gpu_memory.memory_plan import kv_blocks_for_bytes, kv_budget_bytes
+from minieng.core.model_runner import NonFiniteLogitsError
+from minieng.core import attention
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -36,7 +36,7 @@ def install_graphs(engine: LLMEngine, max_gather_tokens: int = 1 << 30) -> Decod
         query_lens,
         capture=False,
     )
-    engine.runner.graphs = graphs
+    engine.runner.fast.graphs = graphs
     return graphs
 
 
@@ -45,7 +45,7 @@ def graphed_steps(engine: LLMEngine) -> list[bool]:
     flags = []
     while engine.has_unfinished_requests():
         engine.step()
-        flags.append(engine.runner.last_step_graphed)
+        flags.append((engine.runner.last_forward_path == "cuda_graph"))
     return flags
 
 
@@ -146,7 +146,7 @@ def test_padded_rows_write_only_the_scratch_slot(tiny_llama):
     running = list(engine.scheduler.running)
     k_before = engine.kv_cache.k.clone()
     engine.step()  # three decodes, padded to four
-    assert engine.runner.last_step_graphed
+    assert (engine.runner.last_forward_path == "cuda_graph")
     cache, bs = engine.kv_cache, engine.kv_cache.block_size
     changed = (cache.k != k_before).any(dim=(0, 3, 4)).flatten().nonzero().flatten().tolist()
     real = {seq.block_table[p // bs] * bs + p % bs for seq in running for p in [seq.num_computed_tokens - 1]}
@@ -162,7 +162,7 @@ def test_what_padding_rows_write_never_reaches_a_later_step(tiny_llama, monkeypa
     written somewhere. Here every K/V a padding row writes is replaced by ``poison``: it must land
     where no block table reads, so that later batched steps neither raise NonFiniteLogitsError
     nor change a token."""
-    import minieng.model.llama as model_module
+    import minieng.core.llama as model_module
 
     loaded = tiny_llama[1]
     prompts = random_prompts([5, 9, 13], loaded.model.config.vocab_size, seed=5)
@@ -301,8 +301,8 @@ def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
     """The issue's case: SmolLM2-1.7B's shape in fp16 on a T4 (15 GiB), 64 sequences of 8k context.
     Ungrouped, one layer's gathered K/V is 4.3 GB; grouped, it fits half the scratch kept out of
     the KV pool, whatever the batch."""
-    from minieng.engine.kv_sizing import GATHER_SCRATCH_FRACTION, gather_budget_for
-    from minieng.model.attention import decode_group_size
+    from minieng.wings.gpu_memory.kv_sizing import GATHER_SCRATCH_FRACTION, gather_budget_for
+    from minieng.core.attention import decode_group_size
 
     total = 15 * 1024**3
     per_layer_token_bytes = 2 * 32 * 64 * 2  # K and V, 32 KV heads x head_dim 64, fp16
@@ -321,7 +321,7 @@ def test_the_gather_budget_groups_a_t4_batch_into_the_memory_kept_for_it():
 def test_the_gather_scratch_is_kept_out_of_the_pool_with_or_without_graphs(tiny_llama, monkeypatch):
     """enforce_eager runs every decode eagerly, gathering as much as a graph would: the KV pool
     sized from the device keeps the same scratch out (simulated: the device's sizing replaced)."""
-    import minieng.engine.kv_sizing as kv_sizing
+    import minieng.wings.gpu_memory.kv_sizing as kv_sizing
 
     seen = []
     monkeypatch.setattr(
@@ -364,7 +364,7 @@ def test_captured_graphs_equal_eager_on_cuda(tiny_llama):
     fields = dict(device="cuda", block_size=4, num_kv_blocks=256, max_model_len=256, max_num_seqs=12)
     eager = LLMEngine(EngineConfig(**fields, enforce_eager=True), loaded=cuda_loaded).generate(prompts, GREEDY)
     engine = LLMEngine(EngineConfig(**fields), loaded=cuda_loaded)
-    assert engine.runner.graphs is not None and engine.runner.graphs.num_graphs > 0
+    assert engine.runner.fast.graphs is not None and engine.runner.fast.graphs.num_graphs > 0
     for p in prompts:
         engine.add_request(p, GREEDY)
     assert any(graphed_steps(engine))
@@ -381,12 +381,12 @@ def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_ll
     engine = make_engine(loaded, max_num_seqs=4, speculative_method="draft", num_speculative_tokens=3)
     install_graphs(engine)
     drafter = engine.drafter
-    drafter.runner.graphs = DecodeGraphs(
+    drafter.runner.fast.graphs = DecodeGraphs(
         drafter.model, drafter.kv_cache, 4, engine.max_model_len, 1 << 30, capture=False
     )
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
-    assert drafter.runner.last_step_graphed
+    assert (drafter.runner.last_forward_path == "cuda_graph")
     verify_steps = [r for r in engine.step_records if r.num_prefill_tokens == 0 and any(n > 1 for n, _, _ in r.chunks)]
     assert verify_steps and all(r.graphed for r in verify_steps if len({n for n, _, _ in r.chunks}) == 1), (
         "a verification step whose sequences all carry k + 1 tokens replays a graph"
@@ -413,14 +413,14 @@ def test_causal_lower_right_equals_the_explicit_offset_mask(q_len, context_len):
 
 
 def test_block_table_tensor_pads_with_the_null_block():
-    from minieng.model.attention import block_table_tensor
+    from minieng.core.attention import block_table_tensor
 
     t = block_table_tensor([[3, 7, 1], [], [5]], 4, null_block=99)
     assert t.tolist() == [[3, 7, 1, 99], [99, 99, 99, 99], [5, 99, 99, 99]] and t.dtype == torch.long
 
 
 def test_sequence_token_ids_slices_prompt_and_output():
-    from minieng.engine.sequence import Sequence
+    from minieng.core.sequence import Sequence
 
     seq = Sequence("s", [10, 11, 12], SamplingParams(), 0.0)
     seq.output_token_ids += [20, 21]
@@ -433,9 +433,9 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
     """The KV sizing profile runs ``max_num_batched_tokens`` tokens; with a budget beyond the RoPE
     table (max_model_len) it must split them into sequences the table covers (a CUDA device-side
     assert otherwise). The same layout runs here on the CPU."""
-    from minieng.engine.memory_plan import profile_step
-    from minieng.model.attention import build_metadata
-    from minieng.model.kv_cache import KVCache
+    from minieng.wings.gpu_memory.memory_plan import profile_step
+    from minieng.core.attention import build_metadata
+    from minieng.core.kv_cache import KVCache
 
     model = tiny_llama[1].model
     longest = model.rope.max_position  # 256
@@ -452,7 +452,7 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
 def test_multi_query_decode_attention_equals_the_chunk_path(query_len):
     """A step whose sequences all run ``query_len`` tokens is attended as one batched decode
     (a CUDA graph on a GPU); it must equal attending each sequence's chunk on its own."""
-    from minieng.model.attention import build_metadata, paged_attention
+    from minieng.core.attention import build_metadata, paged_attention
 
     gen = torch.Generator().manual_seed(query_len)
     blocks, bs, kv_heads, heads, dim = 24, 4, 2, 6, 8

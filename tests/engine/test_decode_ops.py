@@ -70,7 +70,7 @@ def test_the_graphed_decode_forward_keeps_the_budget_in_bf16_and_sdpa_never_sees
     computing ops a layer, and every mask SDPA gets is additive in the model's dtype."""
     from torch.nn import functional as F
 
-    from minieng.engine.cuda_graph import DecodeGraphs
+    from minieng.wings.fast_paths.cuda_graph import DecodeGraphs
 
     engine = decoding_engine(tiny_llama[1], 4, torch.bfloat16)
     model = engine.model

@@ -1,5 +1,5 @@
 """How a step's forward ran, and a fast path that fails to build: named, warned, kept, or raised
-in strict mode, never only slower steps (``engine/forward_paths.py``)."""
+in strict mode, never only slower steps (``wings/fast_paths/forward_paths.py``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from helpers import make_engine, random_prompts
 
 from minieng import SamplingParams
-from minieng.engine import cuda_graph
-from minieng.engine.cuda_graph import DecodeGraphs, capture_decode_graphs
-from minieng.engine.forward_paths import FastPathFailed, fall_back
+from minieng.wings.fast_paths import cuda_graph
+from minieng.wings.fast_paths.cuda_graph import DecodeGraphs, capture_decode_graphs
+from minieng.wings.fast_paths.forward_paths import FastPathFailed, fall_back
 
 
 class CompilationError(Exception):
@@ -52,7 +52,7 @@ def test_every_step_records_how_its_forward_ran(tiny_llama):
     engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert {s.forward_path for s in engine.step_records} == {"eager"}
     assert not any(s.graphed for s in engine.step_records)
-    engine.runner.graphs = DecodeGraphs(engine.model, engine.runner.kv_cache, 2, 64, 1 << 20, capture=False)
+    engine.runner.fast.graphs = DecodeGraphs(engine.model, engine.runner.kv_cache, 2, 64, 1 << 20, capture=False)
     before = len(engine.step_records)
     engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     decodes = [s for s in engine.step_records[before:] if s.num_prefill_tokens == 0]
@@ -62,4 +62,4 @@ def test_every_step_records_how_its_forward_ran(tiny_llama):
     engine.generate(wide, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     three = [s for s in engine.step_records[before:] if s.num_decode_seqs == 3 and s.num_prefill_tokens == 0]
     assert three and all(s.forward_path == "eager" for s in three)
-    assert engine.runner.dropped_paths == {}
+    assert engine.runner.fast.dropped_paths == {}

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.engine.detokenizer import IncrementalDetokenizer
-from minieng.engine.sampling import KeyedRandom, probabilities, race, sample
+from minieng.core.outputs import IncrementalDetokenizer
+from minieng.core.sampling import KeyedRandom, probabilities, race, sample
 from minieng.model.loader import LoadedModel
 
 VOCAB = 300  # the tiny Llama's

@@ -15,11 +15,12 @@ import torch
 from helpers import bos_tokenizer, hf_logits, make_engine, random_prompts
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.engine import compilation
-from minieng.engine import model_runner as model_runner_module
-from minieng.engine import scheduler as scheduler_module
-from minieng.engine.cuda_graph import DecodeGraphs
-from minieng.engine.outputs import Logprob, RequestOutput
+from minieng.wings.fast_paths import compilation
+from minieng.wings import logprobs as logprobs_module
+from minieng.wings.fast_paths import strategy as model_runner_module
+from minieng.core import scheduler as scheduler_module
+from minieng.wings.fast_paths.cuda_graph import DecodeGraphs
+from minieng.core.outputs import Logprob, RequestOutput
 from minieng.model.loader import LoadedModel
 
 VOCAB = 300  # the tiny Llama's
@@ -92,7 +93,7 @@ def check_output(hf, out: RequestOutput, params: SamplingParams, what: str) -> N
 def install_graphs(engine: LLMEngine) -> None:
     """The CUDA-graph decode path as a GPU builds it (its static logits buffer, its buckets and
     padding rows), replayed eagerly on this CPU (``DecodeGraphs(capture=False)``)."""
-    engine.runner.graphs = DecodeGraphs(
+    engine.runner.fast.graphs = DecodeGraphs(
         engine.model,
         engine.kv_cache,
         engine.config.max_num_seqs,
@@ -142,7 +143,7 @@ def test_every_path_gives_transformers_log_probabilities(tiny_llama, path, monke
         install_graphs(engine)
     compiled_steps = []
     if path == "compiled":
-        assert engine.runner.compiled_decode is not None
+        assert engine.runner.fast.compiled_decode is not None
         run = model_runner_module.run_decode
         monkeypatch.setattr(
             model_runner_module, "run_decode", lambda *a: compiled_steps.append(1) or run(*a)
@@ -152,7 +153,7 @@ def test_every_path_gives_transformers_log_probabilities(tiny_llama, path, monke
     graphed = []
     while engine.has_unfinished_requests():
         engine.step()
-        graphed.append(engine.runner.last_step_graphed)
+        graphed.append((engine.runner.last_forward_path == "cuda_graph"))
     for i, (request_id, sp) in enumerate(zip(ids, params)):
         check_output(hf, engine.output(request_id), sp, f"{path}, request {i}")
     # the path under test ran
@@ -186,7 +187,8 @@ def test_prompt_rows_are_cut_to_the_step_s_share_and_every_entry_still_arrives(t
     log-probabilities: their chunks are cut to what is left of it, no step computes more rows of
     logits than ``max_logits_rows`` (what the memory profile counts), and every entry is
     transformers' still. Without the cut the 28-token prompt would run in one chunk of 28 rows."""
-    from minieng.engine import logprobs, scheduler
+    from minieng.wings import logprobs
+    from minieng.core import scheduler
 
     monkeypatch.setattr(scheduler, "PROMPT_ROWS_PER_STEP", 5)
     monkeypatch.setattr(logprobs, "PROMPT_ROWS_PER_STEP", 5)
@@ -205,9 +207,10 @@ def test_without_chunking_a_scored_prompt_runs_whole_when_its_rows_fit_and_is_re
     """Without chunked prefill a prompt is never cut: prompts owing log-probabilities wait for a
     step with room among ``PROMPT_ROWS_PER_STEP`` (5 here), and one longer than that is refused
     when it is added, saying to enable chunked prefill (its logits alone would exceed the profile)."""
-    from minieng.engine import llm_engine, logprobs, scheduler
+    from minieng.core import engine_core, scheduler
+    from minieng.wings import logprobs
 
-    for module in (scheduler, logprobs, llm_engine):
+    for module in (scheduler, logprobs, engine_core):
         monkeypatch.setattr(module, "PROMPT_ROWS_PER_STEP", 5)
     hf, loaded = tiny_llama
     engine = make_engine(loaded, max_num_seqs=4, max_num_batched_tokens=64, enable_chunked_prefill=False)
@@ -403,8 +406,8 @@ def test_more_log_probabilities_than_max_logprobs_are_refused(tiny_engine):
 def test_a_request_that_asks_for_nothing_gets_none_and_no_extra_row(tiny_llama, monkeypatch):
     _, loaded = tiny_llama
     calls = []
-    gather = model_runner_module.gather_logprobs
-    monkeypatch.setattr(model_runner_module, "gather_logprobs", lambda *a: calls.append(a[0].shape[0]) or gather(*a))
+    gather = logprobs_module.gather_logprobs
+    monkeypatch.setattr(logprobs_module, "gather_logprobs", lambda *a: calls.append(a[0].shape[0]) or gather(*a))
     engine = make_engine(loaded)
     prompts = random_prompts([30, 9], VOCAB, seed=8)
     outs = engine.generate(prompts, greedy(5))
@@ -421,7 +424,7 @@ def test_a_request_that_asks_for_nothing_gets_none_and_no_extra_row(tiny_llama, 
 
 def test_gather_logprobs_in_slices_gives_what_one_pass_gives(monkeypatch):
     """A prompt's rows are gathered ROWS_AT_ONCE at a time (memory): the same values and ranks."""
-    from minieng.engine import logprobs as lp
+    from minieng.wings import logprobs as lp
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(10, 40, generator=gen)

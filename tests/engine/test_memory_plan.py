@@ -13,7 +13,7 @@ import torch
 
 from minieng import EngineConfig, LLMEngine, ModelConfig, device
 from minieng.engine import model_loading
-from minieng.engine.memory_plan import MemoryPlan, plan_memory
+from minieng.wings.gpu_memory.memory_plan import MemoryPlan, plan_memory
 from minieng.units import GIB
 
 ADVICE = ("smaller model", "max_model_len", "kv_cache_memory_gib")
@@ -186,8 +186,8 @@ def test_the_device_profile_computes_every_row_of_logits_a_step_may(tiny_model_d
     prompt rows a step may score), not one, and then samples them all as a step would
     (``sample_like_a_step``), so both are counted before the pool takes the rest. The CUDA calls
     are stubbed: only the forward's arguments and the sampler's input are read."""
-    from minieng.engine import kv_sizing, memory_plan
-    from minieng.engine.logprobs import PROMPT_ROWS_PER_STEP
+    from minieng.wings.gpu_memory import kv_sizing, memory_plan
+    from minieng.wings.logprobs import PROMPT_ROWS_PER_STEP
 
     rows_asked = []
 

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.engine import block_manager as bm_module
-from minieng.engine.block_manager import BlockManager, block_hash
-from minieng.engine.sequence import Sequence
+from minieng.core import block_manager as bm_module
+from minieng.core.block_manager import BlockManager, block_hash
+from minieng.core.sequence import Sequence
 from minieng.measure.metrics import serving_metrics
 
 TINY_OUT = 8

@@ -15,9 +15,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from minieng import EngineConfig, SamplingParams
-from minieng.engine.block_manager import BlockManager
-from minieng.engine.scheduler import Scheduler, SchedulerOutput
-from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.core.block_manager import BlockManager
+from minieng.core.scheduler import Scheduler, SchedulerOutput
+from minieng.core.sequence import Sequence, SequenceStatus
 from minieng.units import cdiv
 
 FAKE_TOKEN = 7

@@ -43,19 +43,19 @@ from hypothesis import strategies as st
 from pytest import approx
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
-from minieng.engine import llm_engine
-from minieng.engine.drafters import DraftModelDrafter, PromptLookupDrafter
-from minieng.engine.model_runner import verify
-from minieng.engine.output_processor import append_tokens
-from minieng.engine.sampling import KeyedRandom, probabilities, race
-from minieng.engine.sequence import Sequence
+from minieng.core import engine_core
+from minieng.wings.speculative.drafters import DraftModelDrafter, PromptLookupDrafter
+from minieng.wings.speculative.speculator import verify
+from minieng.core.outputs import append_tokens
+from minieng.core.sampling import KeyedRandom, probabilities, race
+from minieng.core.sequence import Sequence
 from minieng.model.loader import check_same_tokenizer
-from minieng.engine.verification import verify_coupled, verify_greedy, verify_sampled
+from minieng.wings.speculative.verification import verify_coupled, verify_greedy, verify_sampled
 from minieng.lab.speculative import expected_tokens_per_step
 from minieng.measure.metrics import acceptance_metrics, request_metrics, serving_metrics
-from minieng.model.llama import Linear
+from minieng.core.llama import Linear
 from minieng.model.loader import LoadedModel
-from minieng.model.quantization import model_quantization, quantize_model
+from minieng.wings.quantization.quantization import model_quantization, quantize_model
 from minieng.units import cdiv
 
 VOCAB = 300  # the tiny Llama's
@@ -462,7 +462,7 @@ def test_a_draft_model_the_device_cannot_run_is_refused_before_its_weights_load(
     tiny_llama, tiny_draft_dirs, monkeypatch
 ):
     """int4 has no CPU kernel: the separate draft's scheme is refused from its config alone."""
-    import minieng.model.draft as draft_module
+    import minieng.engine.model_loading as draft_module
 
     def no_load(*args, **kwargs):
         raise AssertionError("the draft's weights were read before its refusal")
@@ -771,7 +771,7 @@ def test_acceptance_counts_only_the_drafts_a_request_emits(tiny_llama):
     (k = 4) accepts every draft: emissions of 1, then 5 tokens a step. With EOS set to output token
     8 (the third of step 2, which covers tokens 6-10), that step emits 3 tokens and drops the
     2 drafts accepted after EOS: they reached no user, so they count neither as proposed nor as
-    accepted (``LLMEngine._count_emitted_drafts``). Counting them, as before the issue, credits
+    accepted (``Speculator.release``). Counting them, as before the issue, credits
     the draft with 4 accepted tokens in a step that emitted 3."""
     loaded = tiny_llama[1]
     prompt = random_prompts([13], VOCAB, seed=6)[0]
@@ -1130,7 +1130,7 @@ def test_stop_token_inside_accepted_drafts_ends_the_output_there(tiny_llama, met
         seen.append((len(token_ids), len(kept)))
         return kept, delta, status
 
-    monkeypatch.setattr(llm_engine, "append_tokens", recording)
+    monkeypatch.setattr(engine_core, "append_tokens", recording)
     dropped = 0  # accepted tokens dropped after a stop, over all cases
     for j in (4, 7, 10, 13):
         stop = ref[j]

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minieng import EngineConfig, SamplingParams
-from minieng.engine.block_manager import BlockManager
-from minieng.engine.scheduler import Scheduler, SchedulerOutput
-from minieng.engine.sequence import Sequence, SequenceStatus
+from minieng.core.block_manager import BlockManager
+from minieng.core.scheduler import Scheduler, SchedulerOutput
+from minieng.core.sequence import Sequence, SequenceStatus
 from minieng.lab.replay import run_workload
 from minieng.measure.workloads import RequestSpec
 from minieng.units import cdiv

@@ -21,9 +21,9 @@ from helpers import REAL_TEXTS, chat_ids, check_all, check_budget, hf_next_logit
 
 from minieng import EngineConfig, LLMEngine, SamplingParams
 from minieng.config import published_config
-from minieng.engine import workers as workers_module
-from minieng.engine.workers import WorkerError
-from minieng.model.parallel import TensorParallel, checkpoint_slice, shard_config, split
+from minieng.wings.parallel import workers as workers_module
+from minieng.wings.parallel.workers import WorkerError
+from minieng.wings.parallel.tensor_parallel import TensorParallel, checkpoint_slice, shard_config, split
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 CHOSEN = [0, 4, 6, 8, 11, 14]  # short and long prompts
@@ -234,7 +234,7 @@ def test_the_all_reduce_is_timed_on_the_engine_s_own_group(tp2):
 
 @pytest.mark.real_model
 def test_kv_hand_off_is_refused_where_other_ranks_hold_kv_heads(tp2):
-    from minieng.engine.kv_transfer import export_prefilled
+    from minieng.wings.parallel.kv_transfer import export_prefilled
 
     with pytest.raises(ValueError, match="tensor_parallel_size=1"):
         export_prefilled(tp2, "any")
@@ -326,7 +326,7 @@ def test_a_script_without_its_main_guard_is_told_so_at_once(tmp_path):
     import subprocess
     import sys
 
-    from minieng.engine.workers import COLLECTIVE_TIMEOUT_S
+    from minieng.wings.parallel.workers import COLLECTIVE_TIMEOUT_S
 
     script = tmp_path / "no_guard.py"
     script.write_text(SCRIPT_WITHOUT_ITS_MAIN_GUARD)

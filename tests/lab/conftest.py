@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import bos_tokenizer
 
-from minieng.engine import llm_engine as engine_module
+from minieng.core import engine_core as engine_module
 from minieng.model.loader import LoadedModel
 
 

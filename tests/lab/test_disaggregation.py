@@ -23,19 +23,19 @@ import torch
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 
 from minieng import LLMEngine, SamplingParams
-from minieng.engine.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
+from minieng.wings.parallel.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
 from minieng.lab.disagg_simulation import (
     COLOCATED,
     DECODE,
     PREFILL,
     VirtualClock,
-    replay_colocated,
-    replay_disaggregated,
+    colocated_replay,
+    disaggregated_replay,
+    interleave,
 )
 from minieng.lab.disaggregation import (
     compare_disaggregation,
     comparison_pool,
-    engines_at_once,
     estimate_comparison_s,
     format_comparison,
     run_metrics,
@@ -51,6 +51,11 @@ BLOCK = 4  # make_engine's block_size
 
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+def alone(replay):
+    """A replay driven to its ``ClusterRun`` on its own."""
+    return interleave([replay])[0]
 
 
 def check_pool(engine) -> None:
@@ -244,8 +249,10 @@ def test_one_request_pays_the_transfer_exactly_once(tiny_llama):
     prefill, decode = make_engine(loaded), make_engine(loaded)
     spec = RequestSpec(0.25, 10, 5)
     bandwidth_gbps = 1e-6  # 1 kB/s: the transfer is seconds long, whatever the machine's speed
-    run = replay_disaggregated(
-        [prefill], [decode], [spec], random_prompts([10], VOCAB, seed=6), link_bandwidth_gbps=bandwidth_gbps
+    run = alone(
+        disaggregated_replay(
+            [prefill], [decode], [spec], random_prompts([10], VOCAB, seed=6), link_bandwidth_gbps=bandwidth_gbps
+        )
     )
     out, tr = run.outputs[0], run.transfers["req-0"]
     (p_step,), d_steps = run.steps  # the prefill engine ran one step
@@ -276,10 +283,10 @@ def test_disaggregated_replay_matches_colocated_and_keeps_causality(tiny_llama, 
     hf, loaded = tiny_llama
     specs, prompts = workload
     colocated_engine = make_engine(loaded)
-    colocated = replay_colocated([colocated_engine], specs, prompts)
+    colocated = alone(colocated_replay([colocated_engine], specs, prompts))
     engines = [make_engine(loaded) for _ in range(4)]
     bandwidth_gbps = 1e-4
-    run = replay_disaggregated(engines[:2], engines[2:], specs, prompts, link_bandwidth_gbps=bandwidth_gbps)
+    run = alone(disaggregated_replay(engines[:2], engines[2:], specs, prompts, link_bandwidth_gbps=bandwidth_gbps))
     assert run.roles == [PREFILL, PREFILL, DECODE, DECODE]
     assert all(all_free(e) and not e.has_unfinished_requests() for e in engines + [colocated_engine])
     for spec, prompt, ref, out in zip(specs, prompts, colocated.outputs, run.outputs):
@@ -316,10 +323,16 @@ def test_replay_refuses_busy_engines_and_a_pool_too_small(tiny_llama):
     busy = make_engine(loaded)
     busy.add_request([1, 2, 3], greedy(2))
     with pytest.raises(ValueError, match="in flight"):
-        replay_colocated([busy], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]])
+        alone(colocated_replay([busy], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]]))
     with pytest.raises(ValueError, match="link_bandwidth_gbps"):
-        replay_disaggregated(
-            [make_engine(loaded)], [make_engine(loaded)], [RequestSpec(0.0, 3, 2)], [[4, 5, 6]], link_bandwidth_gbps=0
+        alone(
+            disaggregated_replay(
+                [make_engine(loaded)],
+                [make_engine(loaded)],
+                [RequestSpec(0.0, 3, 2)],
+                [[4, 5, 6]],
+                link_bandwidth_gbps=0,
+            )
         )
     # The decode engine's context cannot take this request past its first token: an error, not a hang.
     small, prefill = (
@@ -327,7 +340,7 @@ def test_replay_refuses_busy_engines_and_a_pool_too_small(tiny_llama):
         make_engine(loaded),
     )
     with pytest.raises(ValueError, match="max_model_len=12"):
-        replay_disaggregated([prefill], [small], [RequestSpec(0.0, 12, 4)], random_prompts([12], VOCAB, 1))
+        alone(disaggregated_replay([prefill], [small], [RequestSpec(0.0, 12, 4)], random_prompts([12], VOCAB, 1)))
     assert small.clock is time.perf_counter and prefill.clock is time.perf_counter  # their own clocks back
 
 
@@ -386,19 +399,25 @@ def test_comparison_pool_holds_the_whole_workload_and_no_more(tiny_llama):
     assert comparison_pool(engine, big)["num_kv_blocks"] == 256  # never more than the engine's own
 
 
-def test_runs_and_engines_at_once_follow_the_counts():
+def engines_in(runs: dict[str, list[str]]) -> int:
+    return sum(len(roles) for roles in runs.values())
+
+
+def test_simulated_runs_follow_the_counts():
     assert simulated_runs(2, 3) == {
         "colocated": [COLOCATED],
         "colocated_x5": [COLOCATED] * 5,
         "disaggregated": [PREFILL, PREFILL, DECODE, DECODE, DECODE],
     }
-    assert [engines_at_once(p, d) for p, d in [(1, 1), (2, 1), (2, 3)]] == [5, 7, 11]  # 2 (p + d) + 1
+    assert [engines_in(simulated_runs(p, d)) for p, d in [(1, 1), (2, 1), (2, 3)]] == [5, 7, 11]  # 2 (p + d) + 1
     with pytest.raises(ValueError, match="must be >= 1"):
-        engines_at_once(0, 1)
+        simulated_runs(0, 1)
 
 
 @pytest.mark.parametrize("num_prefill", [1, 2])
-def test_comparison_holds_engines_at_once_and_releases_each_set(tiny_llama, workload, num_prefill, monkeypatch):
+def test_comparison_holds_its_runs_engines_at_once_and_releases_each_set(
+    tiny_llama, workload, num_prefill, monkeypatch
+):
     """What a GPU must hold (notebook 10 on a T4: ``tests/course/test_t4_memory.py`` reads it): every
     engine built is counted while it lives, with the cycle collector off, so an engine kept only
     by a reference cycle counts as held (its pool too, on a GPU, until a collection)."""
@@ -423,10 +442,9 @@ def test_comparison_holds_engines_at_once_and_releases_each_set(tiny_llama, work
         )
     finally:
         gc.enable()
-    n = engines_at_once(num_prefill, 1)
-    # the warm-up's engine alone; then the runs' engines, all held together; then the real-time one alone
-    assert counts == [1, *range(1, n + 1), 1]
     runs = simulated_runs(num_prefill, 1)
+    # the warm-up's engine alone; then the runs' engines, all held together; then the real-time one alone
+    assert counts == [1, *range(1, engines_in(runs) + 1), 1]
     assert [r["num_devices"] for r in result["runs"][:3]] == [len(roles) for roles in runs.values()]
     assert [r["name"] for r in result["runs"][:3]] == list(runs)
 
@@ -445,9 +463,9 @@ def test_real_model_handoff_keeps_text(real_engine):
     """The embedded model with its tokenizer: the detokenizer travels with the request, so text
     and tokens of a disaggregated replay equal the colocated ones."""
     specs = [RequestSpec(0.0, 20, 4), RequestSpec(0.01, 33, 3)]
-    colocated = replay_colocated([real_engine()], specs)
+    colocated = alone(colocated_replay([real_engine()], specs))
     engines = [real_engine(), real_engine()]
-    run = replay_disaggregated(engines[:1], engines[1:], specs)
+    run = alone(disaggregated_replay(engines[:1], engines[1:], specs))
     assert [o.token_ids for o in run.outputs] == [o.token_ids for o in colocated.outputs]
     assert [o.text for o in run.outputs] == [o.text for o in colocated.outputs] and all(o.text for o in run.outputs)
     assert serving_metrics(run.outputs).completed == len(specs) and all(all_free(e) for e in engines)

@@ -24,7 +24,7 @@ from minieng.lab.quant_quality import (
     staggered_prompts,
 )
 from minieng.measure.workloads import text_prompts
-from minieng.model.quantization import quantize_model
+from minieng.wings.quantization.quantization import quantize_model
 
 VOCAB = 300  # the tiny Llama's
 FBGEMM = "fbgemm" in torch.backends.quantized.supported_engines

@@ -356,7 +356,7 @@ def test_roofline_bound_names_the_binding_resource_or_overhead():
 
 
 def test_phase_utilization_says_what_bounds_each_peak():
-    from minieng.engine.outputs import StepRecord
+    from minieng.core.outputs import StepRecord
     from minieng.measure.peaks import Peak
 
     steps = [StepRecord(0.0, 0.0022, 0, 0, 1, 0, 1, 0, 1, chunks=[(1, 100, True)])]

@@ -10,8 +10,8 @@ import pytest
 from helpers import random_prompts
 
 from minieng import SamplingParams
-from minieng.engine.outputs import RequestOutput, StepRecord
-from minieng.engine.sequence import RequestTimes
+from minieng.core.outputs import RequestOutput, StepRecord
+from minieng.core.sequence import RequestTimes
 from minieng.measure.logged_throughput import StatLogger, emission_tokens, logged_intervals
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from minieng.engine.sequence import RequestTimes
+from minieng.core.sequence import RequestTimes
 from minieng.measure.metrics import (
     SLO,
     RequestMetrics,
@@ -77,7 +77,7 @@ def test_bad_emissions_are_rejected(emissions):
 
 
 def test_request_metrics_reads_a_request_output():
-    from minieng.engine.outputs import RequestOutput
+    from minieng.core.outputs import RequestOutput
 
     times = RequestTimes(
         arrival_s=1.0, first_scheduled_s=1.25, emissions=[(2.0, 1), (2.5, 2)], finished_s=2.5, num_preemptions=1

@@ -13,7 +13,7 @@ import math
 import pytest
 
 from minieng.config import published_config
-from minieng.engine.memory_plan import HEADROOM
+from minieng.wings.gpu_memory.memory_plan import HEADROOM
 from minieng.measure.napkin import datasheet_devices, measured_device, napkin_estimate, cost_per_mtok
 from minieng.measure.peaks import CUDA_CONTEXT_BYTES, DATASHEET, DEVICE_MEMORY_MIB, MEMORY_UTILIZATION, Peak
 

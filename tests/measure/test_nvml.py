@@ -23,19 +23,14 @@ from fake_nvml import (
     NVMLError_NotSupported,
 )
 
-from minieng.engine.outputs import StepRecord
 from minieng.measure import nvml
-from minieng.measure.nvml import DeviceId, Sample, TelemetrySampler, find_nvml_handle, samples_per_step, summarize
+from minieng.measure.nvml import DeviceId, Sample, TelemetrySampler, find_nvml_handle, summarize
 
 
 def run_sampler(fake, seconds=0.25, interval_s=0.02, **kwargs) -> TelemetrySampler:
     with TelemetrySampler(interval_s=interval_s, nvml=fake, **kwargs) as sampler:
         time.sleep(seconds)
     return sampler
-
-
-def step(start_s, duration_s) -> StepRecord:
-    return StepRecord(start_s, duration_s, 0, 0, 1, 0, 1, 0, 1)
 
 
 def test_fake_mirrors_real_pynvml():
@@ -332,21 +327,6 @@ def test_failed_gpm_allocation_leaves_only_gpm_na():
 def trace(times, **values) -> list[Sample]:
     blank = dict.fromkeys(nvml.VALUE_FIELDS)
     return [Sample(t, **{**blank, **{k: v[i] for k, v in values.items()}}) for i, t in enumerate(times)]
-
-
-def test_samples_per_step():
-    samples = trace([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])[::-1]  # order does not matter
-    steps = [
-        step(0.15, 0.27),  # holds 0.2, 0.3, 0.4 (bounds inclusive)
-        step(0.51, 0.01),  # shorter than the interval: nearest, 0.5
-        step(0.58, 0.01),  # nearest is 0.6, after the step
-        step(0.2, 0.0),  # a sample exactly at a zero-length step
-        step(5.0, 0.01),
-    ]  # far from every sample: none
-    got = [[s.time_s for s in group] for group in samples_per_step(samples, steps)]
-    assert got == [[0.2, 0.3, 0.4], [0.5], [0.6], [0.2], []]
-    assert samples_per_step(samples, steps[1:2], nearest_within_s=None) == [[]]
-    assert samples_per_step([], steps[:2]) == [[], []]
 
 
 def test_summarize_ignores_none():

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minieng.engine import compilation
-from minieng.model.attention import build_metadata
-from minieng.model.compiled_decode import decode_forward
-from minieng.model.kv_cache import KVCache
-from minieng.model.quantization import quantize_model
+from minieng.wings.fast_paths import compilation
+from minieng.core.attention import build_metadata
+from minieng.wings.fast_paths.compiled_decode import decode_forward
+from minieng.core.kv_cache import KVCache
+from minieng.wings.quantization.quantization import quantize_model
 
 BLOCK = 4
 CPU = torch.device("cpu")

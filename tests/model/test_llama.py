@@ -30,7 +30,7 @@ from helpers import (
 )
 
 from minieng import ModelConfig, SamplingParams
-from minieng.model.llama import LlamaForCausalLM
+from minieng.core.llama import LlamaForCausalLM
 from minieng.model.loader import LoadedModel, build_model
 
 ATOL = 1e-4
@@ -256,7 +256,7 @@ def test_real_model_greedy_matches_transformers_generate(default_model, hf_defau
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_equals_torch_linear(rows, bias):
     """model.linear (oneDNN on x86-64 CPUs in fp32) computes F.linear's product."""
-    from minieng.model.llama import linear
+    from minieng.core.llama import linear
 
     gen = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, 96, generator=gen), torch.randn(160, 96, generator=gen)
@@ -270,7 +270,7 @@ def test_linear_flops_are_counted_whatever_the_kernel():
     from torch.utils.flop_counter import FlopCounterMode
 
     from minieng.measure.flop_count import register_flop_formulas
-    from minieng.model.llama import linear
+    from minieng.core.llama import linear
 
     register_flop_formulas()
     with FlopCounterMode(display=False) as counter:

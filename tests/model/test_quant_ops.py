@@ -12,16 +12,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from minieng.engine.compilation import compiler_missing
+from minieng.wings.fast_paths.compilation import compiler_missing
 from minieng.measure.op_count import OpCount, OpCounter
-from minieng.model.quant_codes import quantize_per_channel_int8
-from minieng.model.quant_kernels import (
+from minieng.wings.quantization.quant_codes import quantize_per_channel_int8
+from minieng.wings.quantization.quant_kernels import (
     Int4Linear,
     Int8WeightOnlyLinear,
     W8A8Linear,
     int_mm_padding,
 )
-from minieng.model.quantization import make_linear
+from minieng.wings.quantization.quantization import make_linear
 
 # max|x|, s = max|x| / 127, x / s, its rounding, the int8 cast, _int_mm, acc m, the weight scale (+ bias)
 W8A8_OPS_AT_ONE_ROW = 8

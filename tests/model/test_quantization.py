@@ -15,22 +15,22 @@ from minieng import EngineConfig, SamplingParams
 from minieng.config import ModelConfig
 from minieng.lab.quant_quality import activation_outliers, quality, sequence_logits
 from minieng.measure.flops_bytes import decode_work
-from minieng.model.llama import Linear
-from minieng.model.quant_codes import (
+from minieng.core.llama import Linear
+from minieng.wings.quantization.quant_codes import (
     dequantize_int4_grouped,
     dequantize_per_channel_int8,
     quantize_int4_grouped,
     quantize_per_channel_int8,
     quantize_per_token,
 )
-from minieng.model.quant_kernels import (
+from minieng.wings.quantization.quant_kernels import (
     FbgemmLinear,
     Int4Linear,
     Int8WeightOnlyLinear,
     W8A8Linear,
     fbgemm_activation_levels,
 )
-from minieng.model.quantization import (
+from minieng.wings.quantization.quantization import (
     KERNELS,
     ReferenceLinear,
     apply_quantization,
@@ -410,7 +410,7 @@ def test_unsupported_pairs_raise_and_say_what_runs_where():
 def test_a_kernel_this_torch_lacks_is_refused_with_its_reason(monkeypatch):
     """A CUDA scheme's kernel is run once on a tiny layer before the engine loads (a torch build
     may lack it); its failure becomes a ValueError that says what runs where. Shown on a CPU."""
-    import minieng.model.quantization as q
+    import minieng.wings.quantization.quantization as q
 
     def missing(*args, **kwargs):
         raise NotImplementedError("Could not run 'aten::_weight_int8pack_mm' with arguments from the 'CUDA' backend")
@@ -428,7 +428,7 @@ def test_the_kernel_probe_checks_the_output_not_only_that_it_runs(monkeypatch):
     """The probe compares a kernel with its dequantized reference: this CPU's kernels pass, and a
     kernel that runs but computes something else (here: its weights read transposed, as a wrong
     layout would) is refused before the engine loads."""
-    import minieng.model.quantization as q
+    import minieng.wings.quantization.quantization as q
 
     for scheme in ("int8", "w8a8"):
         q._probe_kernel(scheme, torch.device("cpu"), torch.float32)
@@ -458,7 +458,7 @@ def test_engine_refuses_before_loading(tiny_llama):
 
 
 def test_a_group_size_that_misses_a_layer_is_refused_never_skipped(tiny_llama):
-    from minieng.model.quantization import check_group_size
+    from minieng.wings.quantization.quantization import check_group_size
 
     with pytest.raises(
         ValueError,
@@ -544,8 +544,8 @@ def test_steps_that_sample_nothing_run_no_product_on_zero_rows(tiny_engine):
 def test_int8_weight_only_compiled_is_gpt_fasts_form_with_the_same_output():
     """Under torch.compile the int8 layer is written as gpt-fast writes it (the cast weights feed
     the product, the scale multiplies its output); its output is the eager kernel's."""
-    from minieng.engine.compilation import compiler_missing
-    from minieng.model.quant_kernels import Int8WeightOnlyLinear
+    from minieng.wings.fast_paths.compilation import compiler_missing
+    from minieng.wings.quantization.quant_kernels import Int8WeightOnlyLinear
 
     if compiler_missing(torch.device("cpu")) is not None:
         pytest.skip("torch.compile on a CPU needs a C++ compiler")
@@ -565,8 +565,8 @@ def test_fbgemm_compiles_as_one_graph_with_the_eager_output_and_frees_its_weight
     import copy
     import gc
 
-    from minieng.engine.compilation import compiler_missing
-    from minieng.model import quant_kernels
+    from minieng.wings.fast_paths.compilation import compiler_missing
+    from minieng.wings.quantization import quant_kernels
 
     if compiler_missing(torch.device("cpu")) is not None:
         pytest.skip("torch.compile on a CPU needs a C++ compiler")

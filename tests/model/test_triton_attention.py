@@ -41,8 +41,8 @@ if not torch.cuda.is_available():  # before triton is imported, if nothing impor
 
 pytest.importorskip("triton")
 
-from minieng.model import triton_attention  # noqa: E402
-from minieng.model.attention import decode_mask, gather_decode_kv  # noqa: E402
+from minieng.wings.fast_paths import triton_attention  # noqa: E402
+from minieng.core.attention import decode_mask, gather_decode_kv  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -276,7 +276,7 @@ def test_bad_input_raises_value_error(name, args):
 def test_imports_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"  # import triton raises ImportError
-        "from minieng.model import triton_attention as t\n"
+        "from minieng.wings.fast_paths import triton_attention as t\n"
         "assert not t.TRITON_AVAILABLE and not t.INTERPRETED\n"
         "import torch\n"
         "try:\n"
@@ -296,7 +296,7 @@ def test_an_engine_with_the_triton_backend_decodes_the_reference_engines_tokens(
     require_cpu_engine()
     from helpers import make_engine, random_prompts
 
-    import minieng.model.triton_attention as ta
+    import minieng.wings.fast_paths.triton_attention as ta
     from minieng import SamplingParams
 
     monkeypatch.setattr(ta, "INTERPRETER_SMS", 64)
@@ -329,10 +329,10 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
     require_cpu_engine()
     from helpers import make_engine, random_prompts
 
-    import minieng.model.triton_attention as ta
+    import minieng.wings.fast_paths.triton_attention as ta
     from minieng import SamplingParams
-    from minieng.engine.cuda_graph import DecodeGraphs
-    from minieng.model.triton_variants import variant_key
+    from minieng.wings.fast_paths.cuda_graph import DecodeGraphs
+    from minieng.wings.fast_paths.triton_variants import variant_key
 
     monkeypatch.setattr(ta, "INTERPRETER_SMS", 16)  # batch 3 of 2 KV heads splits; batch 1 more so
     launches = []
@@ -356,9 +356,9 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
     graphs = DecodeGraphs(
         engine.model, engine.kv_cache, 3, engine.max_model_len, 1 << 30, capture=False, attention_backend="triton"
     )
-    engine.runner.graphs = graphs
+    engine.runner.fast.graphs = graphs
     engine.generate(random_prompts([5, 3], vocab, seed=6), params)  # on the static buffers
-    assert engine.runner.last_step_graphed
+    assert (engine.runner.last_forward_path == "cuda_graph")
 
     split_args = [args for key, args in launches if key.startswith("_split_kernel")]
     widths = {args[16] for args in split_args}  # max_blocks: the table's width
@@ -378,7 +378,7 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
 def test_the_triton_backend_is_refused_where_it_cannot_run(tiny_llama, monkeypatch):
     from helpers import make_engine
 
-    import minieng.model.triton_attention as ta
+    import minieng.wings.fast_paths.triton_attention as ta
 
     monkeypatch.setattr(ta, "INTERPRETED", False)
     with pytest.raises(ValueError, match="attention_backend='triton': a CPU runs Triton kernels only under"):
@@ -391,7 +391,7 @@ def test_the_triton_backend_is_refused_where_it_cannot_run(tiny_llama, monkeypat
 def test_the_triton_backend_is_refused_below_sm_80(monkeypatch, capability, refused):
     """A T4 (sm_75) has no tensor-core mma for the kernel's tl.dot: refused, saying so; sm_80 and
     later pass (the device is only named: nothing runs on it)."""
-    from minieng.model.attention import check_attention_backend
+    from minieng.wings.fast_paths.forward_paths import check_attention_backend
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     cuda = torch.device("cuda", 0)

@@ -54,8 +54,8 @@ try:
 except ImportError as e:
     print(json.dumps({"skip": f"triton has no NVIDIA backend ({e})"}))
     sys.exit()
-from minieng.model import triton_attention as ta
-from minieng.model.triton_variants import compile_for_gpu
+from minieng.wings.fast_paths import triton_attention as ta
+from minieng.wings.fast_paths.triton_variants import compile_for_gpu
 
 assert not ta.INTERPRETED, "TRITON_INTERPRET leaked into the compiling process"
 SHAPES = [  # name, dtype, head_dim, query heads a KV head, KV heads, block size

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from minieng import viz
-from minieng.engine.outputs import StepRecord
+from minieng.core.outputs import StepRecord
 from minieng.measure.peaks import Peak
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

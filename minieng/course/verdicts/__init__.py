@@ -109,7 +109,7 @@ from minieng.course.verdicts.utilization import (
     s18_idler,
     s20_efficiency_gap,
 )
-from minieng.course.verdicts.wording import COMPUTED, EXPLAINED, FAILS, HOLDS, categorized, finite, not_testable
+from minieng.course.verdicts.wording import COMPUTED, EXPLAINED, FAILS, HOLDS, categorized, not_testable
 
 __all__ = [
     "AMPLIFY_X",
@@ -156,7 +156,6 @@ __all__ = [
     "amplifies_float_noise",
     "categorized",
     "clocks_agree",
-    "finite",
     "greedy_lossless",
     "kv_cache_linear",
     "kv_joins_weights",

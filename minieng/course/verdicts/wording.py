@@ -1,11 +1,9 @@
 """What every verdict module shares: the wording of a verdict that holds, fails, is explained by the
-load, is computed rather than timed, or cannot be tested; the noise of a ratio of two timings; whether a
-figure is a real number; and judging a verdict by its category while wording it in full.
+load, is computed rather than timed, or cannot be tested; the noise of a ratio of two timings; and judging
+a verdict by its category while wording it in full.
 """
 
 from __future__ import annotations
-
-import math
 
 from minieng.course.claims import verdict
 
@@ -28,11 +26,6 @@ def _ratio_noise(noise):
 def not_testable(why: str) -> str:
     """The wording of a claim this device cannot test, with the reason."""
     return f"not testable here: {why}"
-
-
-def finite(x) -> bool:
-    """Whether a figure is a real number (not None, NaN or infinite): a verdict needs one."""
-    return x is not None and math.isfinite(x)
 
 
 def categorized(category, wording, noise, **figures) -> str:

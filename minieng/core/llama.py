@@ -1,0 +1,398 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over the paged KV cache.
+
+Read bottom-up: RMSNorm, rotary embeddings, attention, MLP, the decoder layer, the model.
+The forward takes the whole step flattened to ``num_tokens`` rows (prefill chunks and decodes
+together), so every linear layer runs as one matrix product over the batch; only attention
+looks at which row belongs to which sequence (``attention.py``).
+
+Weights keep Hugging Face's names, except that q/k/v and gate/up are stacked into
+``qkv_proj`` and ``gate_up_proj`` (as vLLM does): one matrix product instead of three or two.
+``load_weights`` maps checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minieng.config import ModelConfig
+from minieng.core.attention import AttentionMetadata, paged_attention, sdpa_backends
+from minieng.core.kv_cache import KVCache, LayerKV, write_kv
+from minieng.wings.fast_paths.opaque_ops import opaque_op
+from minieng.wings.parallel.tensor_parallel import TensorParallel, shard_config, vocab_shard, zeroes_bias
+
+
+def _onednn_linear_available() -> bool:
+    return (
+        platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+ONEDNN_LINEAR = _onednn_linear_available()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias: x [rows, in_features], weight [out_features, in_features] ->
+    [rows, out_features], as ``torch.nn.functional.linear``.
+
+    On an x86-64 CPU in float32 the product runs in oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+    the op torch.compile's CPU backend emits for linear layers) instead of ``F.linear``, which
+    calls MKL's sgemm: on a 2-core AMD EPYC (Zen 4) the default model's 30 layers of products took
+    about 0.6x sgemm's time at batch 1 (docs/measurements.md, ``core/llama.py``). MKL's small-M GEMM reads
+    the weights well below the copy bandwidth, so decode sat far from the memory roofline for a
+    reason that was the kernel's, not physics'.
+    Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.
+    """
+    if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+        if torch.compiler.is_compiling():  # inductor lowers the oneDNN op only for frozen weights
+            return onednn_linear(x, weight, bias)
+        # The op itself rather than its packet, whose call checks its arguments in Python first
+        # (121 calls a decode step).
+        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+# ``linear``'s oneDNN product as an opaque operator, for compiled code (``opaque_ops``).
+onednn_linear = opaque_op(
+    "onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], ""),
+    lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]),
+    "CPU",
+)
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T + bias, ``weight`` [out_features, in_features] as in checkpoints and
+    ``torch.nn.Linear``; the product is ``linear`` (oneDNN on x86-64 CPUs)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), in one op (``F.rms_norm``: one
+    fused kernel on CUDA). In bfloat16 or float16 torch normalizes and scales in float32 and rounds
+    once; transformers' Llama rounds before the weight too, so the two differ by at most one unit in
+    the last place of some elements, ours the nearer to float32's result."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021) as one complex product per layer.
+
+    transformers' Llama rotates dimension i with dimension i + head_dim / 2 (rotate-half). minieng
+    stores each head's query and key dimensions interleaved instead, i next to i + head_dim / 2
+    (``interleave_rope_rows``, applied to q_proj and k_proj's rows at load; q·k is unchanged, as
+    both are permuted alike), so each rotated pair is one complex number and RoPE is
+    ``x * e^(i·position·freq)``: one multiplication where rotate-half takes four ops.
+    The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
+    "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
+    Table: ``freqs_cis`` [max_position, head_dim / 2] complex64, scaling * e^(i·position·inv_freq):
+    a plain attribute, not a buffer, so that casting the model (``.to(torch.bfloat16)``) leaves it
+    complex; it follows the positions' device (``tables``).
+    """
+
+    def __init__(self, config: ModelConfig, max_position: int, device: torch.device | str = "cpu"):
+        super().__init__()
+        with torch.device("cpu"):  # computed, never loaded: not on the meta device of a lazy build
+            inv_freq, scaling = _rope_inv_freq(config)
+            angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+            self.freqs_cis = torch.polar(torch.full_like(angles, scaling), angles).to(device)
+        self.max_position = max_position
+        self.num_qk_heads = config.num_attention_heads + config.num_key_value_heads
+        self.num_v_heads = config.num_key_value_heads
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Each token's rotation for every head of the qkv product, 1 for the V heads (not
+        rotated: the product then keeps K and V side by side, for one write into the pool). Built
+        once per step, shared by every layer.
+
+        float32: [num_tokens, q + k + v heads, head_dim / 2] complex64. Another ``dtype``: the same
+        rotations as real matrices [..., 2, 2] in ``dtype``, [[cos, sin], [-sin, cos]], which
+        rotate a pair (x0, x1) as one batched product (``apply_rope``): complex bfloat16 does not
+        exist, and a round trip through float32 costs two casts a layer. Rounding cos and sin to
+        the model's dtype is what transformers does too."""
+        if self.freqs_cis.device != positions.device:  # a model moved after it was built: once
+            self.freqs_cis = self.freqs_cis.to(positions.device)
+        f = self.freqs_cis[positions][:, None]  # [n, 1, D / 2]
+        n, half = f.shape[0], f.shape[-1]
+        one = torch.ones((), dtype=f.dtype, device=f.device)
+        table = torch.cat((f.expand(n, self.num_qk_heads, half), one.expand(n, self.num_v_heads, half)), dim=1)
+        if dtype == torch.float32:
+            return table
+        cos, sin = table.real, table.imag
+        return torch.stack((torch.stack((cos, sin), -1), torch.stack((-sin, cos), -1)), -2).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim / 2, 2] (each head's dimensions as interleaved pairs)
+    rotated by ``table`` (``RotaryEmbedding.tables``); same shape and dtype as x. One op: a
+    complex product in float32, a batched 1x2 by 2x2 product of rotation matrices [..., 2, 2] in
+    another dtype. A compiled region passes the complex table's ``view_as_real`` (inductor
+    generates no code for complex ops) and rotates in float32 reals."""
+    if table.dim() == x.dim() + 1:  # rotation matrices in x's dtype: (x0, x1) @ [[cos, sin], [-sin, cos]]
+        return (x.unsqueeze(-2) @ table).squeeze(-2)
+    if not table.is_complex():  # its (cos, sin) pairs [..., 2], for compiled regions: the same product in reals
+        cos, sin = table.unbind(-1)
+        x0, x1 = x.float().unbind(-1)
+        return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
+    if x.dtype == torch.float32:
+        return torch.view_as_real(torch.view_as_complex(x) * table)
+    return torch.view_as_real(torch.view_as_complex(x.float()) * table).to(x.dtype)  # a complex table, any dtype
+
+
+def interleave_rope_rows(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """q_proj/k_proj rows (or biases) reordered per head from rotate-half's layout (dimension i
+    pairs with i + head_dim / 2) to interleaved pairs (2i, 2i + 1): rows [heads * head_dim, ...]."""
+    half = head_dim // 2
+    order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()
+    return weight.view(-1, head_dim, *weight.shape[1:])[:, order].reshape(weight.shape)
+
+
+def _rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    hf = config.hf_config
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # lazy: only scaled RoPE needs it
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, device="cpu")
+        return inv_freq.float(), float(scaling)
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    dim = config.head_dim
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, o_bias)
+
+    def project(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [n, heads, head_dim / 2, 2] and kv [n, 2 kv_heads, head_dim / 2, 2]: the qkv product,
+        each head's dimensions as RoPE's pairs, q and k rotated (v by 1) in one product."""
+        n = x.shape[0]
+        qkv = apply_rope(self.qkv_proj(x).view(n, -1, self.head_dim // 2, 2), rope)
+        q, kv = qkv.split([self.num_heads, 2 * self.num_kv_heads], dim=1)
+        return q, kv
+
+
+class MLP(nn.Module):
+    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, bias: bool):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """``config``: the shape this rank holds (``parallel.shard_config``); ``tp``: its tensor-parallel
+    group, whose all-reduce adds the row-parallel products' partial sums (the identity on one rank)."""
+
+    def __init__(
+        self, config: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool, tp: TensorParallel | None = None
+    ):
+        super().__init__()
+        self.tp = tp or TensorParallel()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, qkv_bias, o_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config, mlp_bias)
+
+    # The layer in three parts: attention's paged K/V write and read in the middle, and the dense
+    # parts around it, which ``engine.compilation`` compiles (vLLM's piecewise compilation:
+    # attention splits the graph).
+
+    def before_attention(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RMSNorm, the qkv product and RoPE: q and kv (``Attention.project``)."""
+        return self.self_attn.project(self.input_layernorm(x), rope)
+
+    def after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The output product and the residual, RMSNorm, the MLP and its residual."""
+        x = x + self.tp.all_reduce(self.self_attn.o_proj(attn))
+        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata, regions=None
+    ) -> torch.Tensor:
+        """``regions``: compiled ``(before_attention, after_attention)`` functions (called with the
+        layer as their first argument), or None for the eager methods."""
+        before, after = regions or (DecoderLayer.before_attention, DecoderLayer.after_attention)
+        q, kv = before(self, x, rope)
+        write_kv(kv_cache, kv, meta.slot_mapping)
+        return after(self, x, paged_attention(q, kv_cache.blocks, meta))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder stack and the LM head. ``forward`` returns logits only where asked.
+
+    ``config`` is the whole model's shape. With ``tp`` of size p > 1 this is one rank's share of it
+    (``parallel``: Megatron's split): ``local_config`` is the shape its layers hold, the embedding
+    and LM head keep a vocabulary shard of ``vocab_rows`` rows, and ``forward`` runs in lockstep
+    with the other ranks (every rank must be given the same step).
+    """
+
+    def __init__(self, config: ModelConfig, max_position: int | None = None, tp: TensorParallel | None = None):
+        super().__init__()
+        self.config = config
+        self.tp = tp = tp or TensorParallel()
+        self.local_config = local = shard_config(config, tp.size, tp.rank)
+        self.vocab_start, self.vocab_stop, self.vocab_rows = vocab_shard(config.vocab_size, tp.rank, tp.size)
+        hf = config.hf_config
+        # Qwen2 has q/k/v biases; Llama's optional attention_bias covers q/k/v and o.
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
+        o_bias = config.model_type != "qwen2" and bool(getattr(hf, "attention_bias", False))
+        mlp_bias = bool(getattr(hf, "mlp_bias", False))
+        self.embed_tokens = nn.Embedding(self.vocab_rows, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(local, qkv_bias, o_bias, mlp_bias, tp) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # weight [vocab, hidden]: the embedding matrix itself when the model ties them.
+        self.lm_head = Linear(config.hidden_size, self.vocab_rows, bias=False)
+        self.tie_weights()
+        self.rope = RotaryEmbedding(local, max_position or config.max_position_embeddings)
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the LM head when the model ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+        regions=None,
+    ) -> torch.Tensor:
+        """One step.
+
+        Args:
+            input_ids, positions: [num_tokens] int64, decodes first, then prefill chunks.
+            kv_cache: the paged cache; this step's K/V are written into it.
+            meta: the batch layout (``attention.build_metadata``).
+            logits_indices: [num_logits] rows whose next-token logits are needed (each decode,
+                and the last row of a prefill chunk that completes its prompt).
+            regions: the layers' compiled parts (``engine.compilation``), or None: eager.
+        Returns:
+            [num_logits, vocab_size] logits in float32.
+        """
+        x = self.embed(input_ids)  # [num_tokens, hidden]
+        if regions is not None:  # compiled regions rotate in float32 reals (apply_rope)
+            rope = torch.view_as_real(self.rope.tables(positions))
+        else:
+            rope = self.rope.tables(positions, x.dtype)
+        with sdpa_backends(x.device):
+            for layer, layer_kv in zip(self.layers, kv_cache.layers):
+                x = layer(x, rope, layer_kv, meta, regions)
+        if logits_indices.numel() == 0:
+            # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
+            # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration
+            # argument"), or fail later, in an unrelated kernel.
+            return x.new_empty(0, self.config.vocab_size, dtype=torch.float32)
+        x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
+        logits = self.lm_head(x)
+        if self.tp.size > 1:  # every rank's vocabulary shard, side by side, less the last one's padding
+            logits = self.tp.all_gather_last(logits)[:, : self.config.vocab_size]
+        return logits.float()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[num_tokens] ids -> [num_tokens, hidden] rows. On p ranks, each looks up the ids of its
+        shard (zeros for the others') and an all-reduce adds them up: every row comes from one rank."""
+        if self.tp.size == 1:
+            return self.embed_tokens(input_ids)
+        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_stop)
+        x = self.embed_tokens((input_ids - self.vocab_start).masked_fill(outside, 0))
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up.
+
+        On a rank of p > 1, ``weights`` are already this rank's slices (``parallel.checkpoint_slice``,
+        cut by the loader as it reads); a vocabulary shard shorter than ``vocab_rows`` is padded
+        with zeros, and a row-parallel bias off rank 0 is loaded as zeros (``parallel.zeroes_bias``).
+        Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
+        """
+        params = dict(self.named_parameters())
+        attn = self.layers[0].self_attn if len(self.layers) else None
+        stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along the output dim)
+            "q_proj": ("qkv_proj", 0),
+            "k_proj": ("qkv_proj", attn.q_size if attn else 0),
+            "v_proj": ("qkv_proj", (attn.q_size + attn.kv_size) if attn else 0),
+            "gate_proj": ("gate_up_proj", 0),
+            "up_proj": ("gate_up_proj", self.local_config.intermediate_size),
+        }
+        loaded = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if "rotary_emb" in name:
+                continue
+            module, _, leaf = name.rpartition(".")
+            parent, _, proj = module.rpartition(".")
+            target, offset = name, 0
+            if proj in stacked:
+                ours, offset = stacked[proj]
+                target = f"{parent}.{ours}.{leaf}"
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+            dest = params[target].data
+            if proj in ("q_proj", "k_proj"):  # RoPE's pairs interleaved (RotaryEmbedding)
+                tensor = interleave_rope_rows(tensor, self.config.head_dim)
+            if proj in stacked:  # a shard of the output dimension (the first one)
+                dest = dest[offset : offset + tensor.shape[0]]
+            if zeroes_bias(name, self.tp):  # the sum over ranks adds rank 0's alone
+                tensor = torch.zeros_like(tensor)
+            if proj in ("embed_tokens", "lm_head") and tensor.shape[0] < dest.shape[0]:
+                dest[tensor.shape[0] :].zero_()  # the last vocabulary shard's padding rows
+                dest = dest[: tensor.shape[0]]
+            if dest.shape != tensor.shape:
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dest.shape)}; wrong config?"
+                )
+            dest.copy_(tensor)
+            loaded.add((target, offset))
+        expected = set()
+        for pname in params:
+            module, _, leaf = pname.rpartition(".")
+            ours = module.rpartition(".")[2]
+            shards = [off for ours_, off in stacked.values() if ours_ == ours]
+            for off in shards or [0]:
+                expected.add((pname, off))
+        missing = sorted(p for p, _ in expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
