@@ -22,8 +22,6 @@ from torch import nn
 from minieng.config import ModelConfig
 from minieng.core.attention import AttentionMetadata, paged_attention, sdpa_backends
 from minieng.core.kv_cache import KVCache, LayerKV, write_kv
-from minieng.wings.fast_paths.opaque_ops import opaque_op
-from minieng.wings.parallel.tensor_parallel import TensorParallel, shard_config, vocab_shard, zeroes_bias
 
 
 def _onednn_linear_available() -> bool:
@@ -47,24 +45,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     about 0.6x sgemm's time at batch 1 (docs/measurements.md, ``core/llama.py``). MKL's small-M GEMM reads
     the weights well below the copy bandwidth, so decode sat far from the memory roofline for a
     reason that was the kernel's, not physics'.
-    Everywhere else (CUDA, other dtypes and CPUs) this is ``F.linear``.
+    Everywhere else (CUDA, other dtypes and CPUs), and inside code being compiled (inductor lowers
+    the oneDNN op only for frozen weights), this is ``F.linear``.
     """
     if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
-        if torch.compiler.is_compiling():  # inductor lowers the oneDNN op only for frozen weights
-            return onednn_linear(x, weight, bias)
-        # The op itself rather than its packet, whose call checks its arguments in Python first
-        # (121 calls a decode step).
-        return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
+        if not torch.compiler.is_compiling():
+            # The op itself rather than its packet, whose call checks its arguments in Python
+            # first (121 calls a decode step).
+            return torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-# ``linear``'s oneDNN product as an opaque operator, for compiled code (``opaque_ops``).
-onednn_linear = opaque_op(
-    "onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-    lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], ""),
-    lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]),
-    "CPU",
-)
 
 
 class Linear(nn.Module):
@@ -216,14 +205,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """``config``: the shape this rank holds (``parallel.shard_config``); ``tp``: its tensor-parallel
-    group, whose all-reduce adds the row-parallel products' partial sums (the identity on one rank)."""
-
-    def __init__(
-        self, config: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool, tp: TensorParallel | None = None
-    ):
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, mlp_bias: bool):
         super().__init__()
-        self.tp = tp or TensorParallel()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, qkv_bias, o_bias)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -239,8 +222,8 @@ class DecoderLayer(nn.Module):
 
     def after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The output product and the residual, RMSNorm, the MLP and its residual."""
-        x = x + self.tp.all_reduce(self.self_attn.o_proj(attn))
-        return x + self.tp.all_reduce(self.mlp(self.post_attention_layernorm(x)))
+        x = x + self.self_attn.o_proj(attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata, regions=None
@@ -254,34 +237,25 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """The decoder stack and the LM head. ``forward`` returns logits only where asked.
+    """The decoder stack and the LM head. ``forward`` returns logits only where asked."""
 
-    ``config`` is the whole model's shape. With ``tp`` of size p > 1 this is one rank's share of it
-    (``parallel``: Megatron's split): ``local_config`` is the shape its layers hold, the embedding
-    and LM head keep a vocabulary shard of ``vocab_rows`` rows, and ``forward`` runs in lockstep
-    with the other ranks (every rank must be given the same step).
-    """
-
-    def __init__(self, config: ModelConfig, max_position: int | None = None, tp: TensorParallel | None = None):
+    def __init__(self, config: ModelConfig, max_position: int | None = None):
         super().__init__()
         self.config = config
-        self.tp = tp = tp or TensorParallel()
-        self.local_config = local = shard_config(config, tp.size, tp.rank)
-        self.vocab_start, self.vocab_stop, self.vocab_rows = vocab_shard(config.vocab_size, tp.rank, tp.size)
         hf = config.hf_config
         # Qwen2 has q/k/v biases; Llama's optional attention_bias covers q/k/v and o.
         qkv_bias = config.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
         o_bias = config.model_type != "qwen2" and bool(getattr(hf, "attention_bias", False))
         mlp_bias = bool(getattr(hf, "mlp_bias", False))
-        self.embed_tokens = nn.Embedding(self.vocab_rows, config.hidden_size)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(local, qkv_bias, o_bias, mlp_bias, tp) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, qkv_bias, o_bias, mlp_bias) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # weight [vocab, hidden]: the embedding matrix itself when the model ties them.
-        self.lm_head = Linear(config.hidden_size, self.vocab_rows, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self.rope = RotaryEmbedding(local, max_position or config.max_position_embeddings)
+        self.rope = RotaryEmbedding(config, max_position or config.max_position_embeddings)
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the model ties them."""
@@ -310,7 +284,7 @@ class LlamaForCausalLM(nn.Module):
         Returns:
             [num_logits, vocab_size] logits in float32.
         """
-        x = self.embed(input_ids)  # [num_tokens, hidden]
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         if regions is not None:  # compiled regions rotate in float32 reals (apply_rope)
             rope = torch.view_as_real(self.rope.tables(positions))
         else:
@@ -324,27 +298,13 @@ class LlamaForCausalLM(nn.Module):
             # argument"), or fail later, in an unrelated kernel.
             return x.new_empty(0, self.config.vocab_size, dtype=torch.float32)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
-        logits = self.lm_head(x)
-        if self.tp.size > 1:  # every rank's vocabulary shard, side by side, less the last one's padding
-            logits = self.tp.all_gather_last(logits)[:, : self.config.vocab_size]
-        return logits.float()
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[num_tokens] ids -> [num_tokens, hidden] rows. On p ranks, each looks up the ids of its
-        shard (zeros for the others') and an all-reduce adds them up: every row comes from one rank."""
-        if self.tp.size == 1:
-            return self.embed_tokens(input_ids)
-        outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_stop)
-        x = self.embed_tokens((input_ids - self.vocab_start).masked_fill(outside, 0))
-        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+        return self.lm_head(x).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up.
 
-        On a rank of p > 1, ``weights`` are already this rank's slices (``parallel.checkpoint_slice``,
-        cut by the loader as it reads); a vocabulary shard shorter than ``vocab_rows`` is padded
-        with zeros, and a row-parallel bias off rank 0 is loaded as zeros (``parallel.zeroes_bias``).
-        Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
+        Each tensor fills the parameter of its name, whose shape it must have (a rank of a
+        tensor-parallel model is given its slices). Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
         """
         params = dict(self.named_parameters())
         attn = self.layers[0].self_attn if len(self.layers) else None
@@ -353,7 +313,7 @@ class LlamaForCausalLM(nn.Module):
             "k_proj": ("qkv_proj", attn.q_size if attn else 0),
             "v_proj": ("qkv_proj", (attn.q_size + attn.kv_size) if attn else 0),
             "gate_proj": ("gate_up_proj", 0),
-            "up_proj": ("gate_up_proj", self.local_config.intermediate_size),
+            "up_proj": ("gate_up_proj", self.layers[0].mlp.intermediate_size if len(self.layers) else 0),
         }
         loaded = set()
         for name, tensor in weights:
@@ -375,11 +335,6 @@ class LlamaForCausalLM(nn.Module):
                 tensor = interleave_rope_rows(tensor, self.config.head_dim)
             if proj in stacked:  # a shard of the output dimension (the first one)
                 dest = dest[offset : offset + tensor.shape[0]]
-            if zeroes_bias(name, self.tp):  # the sum over ranks adds rank 0's alone
-                tensor = torch.zeros_like(tensor)
-            if proj in ("embed_tokens", "lm_head") and tensor.shape[0] < dest.shape[0]:
-                dest[tensor.shape[0] :].zero_()  # the last vocabulary shard's padding rows
-                dest = dest[: tensor.shape[0]]
             if dest.shape != tensor.shape:
                 raise ValueError(
                     f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dest.shape)}; wrong config?"

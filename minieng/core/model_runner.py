@@ -32,6 +32,7 @@ from minieng.core.llama import LlamaForCausalLM
 from minieng.core.sampling import sample
 from minieng.core.sequence import Sequence
 from minieng.device import synchronize
+from minieng.units import cdiv
 
 # The most tokens per sequence a step may run and still be laid out as a decode step (speculative
 # verification runs k + 1); longer uniform chunks are prefills, attended chunk by chunk.
@@ -225,6 +226,41 @@ class ModelRunner:
             if rows > 1:
                 out[seq.request_id] = self.verify(seq, logits[first : first + rows])
         return out
+
+
+def profile_step(
+    num_tokens: int, longest: int, block_size: int
+) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
+    """The layout of a profile step of ``num_tokens`` prompt tokens: sequences no longer than
+    ``longest`` (the RoPE table; a token budget may exceed ``max_model_len``), each in its own blocks.
+
+    Returns ``(slot_mapping, chunks, positions, num_blocks)``, with ``chunks`` as
+    ``attention.build_metadata`` takes them.
+    """
+    chunks, slots, positions, first = [], [], [], 0
+    for start in range(0, num_tokens, longest):
+        n = min(longest, num_tokens - start)
+        table = list(range(first, first + cdiv(n, block_size)))
+        chunks.append((n, table, n))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(n))
+        positions.extend(range(n))
+        first += len(table)
+    return slots, chunks, positions, first
+
+
+def throwaway_forward(
+    model, input_ids: torch.Tensor, logits_indices: torch.Tensor, block_size: int = 16, regions=None
+) -> tuple[torch.Tensor, int]:
+    """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
+    table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
+    after it (``regions``: the layers' compiled parts, or None). Returns the logits at
+    ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
+    device = input_ids.device
+    slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.max_position, block_size)
+    cache = KVCache.for_model(model, num_blocks, block_size)
+    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
+    logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices, regions)
+    return logits, cache.nbytes
 
 
 def _non_finite_message(dtype: torch.dtype) -> str:

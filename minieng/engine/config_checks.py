@@ -54,7 +54,7 @@ def check_tensor_parallel_engine(config: EngineConfig, device: torch.device, loa
     naming the numbers): more ranks than devices (``workers.rank_devices``), or a feature the split
     does not run. The model's own limit, a KV head per rank, is ``parallel.check_tensor_parallel``'s."""
     size = config.tensor_parallel_size
-    if loaded is not None and loaded.model.tp.size > 1:
+    if loaded is not None and getattr(loaded.model, "tp", None) is not None:
         raise ValueError(
             "this loaded model is one rank's share of a tensor-parallel engine: build the engine from model= instead"
         )

@@ -18,6 +18,7 @@ import torch
 from minieng.config import EngineConfig
 from minieng.device import select_device, select_dtype
 from minieng.engine.config_checks import check_engine, check_model
+from minieng.wings.parallel.tensor_parallel import RankShard
 from minieng.wings.parallel.workers import Workers, closing_on_error
 from minieng.core.llama import LlamaForCausalLM
 from minieng.model.loader import LoadedModel, check_same_tokenizer, load_config, load_model
@@ -96,7 +97,7 @@ def load_ranks(
     0's. Workers that start are closed again if any rank fails to load."""
     workers = Workers(config, device, max_model_len, resolved) if config.tensor_parallel_size > 1 else None
     with closing_on_error(workers):
-        loaded = load_model(config, device, dtype, max_model_len, resolved, tp=workers.tp if workers else None)
+        loaded = load_model(config, device, dtype, max_model_len, resolved, RankShard(workers.tp) if workers else None)
         if workers:
             workers.wait_loaded()
     return loaded, workers

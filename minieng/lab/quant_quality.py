@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from minieng.config import SamplingParams
 from minieng.engine.llm_engine import LLMEngine
-from minieng.wings.gpu_memory.memory_plan import throwaway_forward
+from minieng.core.model_runner import throwaway_forward
 from minieng.lab.probes import estimate_s
 from minieng.measure.workloads import text_prompts
 from minieng.wings.quantization.quantization import DEFAULT_GROUP_SIZE, quantize_model

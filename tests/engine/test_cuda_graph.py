@@ -433,7 +433,7 @@ def test_profile_step_fits_a_budget_longer_than_the_context(tiny_llama):
     """The KV sizing profile runs ``max_num_batched_tokens`` tokens; with a budget beyond the RoPE
     table (max_model_len) it must split them into sequences the table covers (a CUDA device-side
     assert otherwise). The same layout runs here on the CPU."""
-    from minieng.wings.gpu_memory.memory_plan import profile_step
+    from minieng.core.model_runner import profile_step
     from minieng.core.attention import build_metadata
     from minieng.core.kv_cache import KVCache
 

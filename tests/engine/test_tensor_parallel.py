@@ -288,7 +288,8 @@ def test_two_ranks_give_one_rank_s_tokens_on_biased_untied_and_odd_vocabulary_mo
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     one = [o.token_ids for o in LLMEngine(**fields).generate(prompts, params)]
     with LLMEngine(tensor_parallel_size=2, **fields) as engine:
-        assert engine.model.vocab_rows == 151 and engine.model.local_config.num_key_value_heads == 2
+        head, embed = engine.model.lm_head, engine.model.embed_tokens  # 301 tokens: rank 0 holds 151, padded alike
+        assert head.rows == 151 and embed.weight.shape[0] == 151 and engine.model.local_config.num_key_value_heads == 2
         two = [o.token_ids for o in engine.generate(prompts, params)]
     for prompt, a, b in zip(prompts, one, two):
         assert_same_or_near_tie(a, b, prompt, hf_next_logits(hf), what=f"{path.name} p=2")

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from minieng.wings.fast_paths.forward_paths import FastPathFailed
-from minieng.wings.gpu_memory.memory_plan import throwaway_forward
+from minieng.core.model_runner import throwaway_forward
 from minieng.core.attention import AttentionMetadata, build_metadata
 from minieng.wings.fast_paths.compiled_decode import decode_forward
 from minieng.core.kv_cache import KVCache
@@ -83,7 +83,9 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
         try:
             regions_ = regions()
             compile_s = warm_up(model, device, regions_)
-            if device.type == "cuda" or model.tp.size > 1:  # decode_forward is one rank's, on a CPU
+            if (
+                device.type == "cuda" or getattr(model, "tp", None) is not None
+            ):  # decode_forward is one rank's, on a CPU
                 return CompiledParts(regions_, None, compile_s)
             decode = compile_decode_step()
             return CompiledParts(regions_, decode, compile_s + warm_up_decode(decode, model, kv_cache))

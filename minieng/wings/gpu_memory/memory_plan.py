@@ -19,11 +19,11 @@ from minieng import device as host  # host.host_memory_bytes, read at call time 
 from minieng.config import EngineConfig, ModelConfig, SamplingParams
 from minieng.wings.logprobs import ROWS_AT_ONCE, gather_logprobs
 from minieng.core.sampling import KeyedRandom, sample
-from minieng.core.attention import build_metadata
-from minieng.core.kv_cache import KVCache, num_blocks_for_budget
+from minieng.core.kv_cache import num_blocks_for_budget
+from minieng.core.model_runner import throwaway_forward
 from minieng.wings.parallel.tensor_parallel import shard_config
 from minieng.model.weight_bytes import MatmulBytes, weight_bytes
-from minieng.units import GIB, cdiv
+from minieng.units import GIB
 
 HEADROOM = 0.9  # leave 10% for activations, the allocator's slack and the CUDA context
 
@@ -145,42 +145,6 @@ def kv_blocks_for_bytes(budget_bytes: int, block_size: int, kv_bytes_per_token: 
     """Blocks that fit ``budget_bytes`` when every block holds ``block_size`` tokens in each pool
     (the target's and, with speculative decoding, the draft's: one entry per pool)."""
     return max(0, budget_bytes // (block_size * sum(kv_bytes_per_token)))
-
-
-def profile_step(
-    num_tokens: int, longest: int, block_size: int
-) -> tuple[list[int], list[tuple[int, list[int], int]], list[int], int]:
-    """The layout of a profile step of ``num_tokens`` prompt tokens: sequences no longer than
-    ``longest`` (the RoPE table; a token budget may exceed ``max_model_len``), each in its own blocks.
-
-    Returns ``(slot_mapping, chunks, positions, num_blocks)``, with ``chunks`` as
-    ``attention.build_metadata`` takes them.
-    """
-    chunks, slots, positions, first = [], [], [], 0
-    for start in range(0, num_tokens, longest):
-        n = min(longest, num_tokens - start)
-        table = list(range(first, first + cdiv(n, block_size)))
-        chunks.append((n, table, n))
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(n))
-        positions.extend(range(n))
-        first += len(table)
-    return slots, chunks, positions, first
-
-
-@torch.inference_mode()
-def throwaway_forward(
-    model, input_ids: torch.Tensor, logits_indices: torch.Tensor, block_size: int = 16, regions=None
-) -> tuple[torch.Tensor, int]:
-    """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
-    table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
-    after it (``regions``: the layers' compiled parts, or None). Returns the logits at
-    ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
-    device = input_ids.device
-    slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.max_position, block_size)
-    cache = KVCache(model.config, num_blocks, block_size, next(model.parameters()).dtype, device)
-    meta = build_metadata(slots, [], chunks, block_size, cache.null_block, device)
-    logits = model(input_ids, torch.tensor(positions, device=device), cache, meta, logits_indices, regions)
-    return logits, cache.nbytes
 
 
 def profile_peak_bytes(model, num_tokens: int, block_size: int, logits_rows: int = 1) -> int:

@@ -25,8 +25,14 @@ by rank 0 alone (the others load it as zeros), so the sum counts it once.
 
 ``TensorParallel`` is one rank's view: its rank, the group's size, its process group, and the
 collectives, timed (``comm_s``: seconds this rank spent in them, which the measurement splits from
-the compute). The group is formed by ``engine.workers``. With ``size == 1`` every collective is the
+the compute). The group is formed by ``workers``. With ``size == 1`` every collective is the
 identity and nothing of ``torch.distributed`` is touched.
+
+The split is a transform of a built model, as gpt-fast's ``apply_tp``: the core's Llama knows
+nothing of ranks. ``RankShard.apply`` cuts the whole model (built on the meta device, before any
+storage) down to rank r's share, swaps the embedding and the LM head for vocabulary-parallel ones
+and hooks an all-reduce after each row-parallel product; the loader reads the rank's slices of
+the checkpoint (``checkpoint_slice``) and hands the model back once loaded (``RankShard.loaded``).
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ import time
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from minieng.config import ModelConfig
+from minieng.core.llama import LlamaForCausalLM, linear
 from minieng.units import cdiv
 
 
@@ -216,3 +225,92 @@ def zeroes_bias(name: str, tp: TensorParallel) -> bool:
     (split along its inputs, dim 1) off rank 0."""
     parts = name.split(".")
     return tp.rank > 0 and parts[-1] == "bias" and len(parts) > 1 and _SPLITS.get(parts[-2], (0,))[0] == 1
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows ``[start, stop)`` of the embedding: ids outside them look up zeros, and an all-reduce
+    adds the ranks' rows up, so every token's row comes from the one rank that holds it."""
+
+    def __init__(self, start: int, stop: int, hidden_size: int, tp: TensorParallel):
+        super().__init__()
+        self.start, self.stop, self.tp = start, stop, tp
+        self.weight = nn.Parameter(torch.empty(stop - start, hidden_size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        outside = (input_ids < self.start) | (input_ids >= self.stop)
+        x = F.embedding((input_ids - self.start).masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
+
+
+class VocabParallelLMHead(nn.Module):
+    """Rows ``[start, stop)`` of the LM head: each rank's logits of its shard, padded to ``rows``
+    columns (the shards gather in equal parts), gathered side by side and cut to the vocabulary."""
+
+    def __init__(self, start: int, stop: int, rows: int, hidden_size: int, vocab_size: int, tp: TensorParallel):
+        super().__init__()
+        self.rows, self.vocab_size, self.tp = rows, vocab_size, tp
+        self.weight = nn.Parameter(torch.empty(stop - start, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = linear(x, self.weight)
+        logits = F.pad(logits, (0, self.rows - logits.shape[-1]))
+        return self.tp.all_gather_last(logits)[:, : self.vocab_size]
+
+
+def _resize(layer: nn.Module, out_features: int | None = None, in_features: int | None = None) -> None:
+    """Give a linear layer (on the meta device) a weight (and bias) of a share's shape."""
+    out_features = out_features or layer.weight.shape[0]
+    in_features = in_features or layer.weight.shape[1]
+    layer.weight = nn.Parameter(torch.empty(out_features, in_features))
+    if layer.bias is not None and layer.bias.shape[0] != out_features:
+        layer.bias = nn.Parameter(torch.empty(out_features))
+
+
+class RankShard:
+    """Rank ``tp.rank``'s share of a model, Megatron's split (this module's docstring), applied to
+    a built model by ``apply`` and read from a checkpoint through ``checkpoint_slice``."""
+
+    def __init__(self, tp: TensorParallel):
+        self.tp = tp
+
+    def apply(self, model: LlamaForCausalLM) -> None:
+        """Cut ``model`` (the whole model, on the meta device) to this rank's share, in place:
+        ``model.local_config`` is the shape its layers then hold, ``model.tp`` its group."""
+        config, tp = model.config, self.tp
+        self.model_config = config
+        local = shard_config(config, tp.size, tp.rank)
+        q, kv = local.num_attention_heads * local.head_dim, local.num_key_value_heads * local.head_dim
+        all_reduce = lambda module, inputs, out: tp.all_reduce(out)  # noqa: E731 (a forward hook)
+        for layer in model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            _resize(attn.qkv_proj, out_features=q + 2 * kv)
+            _resize(attn.o_proj, in_features=q)  # row-parallel: partial sums, added by the all-reduce
+            attn.num_heads, attn.num_kv_heads, attn.q_size, attn.kv_size = (
+                local.num_attention_heads,
+                local.num_key_value_heads,
+                q,
+                kv,
+            )
+            _resize(mlp.gate_up_proj, out_features=2 * local.intermediate_size)
+            _resize(mlp.down_proj, in_features=local.intermediate_size)
+            mlp.intermediate_size = local.intermediate_size
+            attn.o_proj.register_forward_hook(all_reduce)
+            mlp.down_proj.register_forward_hook(all_reduce)
+        start, stop, rows = vocab_shard(config.vocab_size, tp.rank, tp.size)
+        model.embed_tokens = VocabParallelEmbedding(start, stop, config.hidden_size, tp)
+        model.lm_head = VocabParallelLMHead(start, stop, rows, config.hidden_size, config.vocab_size, tp)
+        model.tie_weights()
+        model.rope.num_qk_heads = local.num_attention_heads + local.num_key_value_heads
+        model.rope.num_v_heads = local.num_key_value_heads
+        model.local_config, model.tp = local, tp
+
+    def checkpoint_slice(self, name: str) -> tuple[int, int, int] | None:
+        """The part of checkpoint tensor ``name`` this rank reads (``checkpoint_slice``)."""
+        return checkpoint_slice(name, self.model_config, self.tp) if self.tp.size > 1 else None
+
+    def loaded(self, model: LlamaForCausalLM) -> None:
+        """After the weights are in: a row-parallel product's bias is rank 0's alone (the all-reduce
+        adds it once), so the other ranks zero theirs."""
+        for name, param in model.named_parameters():
+            if zeroes_bias(name, self.tp):
+                param.data.zero_()

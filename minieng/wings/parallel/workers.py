@@ -51,7 +51,7 @@ from minieng.core.kv_cache import KVCache
 from minieng.core.model_runner import ModelRunner
 from minieng.model.loader import load_model
 from minieng.wings.fast_paths.strategy import use_attention_backend
-from minieng.wings.parallel.tensor_parallel import TensorParallel
+from minieng.wings.parallel.tensor_parallel import RankShard, TensorParallel
 
 COLLECTIVE_TIMEOUT_S = 60  # a rank waits this long in a collective, or for the group to form, before failing
 JOIN_TIMEOUT_S = 10  # a worker asked to leave gets this long before it is killed
@@ -141,7 +141,7 @@ def worker_main(rank: int, spec: WorkerSpec, conn) -> None:
         store = dist.TCPStore("127.0.0.1", spec.port, spec.size, is_master=False, timeout=timeout)
         tp = join_group(rank, spec.size, store, device)
         dtype = select_dtype(config.dtype, device)
-        model = load_model(config, device, dtype, spec.max_model_len, spec.resolved, tp=tp).model
+        model = load_model(config, device, dtype, spec.max_model_len, spec.resolved, RankShard(tp)).model
         conn.send(("loaded", None))
         runner = None
         while True:

@@ -52,6 +52,7 @@ class PromptLookupDrafter:
     def free(self, request_id: str) -> None:
         pass
 
+
 class DraftSequence(Sequence):
     """The draft model's view of one request: the tokens its cache holds, in its own blocks."""
 
@@ -84,6 +85,7 @@ class DraftModelDrafter:
         seq = self.seqs.pop(request_id, None)
         if seq is not None:
             self.block_manager.free(seq)
+
     def _sync(self, seq: Sequence) -> DraftSequence:
         """Roll the draft cache back to the longest prefix it shares with ``seq``'s tokens."""
         draft = self.seqs.setdefault(seq.request_id, DraftSequence(seq.request_id))
