@@ -66,7 +66,7 @@ def decode(engine: LLMEngine, peaks: list[Peak], sizes: CheckSizes) -> list[dict
                 "batch_size": b,
                 "context_tokens": context,
                 "tpot_ms": 1e3 * tpot,
-                "graphed_steps": sum(s.graphed for s in steps),
+                "graphed_steps": sum(s.forward_path == "cuda_graph" for s in steps),
                 "steps": len(steps),
                 "utilization": util,
             }

@@ -1,44 +1,16 @@
-"""Paged attention in pure PyTorch: gather each sequence's K/V blocks, then SDPA.
+"""Paged attention in pure PyTorch: gather each sequence's K/V blocks, then SDPA. Runs everywhere.
 
-It runs everywhere (CPU, any CUDA GPU). The batch of a step is flattened to ``num_tokens`` rows,
-decodes first. Decodes are attended together: their K/V blocks are gathered (one
-``index_select`` over whole blocks per layer, K and V together as the pool keeps them side by
-side, ~3x faster on CPU than indexing single slots)
-into a padded ``[batch, max_blocks * block_size, kv_heads, head_dim]`` tensor, and a mask hides
-the padding. Prefill chunks (and decodes verifying draft tokens) are attended one by one, each
-over its cached context plus itself, causally: plain ``is_causal`` when nothing was cached
-before the chunk, causal aligned to the lower right (the last query sees every key) when
-something was (``offset_causal_mask``).
+A step is flattened to ``num_tokens`` rows, decodes first. Decodes are attended together: their
+blocks are gathered (one ``index_select`` of whole blocks a layer, K and V side by side) into a
+padded ``[batch, width * block_size, ...]`` tensor, and a mask hides the padding. Prefill chunks
+(and decodes of several tokens) are attended one by one, causally, over their cached context.
+GQA without copies: a decode query is viewed as ``[batch, kv_heads, group, head_dim]``.
 
-GQA without copies: a decode query ``[batch, heads, head_dim]`` is viewed as ``[batch, kv_heads,
-group, head_dim]`` (query head h reads KV head h // group, as transformers' ``repeat_kv``), so
-every KV head meets its ``group`` query heads in one matrix product and K/V are never repeated.
-
-Masked slots must not reach the output: a -inf score times a NaN value is still NaN. So
-padding entries of a block table point at the pool's null block (``KVCache.null_block``), and
-the model runner zeroes every block the moment it is allocated (``KVCache.zero_blocks``): the
-slots a mask hides always hold finite values, whatever the pool held before.
-
-On CUDA the SDPA backend is pinned (``sdpa_backends``): cuDNN attention builds a plan for every
-new shape, which on an H200 cost 63-1,274 ms on the first call of each new context length
-(docs/measurements.md), and every request meets new shapes. Flash (causal prefill, and
-``causal_lower_right`` in bf16/fp16: its causal mask is aligned to the lower right) and
-memory-efficient attention (decode masks; fp32) have no such per-shape cost. Eager decode masks
-are padded to power-of-two widths on CUDA, so a growing context does not meet a new shape at
-every block.
-
-Everything that depends only on the batch (block tables, masks) is built once per step in
-``AttentionMetadata`` and reused by every layer.
-
-The decodes' gathered K/V is a copy of ``batch x width x block_size`` keys and values per layer:
-at 64 sequences of 8k context on a T4, 4.3 GB. An eager step may not hold more than the memory
-plan set aside for it (``max_gather_tokens``, ``kv_sizing.gather_budget_tokens``): a wider
-batch is attended in groups of sequences, each gathered in turn (``decode_group_size``).
-
-torch's FlopCounterMode counts the CUDA SDPA kernels (flash, memory-efficient, cuDNN) as the
-dense score rectangle of the shapes they are handed, masked or not; it knows no formula for the
-CPU's fused kernel and counts it as 0. ``measure.flop_count`` registers the same formula for it
-when counting starts, so attention is counted alike on both.
+Masked slots must hold finite values (-inf times NaN is NaN): padded block-table entries point
+at the null block and every block is zeroed when allocated (``KVCache``). On CUDA the SDPA
+backends are pinned and decode widths padded to powers of two, so new shapes plan nothing, and a
+batch whose gathered K/V would exceed ``max_gather_tokens`` is attended in groups. What each
+choice measured: docs/architecture.md, "How the core attends".
 """
 
 from __future__ import annotations
@@ -74,8 +46,7 @@ class AttentionMetadata:
     Attributes:
         slot_mapping: [num_tokens] int64, the cache slot each new token's K/V is written to.
         num_decodes: the first ``num_decodes * decode_query_len`` rows are decodes, sequence by
-            sequence: ``decode_query_len`` tokens each (1; or k + 1 when every sequence of the
-            step verifies k drafts).
+            sequence: ``decode_query_len`` tokens each (1, or k + 1 with k speculative tokens).
         decode_block_tables: [num_decodes, max_blocks] int64, padded with the null block.
         decode_mask: [num_decodes, 1, decode_query_len, max_blocks * block_size] additive, in
             the model's dtype (``decode_mask``); None where ``decode_attention`` attends one query
@@ -117,8 +88,7 @@ def decode_mask(
     whole context), -inf where it does not.
 
     Additive once per step: SDPA turns a bool mask into an additive one at every call, a few
-    kernels in every layer. Built from a tensor on the device, so a captured CUDA graph recomputes
-    it on replay.
+    kernels in every layer. Built from a tensor on the device, so a replayed capture recomputes it.
     """
     device = context_lens.device
     limit = context_lens[:, None] - query_len + 1 + torch.arange(query_len, device=device)[None, :]  # [B, q]
@@ -130,8 +100,7 @@ def decode_mask(
 def block_table_tensor(tables: list[list[int]], width: int, null_block: int) -> torch.Tensor:
     """[len(tables), width] int64 on the CPU: each table, padded with ``null_block``.
 
-    A handful of tensor operations whatever the batch (no Python loop over padded rows): at
-    batch 256 a per-row loop costs a sizeable share of a CUDA-graph decode step.
+    A handful of tensor operations whatever the batch (no Python loop over padded rows).
     """
     lens = torch.tensor([len(t) for t in tables], dtype=torch.long)
     out = torch.full((len(tables), width), null_block, dtype=torch.long)
@@ -171,8 +140,7 @@ def build_metadata(
         null_block: the block that pads decode block tables (``KVCache.null_block``).
         max_gather_tokens: the most keys (per layer, K and V each) the decodes may gather at
             once; None: no limit.
-        min_width: the narrowest decode block table, in blocks (padding is masked): a compiled
-            decode step keeps it above 1, the width torch would specialize.
+        min_width: the narrowest decode block table, in blocks (padding is masked).
         dtype: the model's, for the decodes' additive mask.
         decode_attention: ``AttentionMetadata.decode_attention`` (no mask is built for its queries).
     """

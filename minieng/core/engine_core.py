@@ -2,14 +2,13 @@
 
 A step: the scheduler picks sequences and token counts, the model runner runs them through the
 model and samples, and the core appends tokens, checks stop conditions, streams text and records
-when everything happened. It knows nothing of metrics: it leaves timestamps (``Sequence.times``)
-and step records (``StepRecord``) for ``measure.metrics`` to turn into figures.
+when everything happened: timestamps (``Sequence.times``) and step records (``StepRecord``), which
+``measure`` turns into figures.
 
 ``EngineCore(config, model, tokenizer, eos_token_ids, num_blocks, max_model_len)`` is the plain
-engine. ``minieng.LLMEngine`` builds one from an ``EngineConfig`` alone and attaches the features
-it asks for at their seams: the runner's (``ModelRunner``) and ``speculator``, which proposes draft
-tokens before each schedule (``propose``) and hears of every sequence that stops running
-(``release``: preempted, finished or aborted).
+engine. ``minieng.LLMEngine`` builds one from an ``EngineConfig`` and attaches the features it asks
+for at their seams: the runner's (``ModelRunner``), and ``speculator``, speculative decoding's
+proposer, called before each schedule (``propose``) and when a sequence stops running (``release``).
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Callable
 
 from minieng.config import EngineConfig, SamplingParams
 from minieng.core.block_manager import BlockManager
@@ -57,23 +54,13 @@ class EngineCore:
         ValueError: a pool too small for one sequence of ``max_model_len`` tokens.
     """
 
-    # Fields an experiment may change on a live engine: the scheduler reads them at every step.
-    RECONFIGURABLE = ("max_num_batched_tokens", "enable_chunked_prefill", "num_speculative_tokens", "max_num_seqs")
-
     def __init__(
-        self,
-        config: EngineConfig,
-        model: LlamaForCausalLM,
-        tokenizer,
-        eos_token_ids,
-        num_blocks: int,
-        max_model_len: int,
+        self, config: EngineConfig, model: LlamaForCausalLM, tokenizer, eos_token_ids, num_blocks, max_model_len
     ):
         if num_blocks * config.block_size < max_model_len:
             raise ValueError(
                 f"a KV pool of {num_blocks} blocks x {config.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={max_model_len} tokens: give more blocks (num_kv_blocks, kv_cache_memory_gib) "
-                "or a smaller max_model_len"
+                f"max_model_len={max_model_len} tokens: give more blocks, or a smaller max_model_len"
             )
         self.config, self.model, self.model_config = config, model, model.config
         self.tokenizer, self.eos_token_ids, self.max_model_len = tokenizer, set(eos_token_ids), max_model_len
@@ -83,15 +70,13 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.block_manager)
         self.kv_cache = KVCache.for_model(model, num_blocks, config.block_size)
         self.runner = ModelRunner(model, self.kv_cache, self.block_manager)
-        self.speculator = None  # proposes draft tokens before each schedule (speculative decoding)
+        self.speculator = None  # speculative decoding's proposer (``wings.speculative``), or None
         self.requests: dict[str, RequestState] = {}
         # The time source of every timestamp the engine records; a simulation of several devices
         # on one machine gives each engine a clock of its own. Durations are always real.
         self.clock: Callable[[], float] = time.perf_counter
         self.step_records: list[StepRecord] = []
         self._ids = itertools.count()
-
-    # -- requests -------------------------------------------------------------------------------
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -105,13 +90,10 @@ class EngineCore:
     ) -> str:
         """Queue a request; it joins the running batch at a later step. Returns its id.
 
-        Args:
-            prompt: text (tokenized as is, with the tokenizer's special tokens) or token ids.
-            params: how it samples and stops (default ``SamplingParams()``).
-            request_id: its id (default: the next free number, as a str).
-            arrival_s: ``clock()`` time it arrived (default: now); TTFT counts from it.
-        Raises:
-            ValueError: as ``check_request``, or a request id already in use. Nothing is queued then.
+        ``prompt``: text (tokenized as is, special tokens included) or token ids; ``params``: how it
+        samples and stops (default ``SamplingParams()``); ``request_id``: default, the next free
+        number; ``arrival_s``: its ``clock()`` time (default: now), whence TTFT counts.
+        Raises ``ValueError`` as ``check_request`` does, or for an id in use; nothing is queued then.
         """
         ids, params = self._check_request(prompt, params, request_id)
         while request_id is None or request_id in self.requests:  # an automatic id skips ids in use
@@ -127,12 +109,11 @@ class EngineCore:
         return request_id
 
     def check_request(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
-        """A request's token ids, or the ``ValueError`` ``add_request`` would raise: an empty
-        prompt, text that is not valid Unicode, a prompt too long for ``max_model_len``, an id
-        outside the vocabulary, params that are not a ``SamplingParams``, ``logprobs`` or
-        ``prompt_logprobs`` above ``max_logprobs`` (or asked of an engine without them), or
-        ``prompt_logprobs`` of a prompt over ``PROMPT_ROWS_PER_STEP`` + 1 tokens without chunked
-        prefill. Changes nothing (a server checks in its handlers, then queues from its loop)."""
+        """A request's token ids, or the ``ValueError`` ``add_request`` would raise: an empty prompt,
+        text that is not valid Unicode, a prompt too long for ``max_model_len``, an id outside the
+        vocabulary, params that are not a ``SamplingParams``, ``logprobs`` or ``prompt_logprobs``
+        above ``max_logprobs`` (or from an engine without them), ``prompt_logprobs`` of a prompt over
+        ``PROMPT_ROWS_PER_STEP`` + 1 tokens without chunked prefill. Changes nothing."""
         return self._check_request(prompt, params, None)[0]
 
     def _check_request(self, prompt, params, request_id) -> tuple[list[int], SamplingParams]:
@@ -156,25 +137,20 @@ class EngineCore:
         if not ids:
             raise ValueError(EMPTY_PROMPT)
         rows = len(ids) - 1  # the prompt positions whose logits score the next prompt token
-        if (
-            params.prompt_logprobs is not None
-            and not self.config.enable_chunked_prefill
-            and rows > PROMPT_ROWS_PER_STEP
-        ):
+        chunked = self.config.enable_chunked_prefill
+        if params.prompt_logprobs is not None and not chunked and rows > PROMPT_ROWS_PER_STEP:
             raise ValueError(
                 f"prompt_logprobs over a prompt of {len(ids)} tokens needs chunked prefill "
                 f"(enable_chunked_prefill=True), which scores {PROMPT_ROWS_PER_STEP} positions a step: "
                 f"without it all {rows} rows of logits would be computed in one step, more than the "
                 "memory profile counts. Enable chunked prefill, or shorten the prompt"
             )
-        if params.max_tokens == 0 and len(ids) > self.max_model_len:  # scoring only: no output token
+        room = 0 if params.max_tokens == 0 else 1  # scoring only: no output token
+        if len(ids) + room > self.max_model_len:
             raise ValueError(
-                f"prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}: shorten the prompt"
-            )
-        if params.max_tokens > 0 and len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must leave "
-                "room for at least one output token: shorten the prompt"
+                f"prompt has {len(ids)} tokens; max_model_len={self.max_model_len} must hold it"
+                + (" and at least one output token" if room else "")
+                + ": shorten the prompt"
             )
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
@@ -183,40 +159,15 @@ class EngineCore:
             raise ValueError(f"request_id={request_id!r} is already in use")
         return ids, params
 
-    @contextmanager
-    def reconfigured(self, **fields) -> Iterator[EngineCore]:
-        """Run a block with some of the config's per-step fields (``RECONFIGURABLE``) changed, then
-        restore them, even when the block raises: ``with engine.reconfigured(max_num_seqs=8): ...``.
-        ``max_num_seqs`` may only go down (buffers were sized for it). Raises ``ValueError`` for
-        another field or a config the dataclass refuses."""
-        others = sorted(set(fields) - set(self.RECONFIGURABLE))
-        if others:
-            raise ValueError(
-                f"reconfigured({', '.join(others)}=...): only {', '.join(self.RECONFIGURABLE)} can "
-                "change on a built engine; build another (LLMEngine(config, loaded=engine.loaded))"
-            )
-        built = self.config
-        new = replace(built, **fields)  # validates: ValueError naming the field
-        if new.max_num_seqs > built.max_num_seqs:
-            raise ValueError(
-                f"reconfigured(max_num_seqs={new.max_num_seqs}): at most the {built.max_num_seqs} "
-                "the engine was built for"
-            )
-        self.config = self.scheduler.config = new
-        try:
-            yield self
-        finally:
-            self.config = self.scheduler.config = built
-
     def abort_request(self, request_id: str) -> None:
         req = self.requests[request_id]
         if not req.seq.is_finished:
             self._finish(req.seq, SequenceStatus.FINISHED_ABORTED, self.clock())
 
     def release_request(self, request_id: str) -> RequestOutput:
-        """Forget a finished request and return its final output (a long-running server calls this
-        so that memory stays flat). Raises ``ValueError`` for a request still running (abort it
-        first) and ``KeyError`` for an unknown id."""
+        """Forget a finished request and return its final output (a server calls this, so that
+        memory stays flat). Raises ``ValueError`` for a request still running, ``KeyError`` for an
+        unknown id."""
         if not self.requests[request_id].seq.is_finished:
             raise ValueError(f"request {request_id!r} is still running: abort_request it first")
         out = self.output(request_id)
@@ -238,13 +189,11 @@ class EngineCore:
         """The current state of a request. Raises ``KeyError`` for an unknown id."""
         return make_output(self.requests[request_id], new_token_ids, delta)
 
-    # -- the step -------------------------------------------------------------------------------
-
     def step(self) -> list[RequestOutput]:
-        """Run one step: (propose drafts,) schedule, execute (the model runner), process the
-        tokens, record. Returns an output for every request that emitted tokens or finished."""
+        """Run one step: (propose speculative tokens,) schedule, execute (the model runner), process
+        the tokens, record. Returns an output for every request that emitted tokens or finished."""
         start = self.clock()
-        draft_s = self.speculator.propose(self) if self.speculator is not None else 0.0
+        propose_s = self.speculator.propose(self) if self.speculator is not None else 0.0
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self._release(seq)
@@ -263,41 +212,36 @@ class EngineCore:
         end = self.clock()
         chunks = self._advance(plan.scheduled, result)
         outputs = self._process(plan.scheduled, result, end)
-        self._record(start, end, composition, len(plan.preempted), chunks, draft_s, lookups)
+        self._record(start, end, composition, len(plan.preempted), chunks, propose_s, lookups)
         return outputs
 
     def _advance(self, scheduled: list[tuple[Sequence, int]], result: ModelRunnerOutput):
-        """Move each scheduled sequence past the tokens whose KV the step wrote (with k drafts: the
-        newest token and the accepted drafts; the rejected drafts' KV trimmed). Returns the step's
-        ``StepRecord.chunks``."""
+        """Move each sequence past the tokens whose KV the step wrote (with k speculative tokens, the
+        newest and those accepted: the rejected ones' KV trimmed). Returns ``StepRecord.chunks``."""
         chunks = []
         for seq, n in scheduled:
             tokens = result.sampled_token_ids.get(seq.request_id, [])
-            # 1, or k + 1 (and the prompt positions of prompt log-probabilities); 0 mid-prompt
             chunks.append((n, seq.num_computed_tokens, result.num_logits_rows.get(seq.request_id, 0)))
-            rejected = len(seq.spec_token_ids) - (len(tokens) - 1) if seq.spec_token_ids else 0
+            proposed, seq.spec_token_ids = seq.spec_token_ids, []
+            rejected = len(proposed) - (len(tokens) - 1) if proposed else 0
             seq.num_computed_tokens += n - rejected
             if rejected:
                 self.block_manager.trim(seq, seq.num_computed_tokens)
-            seq.spec_token_ids = []
         return chunks
 
     def _process(self, scheduled: list[tuple[Sequence, int]], result: ModelRunnerOutput, now: float):
-        """Keep the prompt log-probabilities the step computed, append each request's emitted
-        tokens (finishing those that stop), finish the requests that only score their prompt
-        (``max_tokens=0``) once it is computed, and cache the full blocks of those still running."""
+        """Keep the step's prompt log-probabilities, append the emitted tokens (finishing requests that
+        stop, or that only score their prompt), cache the full blocks of those still running."""
         for rid, (first, dicts) in result.prompt_logprobs.items():
             seq = self.requests[rid].seq
             assert first == len(seq.prompt_logprobs), f"{rid}: prompt log-probabilities out of order"
             seq.prompt_logprobs.extend(dicts)
         outputs = []
         for rid, tokens in result.sampled_token_ids.items():
-            req = self.requests[rid]
-            kept, delta, status = append_tokens(
-                req, tokens, self.eos_token_ids, self.max_model_len, result.logprobs.get(rid)
-            )
+            req, logprobs = self.requests[rid], result.logprobs.get(rid)
+            kept, delta, status = append_tokens(req, tokens, self.eos_token_ids, self.max_model_len, logprobs)
             req.seq.times.emissions.append((now, len(kept)))
-            if status:  # drafts accepted past a stop were dropped: only the kept tokens count as computed
+            if status:  # tokens accepted past a stop were dropped: only the kept ones count as computed
                 req.seq.num_computed_tokens = min(req.seq.num_computed_tokens, req.seq.num_tokens - 1)
                 self._finish(req.seq, status, now, len(kept))
             outputs.append(make_output(req, kept, delta))
@@ -324,9 +268,8 @@ class EngineCore:
         if self.speculator is not None:
             self.speculator.release(seq, num_kept)
 
-    def _record(self, start, end, composition, num_preempted: int, chunks, draft_s: float, lookups) -> None:
-        """Append the step's ``StepRecord``: ``composition`` is (prefill tokens, prefill sequences,
-        decode sequences), read before the step changed them; the rest is read now."""
+    def _record(self, start, end, composition, num_preempted: int, chunks, propose_s: float, lookups) -> None:
+        """Append the step's ``StepRecord``; ``composition`` was read before the step changed it."""
         num_prefill_tokens, num_prefill_seqs, num_decode_seqs = composition
         self.step_records.append(
             StepRecord(
@@ -341,7 +284,7 @@ class EngineCore:
                 num_used_blocks=self.block_manager.num_used_blocks,
                 chunks=chunks,
                 num_evictions=self.block_manager.num_evictions,
-                draft_s=draft_s,
+                draft_s=propose_s,
                 forward_s=self.runner.last_forward_s,
                 comm_s=self.runner.last_comm_s,
                 forward_path=self.runner.last_forward_path,

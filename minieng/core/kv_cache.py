@@ -109,26 +109,6 @@ class KVCache:
         if blocks:
             self.kv.index_fill_(1, torch.tensor(blocks, dtype=torch.long, device=self.kv.device), 0)
 
-    def read_blocks(self, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the K and V of ``blocks``, every layer: each [layers, len(blocks), block_size,
-        kv_heads, head_dim] (a KV hand-off to another pool, ``kv_transfer``)."""
-        index = torch.tensor(blocks, dtype=torch.long, device=self.k.device)
-        return self.k.index_select(1, index), self.v.index_select(1, index)
-
-    def write_blocks(self, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Overwrite ``blocks`` with ``k`` and ``v`` as ``read_blocks`` returns them (from any
-        device, of this pool's dtype). Raises ``ValueError`` for another shape or dtype."""
-        shape = (self.k.shape[0], len(blocks), *self.k.shape[2:])
-        for name, t in (("k", k), ("v", v)):
-            if tuple(t.shape) != shape or t.dtype != self.k.dtype:
-                raise ValueError(
-                    f"{name} is {tuple(t.shape)} {t.dtype}; this pool takes {shape} {self.k.dtype} "
-                    "(same model, block_size and dtype)"
-                )
-        index = torch.tensor(blocks, dtype=torch.long, device=self.k.device)
-        self.k.index_copy_(1, index, k.to(self.k.device))
-        self.v.index_copy_(1, index, v.to(self.v.device))
-
     @property
     def nbytes(self) -> int:
         return self.kv.nbytes

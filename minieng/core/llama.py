@@ -1,13 +1,10 @@
 """A Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5) over the paged KV cache.
 
-Read bottom-up: RMSNorm, rotary embeddings, attention, MLP, the decoder layer, the model.
-The forward takes the whole step flattened to ``num_tokens`` rows (prefill chunks and decodes
-together), so every linear layer runs as one matrix product over the batch; only attention
-looks at which row belongs to which sequence (``attention.py``).
-
-Weights keep Hugging Face's names, except that q/k/v and gate/up are stacked into
-``qkv_proj`` and ``gate_up_proj`` (as vLLM does): one matrix product instead of three or two.
-``load_weights`` maps checkpoint names onto them.
+Read bottom-up: RMSNorm, rotary embeddings, attention, MLP, the decoder layer, the model. The
+forward takes the whole step flattened to ``num_tokens`` rows (prefill chunks and decodes
+together), so every linear layer is one matrix product over the batch; only attention looks at
+which row is whose (``attention.py``). Weights keep Hugging Face's names, but q/k/v and gate/up
+are stacked (``qkv_proj``, ``gate_up_proj``, as vLLM's): one product instead of three or two.
 """
 
 from __future__ import annotations
@@ -24,29 +21,20 @@ from minieng.core.attention import AttentionMetadata, paged_attention, sdpa_back
 from minieng.core.kv_cache import KVCache, LayerKV, write_kv
 
 
-def _onednn_linear_available() -> bool:
-    return (
-        platform.machine().lower() in ("x86_64", "amd64")
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-ONEDNN_LINEAR = _onednn_linear_available()
+ONEDNN_LINEAR = (  # oneDNN's product for float32 on x86-64 CPUs (``linear``)
+    platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias: x [rows, in_features], weight [out_features, in_features] ->
-    [rows, out_features], as ``torch.nn.functional.linear``.
+    """x [rows, in] @ weight [out, in].T + bias -> [rows, out], as ``torch.nn.functional.linear``.
 
     On an x86-64 CPU in float32 the product runs in oneDNN (``torch.ops.mkldnn._linear_pointwise``,
-    the op torch.compile's CPU backend emits for linear layers) instead of ``F.linear``, which
-    calls MKL's sgemm: on a 2-core AMD EPYC (Zen 4) the default model's 30 layers of products took
-    about 0.6x sgemm's time at batch 1 (docs/measurements.md, ``core/llama.py``). MKL's small-M GEMM reads
-    the weights well below the copy bandwidth, so decode sat far from the memory roofline for a
-    reason that was the kernel's, not physics'.
-    Everywhere else (CUDA, other dtypes and CPUs), and inside code being compiled (inductor lowers
-    the oneDNN op only for frozen weights), this is ``F.linear``.
+    the op torch.compile's CPU backend emits) rather than MKL's sgemm, whose small-M GEMM reads the
+    weights well below the copy bandwidth: about 0.6x sgemm's time at batch 1 on a 2-core EPYC
+    (docs/measurements.md). Everywhere else, and inside code being compiled, ``F.linear``.
     """
     if ONEDNN_LINEAR and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
         if not torch.compiler.is_compiling():
@@ -57,8 +45,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T + bias, ``weight`` [out_features, in_features] as in checkpoints and
-    ``torch.nn.Linear``; the product is ``linear`` (oneDNN on x86-64 CPUs)."""
+    """y = x @ weight.T + bias, ``weight`` [out_features, in_features] as ``torch.nn.Linear``'s."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -70,10 +57,7 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), in one op (``F.rms_norm``: one
-    fused kernel on CUDA). In bfloat16 or float16 torch normalizes and scales in float32 and rounds
-    once; transformers' Llama rounds before the weight too, so the two differ by at most one unit in
-    the last place of some elements, ours the nearer to float32's result."""
+    """x / sqrt(mean(x^2) + eps) * weight (Zhang & Sennrich 2019), in one op (``F.rms_norm``)."""
 
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
@@ -87,16 +71,12 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al. 2021) as one complex product per layer.
 
-    transformers' Llama rotates dimension i with dimension i + head_dim / 2 (rotate-half). minieng
-    stores each head's query and key dimensions interleaved instead, i next to i + head_dim / 2
-    (``interleave_rope_rows``, applied to q_proj and k_proj's rows at load; q·k is unchanged, as
-    both are permuted alike), so each rotated pair is one complex number and RoPE is
-    ``x * e^(i·position·freq)``: one multiplication where rotate-half takes four ops.
-    The inverse frequencies come from transformers for scaled variants (Llama 3.1's "llama3",
-    "linear", "yarn", ...), so every RoPE type transformers knows is computed the same way.
-    Table: ``freqs_cis`` [max_position, head_dim / 2] complex64, scaling * e^(i·position·inv_freq):
-    a plain attribute, not a buffer, so that casting the model (``.to(torch.bfloat16)``) leaves it
-    complex; it follows the positions' device (``tables``).
+    Each head's q and k dimensions are stored interleaved, i next to i + head_dim / 2
+    (``interleave_rope_rows`` at load; q·k is unchanged), so a rotated pair is one complex number:
+    ``x * e^(i·position·freq)``, one multiplication where transformers' rotate-half takes four ops.
+    Scaled variants' inverse frequencies (Llama 3.1's "llama3", "yarn", ...) come from transformers.
+    ``freqs_cis`` [max_position, head_dim / 2] complex64: a plain attribute, not a buffer, so that
+    casting the model leaves it complex; it follows the positions' device (``tables``).
     """
 
     def __init__(self, config: ModelConfig, max_position: int, device: torch.device | str = "cpu"):
@@ -110,15 +90,10 @@ class RotaryEmbedding(nn.Module):
         self.num_v_heads = config.num_key_value_heads
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Each token's rotation for every head of the qkv product, 1 for the V heads (not
-        rotated: the product then keeps K and V side by side, for one write into the pool). Built
-        once per step, shared by every layer.
-
-        float32: [num_tokens, q + k + v heads, head_dim / 2] complex64. Another ``dtype``: the same
-        rotations as real matrices [..., 2, 2] in ``dtype``, [[cos, sin], [-sin, cos]], which
-        rotate a pair (x0, x1) as one batched product (``apply_rope``): complex bfloat16 does not
-        exist, and a round trip through float32 costs two casts a layer. Rounding cos and sin to
-        the model's dtype is what transformers does too."""
+        """Each token's rotation for every head of the qkv product, 1 for the V heads (so K and V
+        stay side by side, for one write into the pool); once per step, shared by every layer.
+        float32: [num_tokens, q + k + v heads, head_dim / 2] complex64. Another ``dtype``: rotation
+        matrices [..., 2, 2] in it, [[cos, sin], [-sin, cos]] (complex bfloat16 does not exist)."""
         if self.freqs_cis.device != positions.device:  # a model moved after it was built: once
             self.freqs_cis = self.freqs_cis.to(positions.device)
         f = self.freqs_cis[positions][:, None]  # [n, 1, D / 2]
@@ -132,14 +107,13 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim / 2, 2] (each head's dimensions as interleaved pairs)
-    rotated by ``table`` (``RotaryEmbedding.tables``); same shape and dtype as x. One op: a
-    complex product in float32, a batched 1x2 by 2x2 product of rotation matrices [..., 2, 2] in
-    another dtype. A compiled region passes the complex table's ``view_as_real`` (inductor
-    generates no code for complex ops) and rotates in float32 reals."""
+    """x: [num_tokens, heads, head_dim / 2, 2] (interleaved pairs) rotated by ``table``
+    (``RotaryEmbedding.tables``), in one op: a complex product in float32, a product of rotation
+    matrices in another dtype, or, given a complex table's ``view_as_real`` (for code generators
+    that take no complex tensors, such as inductor), the same rotation in float32 reals."""
     if table.dim() == x.dim() + 1:  # rotation matrices in x's dtype: (x0, x1) @ [[cos, sin], [-sin, cos]]
         return (x.unsqueeze(-2) @ table).squeeze(-2)
-    if not table.is_complex():  # its (cos, sin) pairs [..., 2], for compiled regions: the same product in reals
+    if not table.is_complex():  # its (cos, sin) pairs [..., 2]: the same product in reals
         cos, sin = table.unbind(-1)
         x0, x1 = x.float().unbind(-1)
         return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).to(x.dtype)
@@ -212,9 +186,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, mlp_bias)
 
-    # The layer in three parts: attention's paged K/V write and read in the middle, and the dense
-    # parts around it, which ``engine.compilation`` compiles (vLLM's piecewise compilation:
-    # attention splits the graph).
+    # Three parts: the dense ones around attention's paged K/V write and read may be replaced.
 
     def before_attention(self, x: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RMSNorm, the qkv product and RoPE: q and kv (``Attention.project``)."""
@@ -228,8 +200,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor, kv_cache: LayerKV, meta: AttentionMetadata, regions=None
     ) -> torch.Tensor:
-        """``regions``: compiled ``(before_attention, after_attention)`` functions (called with the
-        layer as their first argument), or None for the eager methods."""
+        """``regions``: functions ``(before_attention, after_attention)`` to run in place of the
+        methods (called with the layer first), or None."""
         before, after = regions or (DecoderLayer.before_attention, DecoderLayer.after_attention)
         q, kv = before(self, x, rope)
         write_kv(kv_cache, kv, meta.slot_mapping)
@@ -252,13 +224,11 @@ class LlamaForCausalLM(nn.Module):
             DecoderLayer(config, qkv_bias, o_bias, mlp_bias) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        # weight [vocab, hidden]: the embedding matrix itself when the model ties them.
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.rope = RotaryEmbedding(config, max_position or config.max_position_embeddings)
 
-    def tie_weights(self) -> None:
-        """Share the embedding matrix with the LM head when the model ties them."""
+    def tie_weights(self) -> None:  # the LM head is the embedding matrix itself, where the model ties them
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -272,40 +242,24 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,
         regions=None,
     ) -> torch.Tensor:
-        """One step.
-
-        Args:
-            input_ids, positions: [num_tokens] int64, decodes first, then prefill chunks.
-            kv_cache: the paged cache; this step's K/V are written into it.
-            meta: the batch layout (``attention.build_metadata``).
-            logits_indices: [num_logits] rows whose next-token logits are needed (each decode,
-                and the last row of a prefill chunk that completes its prompt).
-            regions: the layers' compiled parts (``engine.compilation``), or None: eager.
-        Returns:
-            [num_logits, vocab_size] logits in float32.
-        """
+        """One step: ``input_ids``, ``positions`` [num_tokens] int64 (decodes first), this step's K/V
+        written into ``kv_cache`` where ``meta`` (``attention.build_metadata``) says. Returns the
+        logits [num_logits, vocab] float32 of the rows ``logits_indices`` asks for (each decode,
+        a prompt's last row). ``regions``: as ``DecoderLayer.forward``'s."""
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        if regions is not None:  # compiled regions rotate in float32 reals (apply_rope)
-            rope = torch.view_as_real(self.rope.tables(positions))
-        else:
-            rope = self.rope.tables(positions, x.dtype)
+        rope = self.rope.tables(positions, x.dtype)
         with sdpa_backends(x.device):
             for layer, layer_kv in zip(self.layers, kv_cache.layers):
                 x = layer(x, rope, layer_kv, meta, regions)
         if logits_indices.numel() == 0:
-            # A step that samples nothing (a prompt's first chunks, a draft's catch-up): no product
-            # on zero rows. Some CUDA kernels launch an empty grid for them ("invalid configuration
-            # argument"), or fail later, in an unrelated kernel.
+            # No product on zero rows (a prompt's first chunks): CUDA kernels fail on an empty grid.
             return x.new_empty(0, self.config.vocab_size, dtype=torch.float32)
         x = self.norm(x[logits_indices])  # the LM head only runs where logits are needed
         return self.lm_head(x).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up.
-
-        Each tensor fills the parameter of its name, whose shape it must have (a rank of a
-        tensor-parallel model is given its slices). Raises ``ValueError`` for a name the model does not have or a parameter left unloaded.
-        """
+        """Copy Hugging Face-named tensors in, stacking q/k/v and gate/up, each of its parameter's
+        shape. Raises ``ValueError`` for a name the model does not have or a parameter left unloaded."""
         params = dict(self.named_parameters())
         attn = self.layers[0].self_attn if len(self.layers) else None
         stacked = {  # checkpoint suffix -> (our suffix, offset of the shard along the output dim)
@@ -318,9 +272,7 @@ class LlamaForCausalLM(nn.Module):
         loaded = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            if "rotary_emb" in name:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
                 continue
             module, _, leaf = name.rpartition(".")
             parent, _, proj = module.rpartition(".")
@@ -341,13 +293,8 @@ class LlamaForCausalLM(nn.Module):
                 )
             dest.copy_(tensor)
             loaded.add((target, offset))
-        expected = set()
-        for pname in params:
-            module, _, leaf = pname.rpartition(".")
-            ours = module.rpartition(".")[2]
-            shards = [off for ours_, off in stacked.values() if ours_ == ours]
-            for off in shards or [0]:
-                expected.add((pname, off))
+        parts = {name: [off for ours, off in stacked.values() if ours == name.split(".")[-2]] or [0] for name in params}
+        expected = {(name, off) for name, offsets in parts.items() for off in offsets}
         missing = sorted(p for p, _ in expected - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -9,12 +9,12 @@ A single-token row is attended the same way whether it is a decode or the last t
 prompt: one query over its whole context. So a step made only of single-token rows is a
 *decode* step (``decode``), and any step with a multi-token chunk a *prefill* (``prefill``, a
 mixed step included). A step whose sequences all run the same small number n of tokens is laid
-out as decodes of n queries each: what speculative decoding's verification steps are (n = k + 1).
+out as decodes of n queries each (speculative decoding's steps, n = k + 1).
 
-The seams, each None in the plain engine and set by ``minieng.engine.llm_engine`` when a feature is on:
-``fast`` (a faster forward for decode steps: CUDA graphs, the compiled step), ``verify`` (in place
-of sampling, for a sequence that carries draft tokens), ``logprobs`` (reads the logits before they
-are sampled). Tensor parallelism wraps ``run_layout``, so that every rank runs each layout.
+The seams, None in the plain engine, set by ``minieng.engine.llm_engine`` for a feature that is on:
+``fast``, a faster forward (``wings.fast_paths``); ``verify``, in place of sampling for a sequence
+that carries k speculative tokens; ``logprobs``, a reader of the logits before they are sampled.
+Tensor parallelism wraps ``run_layout``, so that every device runs each layout.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from minieng.core.sequence import Sequence
 from minieng.device import synchronize
 from minieng.units import cdiv
 
-# The most tokens per sequence a step may run and still be laid out as a decode step (speculative
-# verification runs k + 1); longer uniform chunks are prefills, attended chunk by chunk.
+# The most tokens per sequence a step may run and still be laid out as a decode step (k + 1 with
+# k speculative tokens); longer uniform chunks are prefills, attended chunk by chunk.
 MAX_DECODE_QUERY_LEN = 16
 EAGER = "eager"  # the forward path of a step no fast path ran (``StepRecord.forward_path``)
 
@@ -46,7 +46,7 @@ class StepLayout:
 
     Rows: the decodes first (``decodes``, ``query_len`` rows each), then multi-token chunks
     (``chunks``). ``sampling``: per sequence that samples, ``(sequence, logits rows)``: 1, or
-    k + 1 for a decode with k drafts. ``logits_indices``: those rows in that order, then the rows
+    k + 1 with k speculative tokens. ``logits_indices``: those rows in that order, then the rows
     of ``prompt_rows``: per request owed prompt log-probabilities, ``(sequence, first position,
     positions)``, the positions of its chunk whose logits score the next prompt token.
     """
@@ -71,8 +71,8 @@ class StepLayout:
 class ModelRunnerOutput:
     """What one step produced, by request id (vLLM's ``ModelRunnerOutput``).
 
-    ``sampled_token_ids``: the tokens each sampling request emits (one, or accepted drafts and one
-    more). ``logprobs``: per emitted token, a ``{token id: Logprob}`` dict, for the requests that
+    ``sampled_token_ids``: the tokens each sampling request emits (one, or with speculative tokens
+    those accepted and one more). ``logprobs``: per emitted token, a ``{token id: Logprob}`` dict, for the requests that
     asked. ``prompt_logprobs``: ``(first prompt token index, dicts)`` for requests owed them.
     ``num_logits_rows``: rows the LM head ran on, per request with any.
     """
@@ -99,13 +99,13 @@ class ModelRunner:
         self.model, self.kv_cache, self.block_manager = model, kv_cache, block_manager
         self.device = kv_cache.kv.device
         self.max_gather_tokens: int | None = None
-        self.min_decode_width = 1  # the narrowest decode block table, in blocks (a compiled step's is 2)
+        self.min_decode_width = 1  # the narrowest decode block table, in blocks (a fast path may ask more)
         self.decode_attention: Callable | None = None  # attends one-query decodes in place of the gather
         self.fast: Callable | None = None  # (runner, layout) -> its logits by a fast path, or None: eager
         self.verify: Callable | None = None  # (sequence, logits [k + 1, vocab]) -> its emitted tokens
         self.logprobs: Callable | None = None  # (logits, layout, tokens, output): fills the output's
         self.last_forward_s = 0.0
-        self.last_comm_s = 0.0  # of last_forward_s, the seconds spent in collectives between ranks
+        self.last_comm_s = 0.0  # of last_forward_s, the seconds spent in collectives between devices
         self.last_forward_path = EAGER
 
     def layout(self, scheduled: list[tuple[Sequence, int]]) -> StepLayout:
@@ -130,7 +130,7 @@ class ModelRunner:
                 out.chunks.append((n, seq.block_table, end))
             # The chunk reaches the newest token: sample after it (unless it only scores its prompt).
             if end >= seq.num_tokens and seq.params.max_tokens > 0:
-                rows = end - seq.num_tokens + 1  # 1, or k + 1 with k draft tokens
+                rows = end - seq.num_tokens + 1  # 1, or k + 1 with k speculative tokens
                 out.logits_indices.extend(range(len(out.input_ids) - rows, len(out.input_ids)))
                 out.sampling.append((seq, rows))
             if owed := seq.owed_prompt_positions(start, end):  # their logits score prompt tokens p + 1
@@ -196,7 +196,7 @@ class ModelRunner:
         return self.prefill(lay) if lay.chunks else self.decode(lay)
 
     def decode(self, lay: StepLayout) -> torch.Tensor:
-        """Single-token rows (or k + 1 each, verifying drafts): attended together, each over its
+        """Single-token rows (or k + 1 each, with speculative tokens): attended together, each over its
         whole context, from one gather of their blocks (``attention.paged_attention``)."""
         input_ids, positions, meta, logits_indices = self.tensors(lay)
         self.last_forward_path = EAGER
@@ -211,7 +211,7 @@ class ModelRunner:
 
     def sample(self, logits: torch.Tensor, sampling: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """The tokens each sampling sequence emits, by request id: one sampled token, or, for a
-        sequence with drafts (k + 1 rows), what ``verify`` accepts."""
+        sequence with k speculative tokens (k + 1 rows), what ``verify`` accepts."""
         firsts = [sum(rows for _, rows in sampling[:i]) for i in range(len(sampling))]  # each one's first row
         plain = [(first, seq) for first, (seq, rows) in zip(firsts, sampling) if rows == 1]
         out: dict[str, list[int]] = {}
@@ -253,7 +253,7 @@ def throwaway_forward(
 ) -> tuple[torch.Tensor, int]:
     """One forward of ``input_ids`` [n] as fresh prompts (each no longer than the model's RoPE
     table, in blocks of its own: ``profile_step``) over a KV pool made for this call and dropped
-    after it (``regions``: the layers' compiled parts, or None). Returns the logits at
+    after it (``regions``: as ``LlamaForCausalLM.forward``'s). Returns the logits at
     ``logits_indices`` [rows, vocab] float32 and the pool's bytes."""
     device = input_ids.device
     slots, chunks, positions, num_blocks = profile_step(input_ids.numel(), model.rope.max_position, block_size)

@@ -1,10 +1,6 @@
-"""Text in and out: what a request may hold, how a step's tokens become text and stop it, and
-what the engine hands out (a request's state after a step, the record of each step).
-
-The outputs are plain data, read by the instruments (``measure.metrics``, ``work``, ``replay``)
-without depending on the engine that wrote them. ``append_tokens`` and ``make_output`` are vLLM's
-``OutputProcessor`` and ``StopChecker`` in one small piece; ``IncrementalDetokenizer`` releases
-text as it becomes safe to show.
+"""Text in and out: a step's tokens turned into text and checked for a stop (vLLM's
+``OutputProcessor`` and ``StopChecker``), and what the engine hands out: a request's state after a
+step, and the record of each step, plain data the instruments (``measure``) read.
 """
 
 from __future__ import annotations
@@ -56,15 +52,10 @@ PromptLogprobs = list[dict[int, Logprob] | None]
 class RequestOutput:
     """A request's state after a step: ``new_token_ids``/``delta`` are what this step added.
 
-    Log-probabilities (``wings/logprobs.py``: raw log_softmax, before temperature, top-k and
-    top-p), None unless the request asked (``SamplingParams.logprobs``, ``prompt_logprobs``):
-
-    - ``logprobs``: one ``{token id: Logprob}`` per token of ``token_ids`` (vLLM's
-      ``CompletionOutput.logprobs``): the generated token and the top ``logprobs`` tokens;
-      ``new_logprobs``: those of ``new_token_ids`` alone (what a stream sends on).
-    - ``prompt_logprobs``: one per prompt token, the first None (nothing predicts it), as vLLM's
-      ``RequestOutput.prompt_logprobs``: the prompt's token and the top ``prompt_logprobs``
-      tokens at each position. Complete from the first output on (the prompt is computed then).
+    Log-probabilities (``wings/logprobs.py``), None unless the request asked: ``logprobs``, one
+    ``{token id: Logprob}`` per token of ``token_ids`` (vLLM's ``CompletionOutput.logprobs``), and
+    ``new_logprobs`` those of ``new_token_ids``; ``prompt_logprobs``, one per prompt token, the
+    first None (vLLM's ``RequestOutput.prompt_logprobs``), whole from the first output on.
     """
 
     request_id: str
@@ -84,14 +75,12 @@ class RequestOutput:
 
 @dataclass
 class StepRecord:
-    """The composition and duration of one step (synchronized on CUDA).
+    """The composition and duration of one step (synchronized on CUDA), built by ``EngineCore.step``.
 
-    ``chunks`` lists, per scheduled sequence (decodes first), ``(num_new_tokens,
-    num_context_tokens, num_logits_rows)``: the tokens run this step, the tokens already in the
-    KV cache before them, and the rows the LM head ran on (0 for a prompt chunk that stops
-    mid-prompt, 1, or k + 1 for a decode verifying k drafts; plus, for a request asking
-    ``prompt_logprobs``, one per prompt position whose log-probability the step computed). FLOPs and bytes of the step follow
-    from it (``flops_bytes.step_work``). Built by keyword (``LLMEngine.step``).
+    ``chunks``: per scheduled sequence (decodes first), ``(new tokens, tokens already in the KV
+    cache, rows the LM head ran on)``: 0 rows mid-prompt, 1, k + 1 with k speculative tokens, plus
+    one per prompt position scored for ``prompt_logprobs``. A step's FLOPs and bytes follow from it
+    (``measure.flops_bytes.step_work``).
     """
 
     start_s: float
@@ -105,22 +94,14 @@ class StepRecord:
     num_used_blocks: int
     chunks: list[tuple[int, int, int]] = field(default_factory=list)
     num_evictions: int = 0  # prefix-cache evictions so far (cumulative: a run's is last - first)
-    draft_s: float = 0.0  # of duration_s, the time the drafter took to propose
-    forward_s: float = 0.0  # of duration_s, the target model's forward pass alone
-    comm_s: float = 0.0  # of forward_s, rank 0's time in tensor-parallel collectives (0 on one rank)
-    # How the forward ran (``forward_paths.FORWARD_PATHS``): "cuda_graph", "compiled_step",
-    # "compiled_regions" or "eager".
-    forward_path: str = "eager"
-    # Per request admitted for the first time this step (a preempted one's readmission is not):
-    # (prompt tokens looked up in the prefix cache, tokens it served), vLLM's PrefixCacheStats
-    # queries and hits, the source of the logged "Prefix cache hit rate" (``logged_throughput``).
-    # A request asking prompt_logprobs reads no cache, and is left out, as vLLM leaves it out.
+    draft_s: float = 0.0  # of duration_s, speculative decoding's proposing
+    forward_s: float = 0.0  # of duration_s, the model's forward pass alone
+    comm_s: float = 0.0  # of forward_s, this process's time in collectives between devices
+    forward_path: str = "eager"  # how the forward ran: "eager", or a fast path's name (``forward_paths``)
+    # Per request admitted for the first time (not a preempted one's readmission), but those asking
+    # prompt_logprobs, which read no cache (as vLLM): (prompt tokens looked up, tokens the prefix
+    # cache served), vLLM's PrefixCacheStats queries and hits.
     prefix_cache_lookups: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def graphed(self) -> bool:
-        """Whether the forward replayed a captured CUDA graph."""
-        return self.forward_path == "cuda_graph"
 
 
 class IncrementalDetokenizer:
@@ -207,15 +188,11 @@ def append_tokens(
     max_model_len: int,
     logprobs: list[dict[int, Logprob]] | None = None,
 ) -> tuple[list[int], str, SequenceStatus | None]:
-    """Append a step's emitted tokens to ``req``'s sequence, token by token.
-
-    A step can emit several tokens (accepted drafts): the first that stops the request (a stop
-    token, EOS unless ``ignore_eos``, a stop string, ``max_tokens`` or ``max_model_len`` reached)
-    is kept and the rest are dropped. ``logprobs``: one dict per token of ``token_ids`` (a request
-    that asked for them), appended to ``seq.output_logprobs`` with the tokens kept and dropped
-    with the rest. Returns the tokens kept, the text they add (flushed when the request stops)
-    and the finishing status, or None while it runs on.
-    """
+    """Append a step's emitted tokens to ``req``'s sequence, token by token, with their
+    ``logprobs`` dicts if asked. A step can emit several (speculative decoding): the first that
+    stops the request (a stop token, EOS unless ``ignore_eos``, a stop string, ``max_tokens`` or
+    ``max_model_len``) is kept and the rest dropped. Returns the tokens kept, the text they add
+    (flushed when the request stops) and the finishing status, or None while it runs on."""
     seq, params, detok = req.seq, req.seq.params, req.detokenizer
     kept: list[int] = []
     status = None

@@ -12,11 +12,9 @@ Two policies (docs/architecture.md, The scheduler):
 - prefill-first without chunking (vLLM V0): when a prompt waits, the step prefills whole prompts
   only and the running decodes pause, which is what makes their inter-token gaps spike.
 
-A request that asks for its prompt's log-probabilities (``prompt_logprobs``) needs the logits of
-every prompt position: such prompts take at most ``PROMPT_ROWS_PER_STEP`` tokens a step,
-all together (chunked, they are cut to it; without chunking, one that does not fit waits), so no
-step computes more rows of logits than ``logprobs.max_logits_rows`` (what the memory profile
-counts).
+Prompts that ask for their log-probabilities (``prompt_logprobs``) take at most
+``PROMPT_ROWS_PER_STEP`` tokens a step, all together (chunked, they are cut to it; without
+chunking, one that does not fit waits): no step computes more rows of logits than that.
 
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it goes back to the front of the queue, to be recomputed (prefilled again) later.
@@ -66,7 +64,7 @@ class SchedulerOutput:
     @staticmethod
     def is_prefill(seq: Sequence, num_new_tokens: int) -> bool:
         """A chunk is prefill unless it is a decode: the newest token of a sequence with output
-        (followed by its draft tokens under speculative decoding)."""
+        (followed by k speculative tokens, if any)."""
         return not (seq.output_token_ids and seq.num_computed_tokens == seq.num_tokens - 1)
 
 
@@ -97,7 +95,7 @@ class Scheduler:
         elif not self._schedule_prefill_first(out):
             self._schedule_decodes(out, set())
         # Decodes first in the batch (the model runner batches them together), then decodes
-        # carrying draft tokens to verify, then prefill chunks.
+        # carrying speculative tokens, then prefill chunks.
         out.scheduled.sort(key=lambda item: (prefill := SchedulerOutput.is_prefill(*item), not prefill and item[1] > 1))
         return out
 
@@ -133,15 +131,15 @@ class Scheduler:
         return bool(out.scheduled)
 
     def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[str]) -> int:
-        """Every running sequence whose prompt is fully computed: its newest token, plus its draft
-        tokens under speculative decoding (k + 1 in all). Returns the tokens used."""
+        """Every running sequence whose prompt is fully computed: its newest token, plus its k
+        speculative tokens if any (k + 1 in all). Returns the tokens used."""
         used = 0
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
                 continue  # preempted in this loop, or still prefilling
             n = 1 + len(seq.spec_token_ids)
             if used + n > self.config.max_num_batched_tokens - (len(self.running) - len(scheduled) - 1):
-                seq.spec_token_ids, n = [], 1  # no budget left to verify drafts
+                seq.spec_token_ids, n = [], 1  # no budget left to check speculative tokens
             if self._reserve(seq, n, scheduled, out):
                 out.scheduled.append((seq, n))
                 scheduled.add(seq.request_id)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import replace
 
 from minieng.config import EngineConfig, SamplingParams
@@ -57,6 +58,9 @@ class LLMEngine(EngineCore):
         workers.WorkerError: a tensor-parallel worker that failed to start or load.
     """
 
+    # Fields an experiment may change on a live engine: the scheduler reads them at every step.
+    RECONFIGURABLE = ("max_num_batched_tokens", "enable_chunked_prefill", "num_speculative_tokens", "max_num_seqs")
+
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None, **overrides):
         models = load_engine_models(replace(config or EngineConfig(), **overrides), loaded)
         config = models.config  # it names the scheme of a model quantized before it came
@@ -87,6 +91,31 @@ class LLMEngine(EngineCore):
         """One row per verification: (step index, request id, drafts proposed, drafts accepted),
         counted over the tokens the request emits (``Speculator.release``); [] without speculation."""
         return self.speculator.records if self.speculator is not None else []
+
+    @contextmanager
+    def reconfigured(self, **fields) -> Iterator[LLMEngine]:
+        """Run a block with some of the config's per-step fields (``RECONFIGURABLE``) changed, then
+        restore them, even when the block raises: ``with engine.reconfigured(max_num_seqs=8): ...``.
+        ``max_num_seqs`` may only go down (buffers were sized for it). Raises ``ValueError`` for
+        another field or a config the dataclass refuses."""
+        others = sorted(set(fields) - set(self.RECONFIGURABLE))
+        if others:
+            raise ValueError(
+                f"reconfigured({', '.join(others)}=...): only {', '.join(self.RECONFIGURABLE)} can "
+                "change on a built engine; build another (LLMEngine(config, loaded=engine.loaded))"
+            )
+        built = self.config
+        new = replace(built, **fields)  # validates: ValueError naming the field
+        if new.max_num_seqs > built.max_num_seqs:
+            raise ValueError(
+                f"reconfigured(max_num_seqs={new.max_num_seqs}): at most the {built.max_num_seqs} "
+                "the engine was built for"
+            )
+        self.config = self.scheduler.config = new
+        try:
+            yield self
+        finally:
+            self.config = self.scheduler.config = built
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (a no-op without them); the engine cannot step after.

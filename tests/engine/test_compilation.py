@@ -94,7 +94,11 @@ def test_without_a_compiler_the_engine_warns_and_runs_eagerly(tiny_llama, monkey
     monkeypatch.setattr(compilation, "compiler_missing", lambda device: "no C++ compiler on PATH")
     with pytest.warns(UserWarning, match="no C.. compiler on PATH; the engine runs eagerly"):
         engine = make_engine(tiny_llama[1], compile=True)
-    assert engine.runner.fast.regions is None and engine.runner.fast.compiled_decode is None and engine.runner.fast.compile_s is None
+    assert (
+        engine.runner.fast.regions is None
+        and engine.runner.fast.compiled_decode is None
+        and engine.runner.fast.compile_s is None
+    )
     assert engine.runner.fast.dropped_paths == {"compile": "no C++ compiler on PATH"}
     with pytest.raises(FastPathFailed, match="no C.. compiler on PATH"):  # gpu-check's strict mode
         make_engine(tiny_llama[1], compile=True, strict_forward_paths=True)
@@ -114,5 +118,9 @@ def test_five_compiled_engines_in_one_process_each_compile_regions_of_their_own(
         assert counters["stats"]["unique_graphs"] - before >= 4, kind  # its regions compiled here, not reused
         engines.append(engine)
     # distinct objects (equal code compares equal): Dynamo's cache lives on each object
-    codes = {id(fn._torchdynamo_orig_callable.__code__) for e in engines for fn in e.runner.fast.regions}
+    codes = {
+        id(getattr(fn, "compiled", fn)._torchdynamo_orig_callable.__code__)
+        for e in engines
+        for fn in e.runner.fast.regions
+    }
     assert len(codes) == 2 * len(engines)

@@ -146,7 +146,7 @@ def test_padded_rows_write_only_the_scratch_slot(tiny_llama):
     running = list(engine.scheduler.running)
     k_before = engine.kv_cache.k.clone()
     engine.step()  # three decodes, padded to four
-    assert (engine.runner.last_forward_path == "cuda_graph")
+    assert engine.runner.last_forward_path == "cuda_graph"
     cache, bs = engine.kv_cache, engine.kv_cache.block_size
     changed = (cache.k != k_before).any(dim=(0, 3, 4)).flatten().nonzero().flatten().tolist()
     real = {seq.block_table[p // bs] * bs + p % bs for seq in running for p in [seq.num_computed_tokens - 1]}
@@ -386,11 +386,11 @@ def test_speculative_decoding_through_static_buffers_equals_plain_greedy(tiny_ll
     )
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
-    assert (drafter.runner.last_forward_path == "cuda_graph")
+    assert drafter.runner.last_forward_path == "cuda_graph"
     verify_steps = [r for r in engine.step_records if r.num_prefill_tokens == 0 and any(n > 1 for n, _, _ in r.chunks)]
-    assert verify_steps and all(r.graphed for r in verify_steps if len({n for n, _, _ in r.chunks}) == 1), (
-        "a verification step whose sequences all carry k + 1 tokens replays a graph"
-    )
+    assert verify_steps and all(
+        r.forward_path == "cuda_graph" for r in verify_steps if len({n for n, _, _ in r.chunks}) == 1
+    ), "a verification step whose sequences all carry k + 1 tokens replays a graph"
 
 
 @pytest.mark.parametrize("q_len,context_len", [(1, 5), (3, 7), (4, 4), (6, 30)])

@@ -23,7 +23,14 @@ import torch
 from helpers import assert_same_or_near_tie, hf_next_logits, make_engine, random_prompts
 
 from minieng import LLMEngine, SamplingParams
-from minieng.wings.parallel.kv_transfer import admit_prefilled, can_admit, export_prefilled, is_prefilled
+from minieng.wings.parallel.kv_transfer import (
+    admit_prefilled,
+    can_admit,
+    export_prefilled,
+    is_prefilled,
+    read_blocks,
+    write_blocks,
+)
 from minieng.lab.disagg_simulation import (
     COLOCATED,
     DECODE,
@@ -210,15 +217,15 @@ def test_kv_cache_blocks_round_trip(tiny_llama):
     cache = engine.kv_cache
     cache.k.normal_()
     cache.v.normal_()
-    k, v = cache.read_blocks([5, 2])
+    k, v = read_blocks(cache, [5, 2])
     assert k.shape == (cache.k.shape[0], 2, *cache.k.shape[2:])
     assert torch.equal(k[:, 0], cache.k[:, 5]) and torch.equal(v[:, 1], cache.v[:, 2])
-    cache.write_blocks([0, 7], k, v)
+    write_blocks(cache, [0, 7], k, v)
     assert torch.equal(cache.k[:, 0], cache.k[:, 5]) and torch.equal(cache.v[:, 7], cache.v[:, 2])
     k[:] = 0  # a copy, not a view
     assert not torch.equal(cache.k[:, 5], k[:, 0])
     with pytest.raises(ValueError, match="this pool takes"):
-        cache.write_blocks([1], k, v)
+        write_blocks(cache, [1], k, v)
 
 
 # -- the model -------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from minieng.wings.fast_paths.forward_paths import FastPathFailed
 from minieng.core.model_runner import throwaway_forward
 from minieng.core.attention import AttentionMetadata, build_metadata
 from minieng.wings.fast_paths.compiled_decode import decode_forward
+from minieng.wings.fast_paths.opaque_ops import use_opaque_linears
 from minieng.core.kv_cache import KVCache
 from minieng.core.llama import DecoderLayer, LlamaForCausalLM
 
@@ -81,6 +82,7 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
     why = compiler_missing(device)
     if why is None:
         try:
+            use_opaque_linears(model)
             regions_ = regions()
             compile_s = warm_up(model, device, regions_)
             if (
@@ -96,11 +98,18 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
 
 def regions() -> tuple:
     """A compiled ``(before_attention, after_attention)`` of the caller's own (one engine's), each
-    called as ``fn(layer, ...)``."""
-    return (
-        torch.compile(own_copy(DecoderLayer.before_attention), dynamic=True),
-        torch.compile(own_copy(DecoderLayer.after_attention), dynamic=True),
-    )
+    called as ``fn(layer, ...)``: ``LlamaForCausalLM.forward``'s ``regions``. ``compiled``: the
+    ``torch.compile`` functions themselves."""
+    before = torch.compile(own_copy(DecoderLayer.before_attention), dynamic=True)
+    after = torch.compile(own_copy(DecoderLayer.after_attention), dynamic=True)
+
+    def before_attention(layer, x: torch.Tensor, rope: torch.Tensor):
+        # A float32 model's table is complex, which inductor compiles no code for: its real pairs
+        # (``llama.apply_rope``).
+        return before(layer, x, torch.view_as_real(rope) if rope.is_complex() else rope)
+
+    before_attention.compiled = before
+    return before_attention, after
 
 
 def own_copy(f: types.FunctionType) -> types.FunctionType:

@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
+
+from minieng.core.llama import ONEDNN_LINEAR, Linear, linear
 
 _LIB = torch.library.Library("minieng", "FRAGMENT")
 
@@ -34,3 +37,34 @@ def opaque_op(schema: str, kernel: Callable, fake: Callable, dispatch_key: str =
     _LIB.impl(name, kernel, dispatch_key)
     torch.library.register_fake(f"minieng::{name}", fake, lib=_LIB)
     return getattr(torch.ops.minieng, name).default
+
+
+# ``llama.linear``'s oneDNN product as an opaque operator (inductor lowers the oneDNN op only for
+# weights frozen into constants).
+onednn_linear = opaque_op(
+    "onednn_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    lambda x, weight, bias: torch.ops.mkldnn._linear_pointwise.default(x, weight, bias, "none", [], ""),
+    lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]),
+    "CPU",
+)
+
+
+class OpaqueLinear(Linear):
+    """A ``llama.Linear`` whose oneDNN product compiled code calls as ``onednn_linear``; eager, the same
+    ``linear`` as any ``Linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight, self.bias
+        if torch.compiler.is_compiling() and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+            return onednn_linear(x, w, b)
+        return linear(x, w, b)
+
+
+def use_opaque_linears(model: nn.Module) -> None:
+    """Give every ``Linear`` of ``model`` the ``OpaqueLinear`` forward, its parameters kept (where
+    ``llama.ONEDNN_LINEAR``: an x86-64 CPU's oneDNN; elsewhere compiled code's ``F.linear`` is the
+    product already). Eager steps, and other engines sharing the model, run as before."""
+    if ONEDNN_LINEAR:
+        for module in model.modules():
+            if type(module) is Linear:
+                module.__class__ = OpaqueLinear

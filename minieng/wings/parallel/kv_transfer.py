@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minieng.config import ModelConfig
+from minieng.core.kv_cache import KVCache
 from minieng.core.sequence import Sequence, SequenceStatus
 from minieng.units import cdiv
 
@@ -101,7 +102,7 @@ def export_prefilled(engine: LLMEngine, request_id: str) -> KVHandoff:
             "after the step that samples its first token"
         )
     n = seq.num_computed_tokens
-    k, v = engine.kv_cache.read_blocks(seq.block_table[: cdiv(n, engine.block_manager.block_size)])
+    k, v = read_blocks(engine.kv_cache, seq.block_table[: cdiv(n, engine.block_manager.block_size)])
     engine.scheduler.detach(seq)  # blocks back to the pool; this resets num_computed_tokens
     seq.status = SequenceStatus.WAITING  # in transit
     del engine.requests[request_id]
@@ -155,7 +156,7 @@ def admit_prefilled(engine: LLMEngine, handoff: KVHandoff) -> str:
     bm.allocate(seq, handoff.num_computed_tokens - seq.num_computed_tokens)
     # Blocks just allocated are zeroed by the runner before the next forward: do it now, then write.
     engine.kv_cache.zero_blocks(bm.take_fresh_blocks())
-    engine.kv_cache.write_blocks(seq.block_table[len(hits) :], handoff.k[:, len(hits) :], handoff.v[:, len(hits) :])
+    write_blocks(engine.kv_cache, seq.block_table[len(hits) :], handoff.k[:, len(hits) :], handoff.v[:, len(hits) :])
     seq.num_computed_tokens = handoff.num_computed_tokens
     bm.cache_full_blocks(seq)
     engine.requests[seq.request_id] = handoff.request
@@ -175,3 +176,25 @@ def _refuse_kv_elsewhere(engine: LLMEngine) -> None:
             "KV hand-off with speculative decoding is not supported (the drafter's KV would "
             "stay behind): use engines with num_speculative_tokens=0"
         )
+
+
+def read_blocks(cache: KVCache, blocks: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the K and V of ``cache``'s ``blocks``, every layer: each [layers, len(blocks), block_size,
+    kv_heads, head_dim]."""
+    index = torch.tensor(blocks, dtype=torch.long, device=cache.k.device)
+    return cache.k.index_select(1, index), cache.v.index_select(1, index)
+
+
+def write_blocks(cache: KVCache, blocks: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+    """Overwrite ``blocks`` with ``k`` and ``v`` as ``read_blocks`` returns them (from any
+    device, of the pool's dtype). Raises ``ValueError`` for another shape or dtype."""
+    shape = (cache.k.shape[0], len(blocks), *cache.k.shape[2:])
+    for name, t in (("k", k), ("v", v)):
+        if tuple(t.shape) != shape or t.dtype != cache.k.dtype:
+            raise ValueError(
+                f"{name} is {tuple(t.shape)} {t.dtype}; this pool takes {shape} {cache.k.dtype} "
+                "(same model, block_size and dtype)"
+            )
+    index = torch.tensor(blocks, dtype=torch.long, device=cache.k.device)
+    cache.k.index_copy_(1, index, k.to(cache.k.device))
+    cache.v.index_copy_(1, index, v.to(cache.v.device))
