@@ -358,7 +358,7 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
     )
     engine.runner.fast.graphs = graphs
     engine.generate(random_prompts([5, 3], vocab, seed=6), params)  # on the static buffers
-    assert (engine.runner.last_forward_path == "cuda_graph")
+    assert engine.runner.last_forward_path == "cuda_graph"
 
     split_args = [args for key, args in launches if key.startswith("_split_kernel")]
     widths = {args[16] for args in split_args}  # max_blocks: the table's width
