@@ -15,6 +15,7 @@ from minieng.course.kit import (
     dropdown,
     int_slider,
     on_colab,
+    quote,
     run_panel,
     show,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "napkin_here",
     "on_colab",
     "predict",
+    "quote",
     "reveal",
     "run_panel",
     "running_score",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -227,6 +228,17 @@ def run_panel(controls: dict, callback: Callable[..., None], button: str = "Run"
     if run_now:
         fire()
     return panel
+
+
+def quote(function: Callable, keep: tuple[str, ...] | None = None) -> None:
+    """Print ``function``'s source as the installed package has it, with its file's line numbers
+    (only the lines holding a word of ``keep``, when given): a lesson reads the code that runs."""
+    lines, first = inspect.getsourcelines(function)
+    print(f"# {Path(inspect.getsourcefile(function)).name}")
+    for number, line in enumerate(lines, first):
+        if keep is None or any(word in line for word in keep):
+            print(f"{number:4d} {line}", end="")
+    print()
 
 
 def show(fig, dpi: int = 100) -> None:

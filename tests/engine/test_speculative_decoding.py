@@ -50,7 +50,7 @@ from minieng.core.outputs import append_tokens
 from minieng.core.sampling import KeyedRandom, probabilities, race
 from minieng.core.sequence import Sequence
 from minieng.model.loader import check_same_tokenizer
-from minieng.wings.speculative.verification import verify_coupled, verify_greedy, verify_sampled
+from minieng.wings.speculative.verification import verify_coupled, verify_greedy
 from minieng.lab.speculative import expected_tokens_per_step
 from minieng.measure.metrics import acceptance_metrics, request_metrics, serving_metrics
 from minieng.core.llama import Linear
@@ -1192,3 +1192,39 @@ def test_spec_experiment_functions_report_consistent_figures(tiny_engine):
     m = machinery_overhead(engine, prompts[0], 2, output_tokens=9)
     assert m["verify_forward_ms"] > 0 and m["plain_chunk_forward_ms"] > 0 and 0 <= m["bookkeeping_percent"] < 100
     assert engine.config.max_num_batched_tokens >= engine.config.max_num_seqs, "the budget is restored"
+
+
+def verify_sampled(
+    draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator | None
+) -> list[int]:
+    """Rejection-sampling verification of one sequence.
+
+    Not what the engine runs (``verification.py`` says why): the textbook rule, the reference the
+    coupled rule is held to.
+
+    Args:
+        draft_tokens: the k proposed tokens.
+        draft_probs: [k, vocab], q_i: the distribution each draft token was drawn from.
+        target_probs: [k + 1, vocab], p_i after the same temperature / top-k / top-p.
+        generator: where the uniforms and resamples come from (for reproducible draws, a keyed
+            one: ``sampling.KeyedRandom.generator(position, purpose)``).
+    Returns:
+        the emitted tokens (1 to k + 1).
+    """
+    device = target_probs.device
+    out = []
+    for i, token in enumerate(draft_tokens):
+        p, q = target_probs[i, token], draft_probs[i, token]
+        u = torch.rand((), generator=generator, device=device)
+        if q > 0 and u * q <= p:  # u <= p / q, without dividing by a tiny q
+            out.append(token)
+            continue
+        residual = torch.clamp(target_probs[i] - draft_probs[i], min=0)
+        total = residual.sum()
+        # p == q exactly leaves no residual mass; then every token was accepted with prob 1 and we
+        # cannot be here, except through float rounding: fall back to p itself.
+        dist = residual / total if total > 0 else target_probs[i]
+        out.append(int(torch.multinomial(dist, 1, generator=generator).item()))
+        return out
+    out.append(int(torch.multinomial(target_probs[len(draft_tokens)], 1, generator=generator).item()))
+    return out

@@ -19,7 +19,7 @@ from minieng.wings.quantization.quant_kernels import (
     Int4Linear,
     Int8WeightOnlyLinear,
     W8A8Linear,
-    int_mm_padding,
+    INT_MM_MIN_ROWS,
 )
 from minieng.wings.quantization.quantization import make_linear
 
@@ -28,6 +28,12 @@ W8A8_OPS_AT_ONE_ROW = 8
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["fp32", "bf16"]
 BF16_ROUNDING = 2.0**-9  # bfloat16's relative rounding (8 significant bits)
+
+
+def int_mm_padding(rows: int, device_type: str) -> int:
+    """The rows of padding ``torch._int_mm`` needs for a product of ``rows`` rows: on CUDA up to 17
+    (its kernel refuses 16 or fewer), elsewhere none."""
+    return max(0, INT_MM_MIN_ROWS.get(device_type, 0) - rows)
 
 
 def layer_inputs(dtype: torch.dtype, rows: int, seed: int = 0):

@@ -22,7 +22,7 @@ a split the combine reads without its having been written, shows up as NaN.
 
 The split rule (``num_kv_splits``) is tested for its properties, and the warm-up for the variants
 a run launches: Triton's own specialization code names each launch's compiled variant on the CPU
-(``triton_variants.variant_key``), and every variant of an engine's run must have been launched by its warm-up.
+(``tests/triton_variants.py``), and every variant of an engine's run must have been launched by its warm-up.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
     divisible by 16, a 16-byte aligned pointer): each new one mid-run costs a compile. Every launch
     of a run, eager steps of batch 1 to 3 and table widths 1 to 9 blocks, and steps on the CUDA
     graphs' static buffers (replayed eagerly here), is named by Triton's own specialization code
-    for an sm_90 GPU (``triton_variants.variant_key``): each variant was launched by the engine's warm-up. The run
+    for an sm_90 GPU (``tests/triton_variants.py``): each variant was launched by the engine's warm-up. The run
     must meet what would otherwise be new variants: a width of 1 block and of several, splits of 1
     and of several, the graphs' context lengths at an address not 16-byte aligned."""
     require_cpu_engine()
@@ -332,7 +332,7 @@ def test_the_warm_up_launches_every_kernel_variant_a_run_launches(tiny_llama, mo
     import minieng.wings.fast_paths.triton_attention as ta
     from minieng import SamplingParams
     from minieng.wings.fast_paths.cuda_graph import DecodeGraphs
-    from minieng.wings.fast_paths.triton_variants import variant_key
+    from triton_variants import variant_key
 
     monkeypatch.setattr(ta, "INTERPRETER_SMS", 16)  # batch 3 of 2 KV heads splits; batch 1 more so
     launches = []

@@ -1,7 +1,7 @@
 """The Triton decode kernels cross-compiled for sm_80 (A100) and sm_90 (H100/H200) on this CPU:
 what their PTX says a GPU will run, with no GPU.
 
-``triton_variants.compile_for_gpu`` specializes a launch's arguments as a launch on that GPU
+``tests/triton_variants.py``'s ``compile_for_gpu`` specializes a launch's arguments as a launch on that GPU
 would (Triton's own code: the pool's last stride of 1 and strides divisible by 16 decide whether
 loads are vectorized and can go through ``cp.async``) and compiles it with ``triton.compile``;
 the PTX is then assembled by the ``ptxas`` in Triton's wheel (``ptxas -v``: registers, spills).
@@ -55,7 +55,9 @@ except ImportError as e:
     print(json.dumps({"skip": f"triton has no NVIDIA backend ({e})"}))
     sys.exit()
 from minieng.wings.fast_paths import triton_attention as ta
-from minieng.wings.fast_paths.triton_variants import compile_for_gpu
+
+sys.path.insert(0, "tests")  # the helpers beside conftest.py; cwd is the repository
+from triton_variants import compile_for_gpu
 
 assert not ta.INTERPRETED, "TRITON_INTERPRET leaked into the compiling process"
 SHAPES = [  # name, dtype, head_dim, query heads a KV head, KV heads, block size

@@ -302,12 +302,6 @@ class Int4Linear(nn.Module):
 INT_MM_MIN_ROWS = {"cuda": 17}
 
 
-def int_mm_padding(rows: int, device_type: str) -> int:
-    """The rows of padding ``torch._int_mm`` needs on ``device_type`` for a product of ``rows``
-    rows: on CUDA up to 17 (its kernel refuses 16 or fewer), elsewhere none."""
-    return max(0, INT_MM_MIN_ROWS.get(device_type, 0) - rows)
-
-
 class W8A8Linear(nn.Module):
     """int8 weights per output channel, int8 activations per token (8 bits), the product in
     ``torch._int_mm`` (cuBLASLt's int8 GEMM on CUDA, int32 accumulation), then both scales. Runs
@@ -323,7 +317,7 @@ class W8A8Linear(nn.Module):
     in float32, rounds once more (a float32 acc m would cost a cast more). In float16, whose range
     (65,504) an int32 sum can exceed, acc m is float32 and the output is cast back: one op more.
 
-    On CUDA a product of 16 rows or fewer is padded to 17 (``int_mm_padding``): the codes are
+    On CUDA a product of 16 rows or fewer is padded to 17 (``INT_MM_MIN_ROWS``): the codes are
     written into the first rows of a buffer of 17 (``padded_codes``; its other rows hold whatever
     an earlier call left, harmless since a product's row depends on its own row alone) in place of
     the cast, so padding costs no op. Above 16 rows nothing is padded; nor on a CPU. The buffer is

@@ -207,7 +207,7 @@ def make_linear(
     """The quantized layer of ``scheme`` on ``device_type`` for a float weight [out, in] (the
     kernel from ``KERNELS``, or with ``reference=True`` its ``ReferenceLinear``). No check of
     the pair: ``check_supported`` is the engine's gate. A CUDA layer built on CPU tensors keeps
-    CUDA's rules where it has its own (W8A8's padding: ``quant_kernels.int_mm_padding``)."""
+    CUDA's rules where it has its own (W8A8's padding: ``quant_kernels.INT_MM_MIN_ROWS``)."""
     if reference:
         return ReferenceLinear(weight, bias, scheme, group_size, activation_levels(scheme, device_type))
     if scheme == "int4":  # on a CPU: tinygemm's CPU twin, which the engine refuses (timing it shows why)

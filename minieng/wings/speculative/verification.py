@@ -74,38 +74,3 @@ def verify_coupled(draft_tokens: list[int], target_probs: torch.Tensor, noise: t
         the emitted tokens (1 to k + 1): the accepted drafts, then the target's draw.
     """
     return accept_matching(draft_tokens, race(target_probs, noise).tolist())
-
-
-def verify_sampled(
-    draft_tokens: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator | None
-) -> list[int]:
-    """Rejection-sampling verification of one sequence.
-
-    Not what the engine runs (see the module docstring): the textbook rule, kept with its tests.
-
-    Args:
-        draft_tokens: the k proposed tokens.
-        draft_probs: [k, vocab], q_i: the distribution each draft token was drawn from.
-        target_probs: [k + 1, vocab], p_i after the same temperature / top-k / top-p.
-        generator: where the uniforms and resamples come from (for reproducible draws, a keyed
-            one: ``sampling.KeyedRandom.generator(position, purpose)``).
-    Returns:
-        the emitted tokens (1 to k + 1).
-    """
-    device = target_probs.device
-    out = []
-    for i, token in enumerate(draft_tokens):
-        p, q = target_probs[i, token], draft_probs[i, token]
-        u = torch.rand((), generator=generator, device=device)
-        if q > 0 and u * q <= p:  # u <= p / q, without dividing by a tiny q
-            out.append(token)
-            continue
-        residual = torch.clamp(target_probs[i] - draft_probs[i], min=0)
-        total = residual.sum()
-        # p == q exactly leaves no residual mass; then every token was accepted with prob 1 and we
-        # cannot be here, except through float rounding: fall back to p itself.
-        dist = residual / total if total > 0 else target_probs[i]
-        out.append(int(torch.multinomial(dist, 1, generator=generator).item()))
-        return out
-    out.append(int(torch.multinomial(target_probs[len(draft_tokens)], 1, generator=generator).item()))
-    return out
