@@ -78,6 +78,7 @@ def last_logits(engine: LLMEngine, prompt: list[int]) -> torch.Tensor:
     """minieng's logits [vocab] after ``prompt`` (a throwaway sequence through the runner)."""
     seq = Sequence("parity", prompt, SamplingParams(temperature=0), 0.0)
     engine.block_manager.allocate(seq, len(prompt))
-    logits, _ = engine.runner.forward([(seq, len(prompt))])
+    runner = engine.runner
+    logits = runner.run_layout(runner.layout([(seq, len(prompt))]), engine.block_manager.take_fresh_blocks())
     engine.block_manager.free(seq)
     return logits[-1]

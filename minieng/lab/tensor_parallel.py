@@ -108,8 +108,8 @@ def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tok
     (after an untimed warm-up of the same shape); medians over the decode-only steps."""
     prompts = text_prompts(engine.tokenizer, prompt_len, batch_size)
     warm_up(engine, prompts)
-    first, tp = len(engine.step_records), engine.model.tp
-    collectives_before = tp.num_collectives
+    first, tp = len(engine.step_records), getattr(engine.model, "tp", None)  # None: one rank's whole model
+    collectives_before = tp.num_collectives if tp else 0
     tpot_s, decodes = minieng_decode(engine, prompts, output_tokens)
     num_steps = len(engine.step_records) - first  # the prompts' steps too: each runs as many collectives
     context = prompt_len + output_tokens // 2
@@ -120,7 +120,7 @@ def decode_steps(engine: LLMEngine, batch_size: int, prompt_len: int, output_tok
         tpot_s=tpot_s,
         forward_s=statistics.median(r.forward_s for r in decodes),
         comm_s=statistics.median(r.comm_s for r in decodes),
-        collectives_per_step=(tp.num_collectives - collectives_before) / num_steps,
+        collectives_per_step=(tp.num_collectives - collectives_before) / num_steps if tp else 0.0,
         bytes_per_step=work.total_bytes,
         kv_bytes_per_step=work.kv_read_bytes + work.kv_write_bytes,
     )
