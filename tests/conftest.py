@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The tests mirror the package's folders (tests/engine/, tests/measure/, ...) and share tests/helpers.py.
+# The tests mirror the package's folders (tests/core/, tests/wings/, tests/measure/, ...) and share tests/helpers.py.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,12 +76,12 @@ def pytest_configure(config):
 # ``--dist loadfile --no-loadscope-reorder`` (make test) they are handed out first, so no worker is
 # left running one of them while the other has finished everything else.
 SLOWEST_FILES = (
-    "tests/engine/test_tensor_parallel.py",
-    "tests/engine/test_speculative_decoding.py",
+    "tests/wings/parallel/test_tensor_parallel.py",
+    "tests/wings/speculative/test_speculative_decoding.py",
     "tests/serve/test_server.py",
     "tests/course/test_browser.py",
-    "tests/model/test_llama.py",
-    "tests/engine/test_invariance.py",
+    "tests/core/test_llama.py",
+    "tests/core/test_invariance.py",
     "tests/cli/test_cli.py",
     "tests/course/test_runner.py",
 )

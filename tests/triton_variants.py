@@ -5,8 +5,8 @@ integer equal to 1 or divisible by 16, a pointer aligned to 16 bytes, the conste
 first time a launch meets it; these functions run Triton 3.9's own specialization code
 (``triton.runtime.jit``, internals that may move in another release) on a ``triton_attention.Launch``,
 so the CPU tests can check that an engine's warm-up launches every variant its run meets
-(``tests/model/test_triton_attention.py``) and read the kernels' PTX, registers and spills
-(``tests/model/test_triton_ptx.py``).
+(``tests/wings/fast_paths/test_triton_attention.py``) and read the kernels' PTX, registers and spills
+(``tests/wings/fast_paths/test_triton_ptx.py``).
 """
 
 from __future__ import annotations

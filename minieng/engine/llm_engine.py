@@ -96,8 +96,9 @@ class LLMEngine(EngineCore):
     def reconfigured(self, **fields) -> Iterator[LLMEngine]:
         """Run a block with some of the config's per-step fields (``RECONFIGURABLE``) changed, then
         restore them, even when the block raises: ``with engine.reconfigured(max_num_seqs=8): ...``.
-        ``max_num_seqs`` may only go down (buffers were sized for it). Raises ``ValueError`` for
-        another field or a config the dataclass refuses."""
+        ``max_num_seqs`` may only go down (buffers were sized for it); a ``num_speculative_tokens``
+        above the built one runs its steps eagerly (no graph was captured for them). Raises
+        ``ValueError`` for another field or a config the dataclass refuses."""
         others = sorted(set(fields) - set(self.RECONFIGURABLE))
         if others:
             raise ValueError(

@@ -65,7 +65,7 @@ each replay brings over it.
 
 **Pipelining.** The tile loop is a ``tl.range(..., num_stages=NUM_STAGES)``, which Triton's
 software pipeliner turns into ``cp.async`` copies of later tiles into shared memory (sm_80 and
-later). Two conditions, both read from the PTX (``tests/model/test_triton_ptx.py`` compiles the
+later). Two conditions, both read from the PTX (``tests/wings/fast_paths/test_triton_ptx.py`` compiles the
 kernels for sm_80 and sm_90 on the CPU and checks it): the loads must be known contiguous and
 16-byte aligned along ``head_dim``, which Triton knows when it specializes the pool's last stride
 of 1 and its strides divisible by 16 at launch (compiled with those strides as plain integers,
@@ -420,7 +420,7 @@ def plan_decode(
     num_splits: int | None = None,
 ) -> tuple[torch.Tensor, list[Launch]]:
     """The output tensor and the two launches that fill it, not run (``paged_decode_attention``
-    runs them; ``tests/model/test_triton_ptx.py`` compiles them for a GPU on the CPU).
+    runs them; ``tests/wings/fast_paths/test_triton_ptx.py`` compiles them for a GPU on the CPU).
 
     Arguments as ``paged_decode_attention``. The output is float32 for an interpreted bf16 run
     (rounded by the caller), else q's dtype. No launches for an empty batch. Raises ValueError
@@ -553,7 +553,7 @@ def warm_up(cache: torch.Tensor, num_heads: int, null_block: int) -> None:
     block that is read and never written) with a contiguous query of ``num_heads`` heads and int64
     indices, as ``attention.build_metadata`` and the CUDA graphs' buffers make them. That is every
     variant a run meets: what changes between steps is not specialized (see "Variants" in the
-    module docstring), and ``tests/model/test_triton_attention.py`` checks a run's launches
+    module docstring), and ``tests/wings/fast_paths/test_triton_attention.py`` checks a run's launches
     against the warm-up's with Triton's own specialization rules.
 
     Args:

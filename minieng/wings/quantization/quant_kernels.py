@@ -214,7 +214,7 @@ class Int8WeightOnlyLinear(nn.Module):
     its int8 layer (``quantize.py``, ``WeightOnlyInt8Linear``): the int8 weights cast to x's dtype,
     the product, and the scale after it, ``mm(x, q.T.to(x.dtype)) * scale``, so that the cast is
     the product's input, not a separate dequantized matrix. What Inductor makes of it, as observed
-    on a CPU (``tests/model/test_quant_ops.py``): in bfloat16 its weight-only-int8 pattern
+    on a CPU (``tests/wings/quantization/test_quant_ops.py``): in bfloat16 its weight-only-int8 pattern
     (``torch/_inductor/fx_passes/quantization.py``, bfloat16 activations and scales only) turns
     the whole expression back into ``_weight_int8pack_mm``; in float32 no pattern applies, and the
     compiled code writes the float weight matrix, then calls the extern matmul (a byte a weight
@@ -312,7 +312,7 @@ class W8A8Linear(nn.Module):
     the output is (acc m) (w_scale / 127), the weights' scale over 127 precomputed in float32 at
     load. One row costs 8 dispatched ops (a kernel each on a GPU): the max (one reduction), s,
     x / s, its rounding, the int8 cast, the product, the two rescales (the bias added in the
-    second); ``tests/model/test_quant_ops.py`` holds that budget. acc m is in x's dtype: in
+    second); ``tests/wings/quantization/test_quant_ops.py`` holds that budget. acc m is in x's dtype: in
     bfloat16 it is rounded twice (the int32 sum, the product) before the last rescale, computed
     in float32, rounds once more (a float32 acc m would cost a cast more). In float16, whose range
     (65,504) an int32 sum can exceed, acc m is float32 and the output is cast back: one op more.

@@ -19,7 +19,8 @@ from minieng.wings.speculative.verification import verify_coupled, verify_greedy
 
 
 class Speculator:
-    """One engine's speculative decoding: its ``drafter`` (``drafters.py``) and its records.
+    """One engine's speculative decoding: its ``drafter`` (``drafters.py``) and its records. Made,
+    it attaches itself at the engine's seams (``engine.speculator``, ``engine.runner.verify``).
 
     ``records``: one row per verification, (step index, request id, drafts proposed, drafts
     accepted), counted over the tokens the request emits (``release``): ``engine.spec_records``.

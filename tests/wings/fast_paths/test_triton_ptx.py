@@ -37,7 +37,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 MAX_REGISTERS = {"_split_kernel": 128, "_combine_kernel": 64}
 MAX_SHARED_BYTES = 48 * 1024
