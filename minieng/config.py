@@ -237,18 +237,18 @@ class EngineConfig:
             width) bucket (``cuda_graph``); a CPU always runs eager.
         strict_forward_paths: raise when a fast path fails to build (the CUDA graphs' capture,
             ``compile=True``'s compilation) instead of warning and running the slower one
-            (``engine.forward_paths``); ``make gpu-check`` sets it.
+            (``wings.fast_paths.forward_paths``); ``make gpu-check`` sets it.
         attention_backend: how decodes attend: "sdpa" gathers each sequence's K/V blocks and runs
             SDPA (the reference, every device); "triton" reads them in place in the pool
             (``triton_attention``: needs triton; on a CPU only under its interpreter, for tests).
         compile: compile the decoder layers' dense parts with ``torch.compile`` (the norms,
             products, RoPE, residuals and MLP around attention: vLLM's piecewise compilation;
-            ``engine.compilation``). Costs seconds to a minute at start-up; needs a C++ compiler
+            ``wings.fast_paths.compilation``). Costs seconds to a minute at start-up; needs a C++ compiler
             on a CPU (without one, a warning and eager).
         tensor_parallel_size: p, the ranks the model is split over (vLLM's name; Megatron's split,
-            ``model.parallel``, by whole KV heads, as evenly as they allow: p <= the KV
+            ``wings.parallel.tensor_parallel``, by whole KV heads, as evenly as they allow: p <= the KV
             heads): rank 0 in this process, p - 1 worker processes
-            (``engine.workers``), one CUDA device each, or sharing the CPU's cores. Each rank's KV
+            (``wings.parallel.workers``), one CUDA device each, or sharing the CPU's cores. Each rank's KV
             pool holds its share of the KV heads, and ``kv_cache_memory_gib`` is per rank. Greedy
             output equals p = 1's up to float rounding. Runs eager (no CUDA graphs, no ``compile``),
             without quantization or a draft model (prompt lookup works).
@@ -409,7 +409,7 @@ class SamplingParams:
             computed, never served from cached KV.
     Both are log_softmax of the model's raw float32 logits, before temperature, top-k and top-p
     (vLLM's default ``logprobs_mode="raw_logprobs"``): the model's own distribution, the same
-    whatever the request samples with (``engine.logprobs``). At most the engine's
+    whatever the request samples with (``wings.logprobs``). At most the engine's
     ``EngineConfig.max_logprobs`` each (``LLMEngine.add_request`` refuses more).
     ``max_tokens=0`` is allowed only with ``prompt_logprobs``: the request scores its prompt
     without generating (OpenAI's ``echo`` with ``max_tokens: 0``, lm-eval's loglikelihood) and

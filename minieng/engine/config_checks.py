@@ -52,7 +52,7 @@ def check_max_model_len(asked: int | None, model_max: int) -> int:
 def check_tensor_parallel_engine(config: EngineConfig, device: torch.device, loaded: LoadedModel | None) -> None:
     """Refuse, before anything loads, a tensor-parallel engine minieng cannot build (``ValueError``
     naming the numbers): more ranks than devices (``workers.rank_devices``), or a feature the split
-    does not run. The model's own limit, a KV head per rank, is ``parallel.check_tensor_parallel``'s."""
+    does not run. The model's own limit, a KV head per rank, is ``tensor_parallel.check_tensor_parallel``'s."""
     size = config.tensor_parallel_size
     if loaded is not None and getattr(loaded.model, "tp", None) is not None:
         raise ValueError(
@@ -84,7 +84,7 @@ def check_model(
     """Refuse what ``model_config`` cannot run as ``config`` asks on ``device`` in ``dtype``
     (``ValueError`` naming the field and the way out): a head_dim the attention kernel does not
     take (``attention.check_attention_backend``), more tensor-parallel ranks than KV heads
-    (``parallel.check_tensor_parallel``), a scheme the device does not run or an int4 group size
+    (``tensor_parallel.check_tensor_parallel``), a scheme the device does not run or an int4 group size
     that does not divide the layers (``quantization.check_quantization``).
 
     The schemes are ``quantization`` and, when the draft runs these same weights, ``draft_quantization``;

@@ -58,7 +58,7 @@ class EngineModels:
 def load_engine_models(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineModels:
     """Check, then load (unless ``loaded`` is given) what ``config`` describes, on its device and dtype
     (``device.select_device``/``select_dtype``; a given model's own). Raises ``ValueError`` for what
-    cannot run or fit (``checks.check_model``, ``config_checks.check_engine``), before any weight loads;
+    cannot run or fit (``config_checks.check_model``, ``check_engine``), before any weight loads;
     ``workers.WorkerError`` for a worker that fails. Workers that started are closed on any failure."""
     if loaded is None:  # device and dtype first: a bad one fails before any download or conversion
         device = select_device(config.device)

@@ -25,7 +25,7 @@ decode graphs, with Inductor's default settings (gpt-fast and SGLang add
 and left off).
 
 Plain decode steps on a CPU (one query per sequence) run a whole compiled step instead
-(``model.compiled_decode``: embedding to logits in one graph, attention an opaque operator): the
+(``compiled_decode``: embedding to logits in one graph, attention an opaque operator): the
 regions' graphs are called 60 times a step in a 30-layer model, and each call pays Dynamo's guard
 check and wrapper, which cost the default model's batch-1 step more than the fusion saved (the
 step ran slower than eager). One graph checks its guards once. On CUDA decode steps replay

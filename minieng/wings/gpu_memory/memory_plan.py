@@ -106,7 +106,7 @@ def plan_memory(
     as many as ``kv_cache_memory_gib`` GiB hold, ``kv_cache.num_blocks_for_budget``) on ``device``;
     ``quantized``: the matrices' bytes of a quantized model (``weight_bytes``). The KV cache stays
     in ``dtype``. With ``tensor_parallel_size`` p > 1, the plan of rank 0's share (the largest,
-    ``parallel.shard_config``) of the model and of the pool. Raises ``ValueError`` when neither
+    ``tensor_parallel.shard_config``) of the model and of the pool. Raises ``ValueError`` when neither
     ``num_kv_blocks`` nor ``kv_cache_memory_gib`` is given."""
     if num_kv_blocks is None and kv_cache_memory_gib is None:
         raise ValueError("plan_memory needs num_kv_blocks or kv_cache_memory_gib")

@@ -3,7 +3,7 @@
 Rank 0 is the engine's own process: it schedules, lays out each step (``ModelRunner.layout``) and
 sends the layout (plain lists: token ids, positions, slots, block tables) to every worker through
 a pipe, then runs the step itself. Each worker runs the same forward over its share of the
-weights (``model.parallel``) and its own KV pool, and the ranks meet in the collectives
+weights (``tensor_parallel.RankShard``) and its own KV pool, and the ranks meet in the collectives
 (``torch.distributed``: NCCL across CUDA devices, gloo on CPUs). The scheduler, the block manager
 and the prefix cache live in rank 0 alone; the workers hold no state but their weights and pool.
 
