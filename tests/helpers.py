@@ -217,7 +217,7 @@ class DirectRunner:
     """Drives an engine's model without the scheduler, to read logits at any row.
 
     The caller plays the scheduler: it decides ``(sequence, new tokens)`` pairs (decodes first);
-    this allocates blocks, lays the batch out with ``ModelRunner.prepare``, runs the model and
+    this allocates blocks, lays the batch out (``ModelRunner.layout``, ``tensors``), runs the model and
     advances ``num_computed_tokens``.
     """
 
@@ -234,7 +234,9 @@ class DirectRunner:
         """Logits [rows, vocab]: every row of the batch, or only where the runner samples."""
         for seq, n in scheduled:
             self.engine.block_manager.allocate(seq, n)
-        input_ids, positions, meta, logits_indices, _ = self.engine.runner.prepare(scheduled)
+        runner = self.engine.runner
+        runner.kv_cache.zero_blocks(self.engine.block_manager.take_fresh_blocks())
+        input_ids, positions, meta, logits_indices = runner.tensors(runner.layout(scheduled))
         if every_row:
             logits_indices = torch.arange(len(input_ids))
         logits = self.engine.model(input_ids, positions, self.engine.kv_cache, meta, logits_indices)

@@ -45,7 +45,9 @@ class EngineCore:
     """The plain engine over a built ``model`` (a ``LlamaForCausalLM``).
 
     Args:
-        config: the engine's knobs (the scheduler's, the block size, ``max_logprobs``, ``seed``).
+        config: the engine's knobs (the scheduler's, the block size, ``max_logprobs``, ``seed``);
+            ``num_blocks`` and ``max_model_len`` below are what its sizes came to.
+        model: the model, on its device and in its dtype (``model.loader.load_model``).
         tokenizer: a transformers tokenizer, or None (prompts are then token ids, outputs have no text).
         eos_token_ids: the ids that end a request (EOS, end of turn).
         num_blocks: the KV pool's blocks of ``config.block_size`` tokens.
@@ -178,9 +180,8 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     def idle_wait_s(self) -> float:
-        """Seconds before a ``step`` could run anything: 0 when it can now; under static batching,
-        while a partial batch fills, the time left before its timeout (``math.inf`` for an infinite
-        one); ``math.inf`` with no unfinished request."""
+        """Seconds before a ``step`` could run anything: 0 now; while a static batch fills, the time
+        left before its timeout (``math.inf``: none); ``math.inf`` with no unfinished request."""
         if not self.scheduler.has_unfinished():
             return math.inf
         return self.scheduler.batch_wait_s()

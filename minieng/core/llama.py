@@ -247,7 +247,7 @@ class LlamaForCausalLM(nn.Module):
         logits [num_logits, vocab] float32 of the rows ``logits_indices`` asks for (each decode,
         a prompt's last row). ``regions``: as ``DecoderLayer.forward``'s."""
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        rope = self.rope.tables(positions, x.dtype)
+        rope = self.rope.tables(positions, x.dtype if regions is None else torch.float32)  # replaced parts: float32
         with sdpa_backends(x.device):
             for layer, layer_kv in zip(self.layers, kv_cache.layers):
                 x = layer(x, rope, layer_kv, meta, regions)

@@ -139,13 +139,6 @@ class ModelRunner:
         out.logits_indices.extend(prompt_indices)
         return out
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        """Lay out a step as tensors for the model's forward; zero the blocks allocated since the
-        last step. Returns input_ids, positions, metadata, logits_indices and ``StepLayout.sampling``."""
-        self.kv_cache.zero_blocks(self.block_manager.take_fresh_blocks())
-        lay = self.layout(scheduled)
-        return (*self.tensors(lay), lay.sampling)
-
     def tensors(self, lay: StepLayout):
         """input_ids and positions [rows] int64, the ``AttentionMetadata``, logits_indices [rows asked]."""
         dev = self.device
@@ -169,13 +162,12 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> ModelRunnerOutput:
         """Run one step: the tokens each sampling sequence emits, by request id, and the
         log-probabilities the requests asked for. Raises ``NonFiniteLogitsError`` for NaN or inf logits."""
-        lay = self.layout(scheduled)
         start = time.perf_counter()
-        logits = self.run_layout(lay, self.block_manager.take_fresh_blocks())
+        lay = self.layout(scheduled)
+        logits = self.run_layout(lay, self.block_manager.take_fresh_blocks())  # every device runs it (parallel)
         synchronize(self.device)
         self.last_forward_s = time.perf_counter() - start  # the model alone: the rest is bookkeeping
-        if not bool(torch.isfinite(logits).all()):
-            raise NonFiniteLogitsError(_non_finite_message(next(self.model.parameters()).dtype))
+        check_finite(logits, self.model)
         tokens = self.sample(logits, lay.sampling)
         result = ModelRunnerOutput(sampled_token_ids=tokens)
         for seq, rows in lay.sampling:
@@ -197,7 +189,8 @@ class ModelRunner:
 
     def decode(self, lay: StepLayout) -> torch.Tensor:
         """Single-token rows (or k + 1 each, with speculative tokens): attended together, each over its
-        whole context, from one gather of their blocks (``attention.paged_attention``)."""
+        whole context, from one gather of their blocks. The same forward as ``prefill``: only the
+        layout differs, and with it the ``AttentionMetadata`` (``attention.paged_attention``)."""
         input_ids, positions, meta, logits_indices = self.tensors(lay)
         self.last_forward_path = EAGER
         return self.model(input_ids, positions, self.kv_cache, meta, logits_indices)
@@ -263,11 +256,15 @@ def throwaway_forward(
     return logits, cache.nbytes
 
 
-def _non_finite_message(dtype: torch.dtype) -> str:
+def check_finite(logits: torch.Tensor, model: LlamaForCausalLM) -> None:
+    """Raise ``NonFiniteLogitsError`` when ``logits`` hold NaN or inf, saying what to change."""
+    if bool(torch.isfinite(logits).all()):
+        return
+    dtype = next(model.parameters()).dtype
     hint = (
         " float16's largest value is 65,504, and some models' activations exceed it: "
         "use dtype='bfloat16' where the GPU has it, or 'float32'."
         if dtype == torch.float16
         else " Check the weights (load_format, checkpoint)."
     )
-    return f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}." + hint
+    raise NonFiniteLogitsError(f"the model produced non-finite logits in {str(dtype).removeprefix('torch.')}." + hint)

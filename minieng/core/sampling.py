@@ -8,7 +8,7 @@ What a seed promises. A sampled request's token at output position j is drawn wi
 depends on nothing but (the request's seed, j): never on a random stream shared with other
 requests, nor on how many numbers the request drew before. So a seeded request gives the same
 tokens whatever its batch-mates, the pool size, chunking, preemption (which recomputes and then
-samples position j again with the same noise) or speculative decoding (``verification.py``:
+samples position j again with the same noise) or speculative decoding (``wings/speculative/verification.py``:
 verification emits exactly these samples). The one caveat is floating point, as for greedy
 decoding: a different batch changes the matmul shapes, so p can differ in its last bits, and a
 draw that falls within that rounding of a tie between two tokens may flip.

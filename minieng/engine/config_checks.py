@@ -83,7 +83,7 @@ def check_model(
 ) -> None:
     """Refuse what ``model_config`` cannot run as ``config`` asks on ``device`` in ``dtype``
     (``ValueError`` naming the field and the way out): a head_dim the attention kernel does not
-    take (``attention.check_attention_backend``), more tensor-parallel ranks than KV heads
+    take (``forward_paths.check_attention_backend``), more tensor-parallel ranks than KV heads
     (``tensor_parallel.check_tensor_parallel``), a scheme the device does not run or an int4 group size
     that does not divide the layers (``quantization.check_quantization``).
 

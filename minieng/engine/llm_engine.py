@@ -1,6 +1,7 @@
 """``LLMEngine``: the engine core built from an ``EngineConfig``, its features attached at their seams.
 
-The only module that imports a wing. ``EngineCore`` (``minieng/core/``) is the plain engine;
+Where the wings are composed (with ``model_loading`` and ``config_checks``, the ``engine`` package is
+the only one that imports them). ``EngineCore`` (``minieng/core/``) is the plain engine;
 this one loads what the config names (the model, quantized; a draft; the tensor-parallel ranks:
 ``model_loading``), sizes the KV pool (``wings.gpu_memory``) and attaches each feature the config
 turns on:
@@ -84,7 +85,8 @@ class LLMEngine(EngineCore):
                     draft_runner = runner_for(models.draft_model, pool.num_blocks, config.block_size)
                     build_runner(config, draft_runner, self.max_model_len, compile=False, query_lens=(1,))
                 self.drafter = make_drafter(config, draft_runner)
-                Speculator(self, self.drafter)
+                self.speculator = Speculator(self, self.drafter)
+                self.runner.verify = self.speculator.verify
 
     @property
     def spec_records(self) -> list[tuple[int, str, int, int]]:
@@ -186,4 +188,4 @@ def build_runner(config: EngineConfig, runner: ModelRunner, max_model_len: int, 
     if workers is not None:
         workers.allocate_kv(runner.kv_cache.num_blocks, runner.max_gather_tokens)
         workers.attach(runner)
-    build_fast_paths(config, runner, max_model_len, **fast)
+    runner.fast = build_fast_paths(config, runner, max_model_len, **fast)

@@ -5,7 +5,7 @@ step on one rank and on p, the all-reduce's toll, and the paper model held again
 (one engine alive at a time, each with a KV pool of ``kv_cache_memory_gib`` per rank), and times
 batch decodes on each: TPOT (vLLM's definition), each decode step's forward pass, and, within it,
 rank 0's time in collectives (``StepRecord.comm_s``: the ``2 x layers + 2`` all-reduces and
-gathers of ``model.parallel``, waits for the other rank included). At p it also sweeps the
+gathers of ``wings.parallel.tensor_parallel``, waits for the other rank included). At p it also sweeps the
 all-reduce over message sizes on the engine's own process group, and fits the ring model's hop
 latency and link bandwidth to it (``tp_estimate.fit_link``). The fit reads each size's fastest
 quarter (its 25th percentile), not its median: on a 2-core CPU an all-reduce between two

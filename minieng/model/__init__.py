@@ -1,4 +1,4 @@
-"""The network and its tensors: the Llama-family decoder (``llama``), paged attention, the KV pool's
-tensors, the loader, the weights' bytes and quantization (integer codes, kernels, policy). Imports only
-the root leaves (``config``, ``device``): never the engine, the instruments or the course.
+"""Loading the weights: a Hub id, a local directory, a GGUF file or a published shape's dummy
+weights, into the core's Llama (``loader``), and the bytes those weights weigh (``weight_bytes``).
+Imports the core and the root leaves; never a wing, the build, the instruments or the course.
 """

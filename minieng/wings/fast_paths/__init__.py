@@ -2,5 +2,5 @@
 
 CUDA graphs of the decode step (``cuda_graph``), ``compile=True``'s compiled step and regions
 (``compilation``, ``compiled_decode``, ``opaque_ops``), the Triton paged-attention kernel
-(``triton_attention``, ``triton_variants``), and the named fallback of each (``forward_paths``).
+(``triton_attention``), and the named fallback of each (``forward_paths``).
 """

@@ -70,7 +70,7 @@ class CompiledParts:
     compile_s: float | None = None
 
 
-EAGER = CompiledParts()
+NOT_COMPILED = CompiledParts()
 
 
 def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
@@ -85,9 +85,8 @@ def compile_model(model: LlamaForCausalLM, kv_cache: KVCache) -> CompiledParts:
             use_opaque_linears(model)
             regions_ = regions()
             compile_s = warm_up(model, device, regions_)
-            if (
-                device.type == "cuda" or getattr(model, "tp", None) is not None
-            ):  # decode_forward is one rank's, on a CPU
+            one_rank_cpu = device.type == "cpu" and getattr(model, "tp", None) is None
+            if not one_rank_cpu:  # decode_forward is one rank's, on a CPU
                 return CompiledParts(regions_, None, compile_s)
             decode = compile_decode_step()
             return CompiledParts(regions_, decode, compile_s + warm_up_decode(decode, model, kv_cache))

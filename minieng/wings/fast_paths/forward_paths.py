@@ -5,7 +5,7 @@ graph's replay, or the compiled CPU decode step; for any step the layers' compil
 the runner's own eager forward.
 Each fast path is built at start-up and can fail there: a capture out of memory, an op the capture
 refuses, Triton's ``CompilationError`` or ``OutOfResources``, a missing compiler. The engine then
-runs the slower path, warns, and keeps the reason (``ModelRunner.dropped_paths``); every step
+runs the slower path, warns, and keeps the reason (``FastPaths.dropped_paths``); every step
 records the path it ran (``StepRecord.forward_path``), so a broken fast path shows as a named
 fallback, not only as slow steps. ``EngineConfig.strict_forward_paths`` raises instead (``make
 gpu-check`` sets it).

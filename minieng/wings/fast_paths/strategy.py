@@ -12,8 +12,13 @@ import torch
 
 from minieng.config import EngineConfig
 from minieng.core.model_runner import ModelRunner, StepLayout
-from minieng.wings.fast_paths.compilation import EAGER as NOT_COMPILED
-from minieng.wings.fast_paths.compilation import MIN_DECODE_WIDTH, compile_model, fits_decode_step, run_decode
+from minieng.wings.fast_paths.compilation import (
+    MIN_DECODE_WIDTH,
+    NOT_COMPILED,
+    compile_model,
+    fits_decode_step,
+    run_decode,
+)
 from minieng.wings.fast_paths.cuda_graph import capture_decode_graphs
 from minieng.wings.fast_paths.forward_paths import COMPILED_REGIONS, COMPILED_STEP, CUDA_GRAPH, fall_back
 
@@ -62,7 +67,8 @@ def build_fast_paths(
     ``config.compile``) the compiled parts (``compilation.compile_model``); on CUDA the decode
     step's graphs for ``query_lens`` (``cuda_graph.capture_decode_graphs``). A fast path that fails
     to build leaves the slower one, with a warning and its reason in ``dropped_paths``; with
-    ``config.strict_forward_paths`` it raises (``fall_back``). Returns them, set as ``runner.fast``."""
+    ``config.strict_forward_paths`` it raises (``fall_back``). Sets the runner's attention seams
+    (``decode_attention``, ``min_decode_width``); returns the strategy, for ``runner.fast``."""
     model, kv_cache = runner.model, runner.kv_cache
     use_attention_backend(config.attention_backend, runner)
     strict, dropped = config.strict_forward_paths, {}
@@ -79,8 +85,7 @@ def build_fast_paths(
         strict,
         dropped,
     )
-    runner.fast = FastPaths(graphs, compiled, dropped)
-    return runner.fast
+    return FastPaths(graphs, compiled, dropped)
 
 
 def use_attention_backend(backend: str, runner: ModelRunner) -> None:

@@ -88,7 +88,7 @@ width, its row stride and the split count change from step to step, so they are 
 (views into the CUDA graphs' static buffer, or fresh tensors in eager steps). What is left is
 fixed for an engine (the pool's dtype, shape and strides, the query's strides, the index dtype):
 ``warm_up`` launches both kernels once at start-up, which compiles every variant a run meets
-(``triton_variants`` names a launch's variant on the host, and compiles it to PTX with no GPU).
+(the tests' ``triton_variants.py`` names a launch's variant on the host, and compiles it to PTX with no GPU).
 
 Nothing here has been timed on a GPU: ``BLOCK_N``, the stages, the warps and the split rule are
 chosen on paper.

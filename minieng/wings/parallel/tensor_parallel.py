@@ -268,7 +268,9 @@ def _resize(layer: nn.Module, out_features: int | None = None, in_features: int 
 
 class RankShard:
     """Rank ``tp.rank``'s share of a model, Megatron's split (this module's docstring), applied to
-    a built model by ``apply`` and read from a checkpoint through ``checkpoint_slice``."""
+    a built model by ``apply`` and read from a checkpoint through ``checkpoint_slice``. The split
+    is the model's last transform: its all-reduces are forward hooks on the row-parallel layers,
+    which a later swap of those layers would drop (``quantization`` refuses to)."""
 
     def __init__(self, tp: TensorParallel):
         self.tp = tp

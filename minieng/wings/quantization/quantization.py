@@ -368,8 +368,9 @@ def reference_model(
 
 
 def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:
-    """A copy of ``model`` (modules copied, tensors shared) with every ``model.Linear`` replaced by
-    ``make(weight, bias)``, tagged ``key`` (``model_quantization``)."""
+    """A copy of ``model`` (modules copied, tensors shared) with every ``llama.Linear`` replaced by
+    ``make(weight, bias)``, tagged ``key`` (``model_quantization``). Raises ``ValueError`` for a
+    linear layer that carries a forward hook (a rank's all-reduce: ``RankShard`` splits last)."""
     memo = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     memo[id(model.config)] = model.config
     out = copy.deepcopy(model, memo)
@@ -377,6 +378,8 @@ def _swap_linears(model: nn.Module, key: tuple, make) -> nn.Module:
         for parent in list(out.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, Linear):
+                    if child._forward_hooks:
+                        raise ValueError(f"{name} carries a forward hook: quantize before the tensor-parallel split")
                     setattr(parent, name, make(child.weight, child.bias))
     out.quantization = key
     return out

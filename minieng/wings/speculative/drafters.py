@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from minieng.config import EngineConfig, SamplingParams
-from minieng.core.model_runner import ModelRunner
+from minieng.core.model_runner import ModelRunner, check_finite
 from minieng.core.sampling import probabilities, race
 from minieng.core.sequence import Sequence
 
@@ -78,7 +78,9 @@ class DraftModelDrafter:
     def _forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[tuple[Sequence, int]]]:
         """The draft model's forward over ``scheduled``: logits, and the rows' sequences in order."""
         lay = self.runner.layout(scheduled)
-        return self.runner.run_layout(lay, self.block_manager.take_fresh_blocks()), lay.sampling
+        logits = self.runner.run_layout(lay, self.block_manager.take_fresh_blocks())
+        check_finite(logits, self.model)
+        return logits, lay.sampling
 
     def free(self, request_id: str) -> None:
         """Forget a finished or preempted request's draft cache."""

@@ -19,8 +19,8 @@ from minieng.wings.speculative.verification import verify_coupled, verify_greedy
 
 
 class Speculator:
-    """One engine's speculative decoding: its ``drafter`` (``drafters.py``) and its records. Made,
-    it attaches itself at the engine's seams (``engine.speculator``, ``engine.runner.verify``).
+    """One engine's speculative decoding: its ``drafter`` (``drafters.py``) and its records; the
+    build sets it as ``engine.speculator`` and its ``verify`` as ``engine.runner.verify``.
 
     ``records``: one row per verification, (step index, request id, drafts proposed, drafts
     accepted), counted over the tokens the request emits (``release``): ``engine.spec_records``.
@@ -30,7 +30,6 @@ class Speculator:
         self.engine, self.drafter = engine, drafter
         self.records: list[tuple[int, str, int, int]] = []
         self._verified: dict[str, int] = {}  # this step's rows: request id -> index in records
-        engine.speculator, engine.runner.verify = self, self.verify
 
     def propose(self, engine) -> float:
         """Ask the drafter for up to k tokens for every running sequence that is decoding, never

@@ -4,7 +4,7 @@ lookup speculation; construction refuses what it cannot split, naming the number
 outlives its engine, even one that died.
 
 The default model has 9 query heads and 3 KV heads: rank 0 holds two KV heads, rank 1 one
-(``parallel.split``), so the uneven split is what these tests run. The two ranks add partial
+(``tensor_parallel.split``), so the uneven split is what these tests run. The two ranks add partial
 sums in another order than one process does, so fp32 may differ in the last bits: a divergence is
 accepted only at an exact near-tie of transformers' logits (``assert_same_or_near_tie``).
 """
