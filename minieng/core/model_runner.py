@@ -19,6 +19,7 @@ Tensor parallelism wraps ``run_layout``, so that every device runs each layout.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -205,7 +206,7 @@ class ModelRunner:
     def sample(self, logits: torch.Tensor, sampling: list[tuple[Sequence, int]]) -> dict[str, list[int]]:
         """The tokens each sampling sequence emits, by request id: one sampled token, or, for a
         sequence with k speculative tokens (k + 1 rows), what ``verify`` accepts."""
-        firsts = [sum(rows for _, rows in sampling[:i]) for i in range(len(sampling))]  # each one's first row
+        firsts = list(itertools.accumulate((rows for _, rows in sampling), initial=0))  # each one's first row
         plain = [(first, seq) for first, (seq, rows) in zip(firsts, sampling) if rows == 1]
         out: dict[str, list[int]] = {}
         if plain:

@@ -78,15 +78,18 @@ class LLMEngine(EngineCore):
             self.memory_plan = pool.plan
             self.runner.logprobs = LogprobsHook(self.tokenizer)
             build_runner(config, self.runner, self.max_model_len, self.workers)
-            self.drafter = None
             if config.num_speculative_tokens:
                 draft_runner = None
                 if models.draft_model is not None:
                     draft_runner = runner_for(models.draft_model, pool.num_blocks, config.block_size)
                     build_runner(config, draft_runner, self.max_model_len, compile=False, query_lens=(1,))
-                self.drafter = make_drafter(config, draft_runner)
-                self.speculator = Speculator(self, self.drafter)
+                self.speculator = Speculator(self, make_drafter(config, draft_runner))
                 self.runner.verify = self.speculator.verify
+
+    @property
+    def drafter(self):
+        """The speculator's drafter (``drafters.py``), or None without speculative decoding."""
+        return self.speculator.drafter if self.speculator is not None else None
 
     @property
     def spec_records(self) -> list[tuple[int, str, int, int]]:
